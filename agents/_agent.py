@@ -1,0 +1,72 @@
+"""Agents: a role with a system prompt and a model; `agent.ask(...)` makes an LLM task."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator import (
+    DEFAULT_BACKEND,
+    LLMCall,
+    LLMRequest,
+    Message,
+    Sampling,
+    TaskContext,
+    UsageError,
+)
+
+Prompt = str | Callable[[TaskContext], str]
+
+
+@dataclass(frozen=True, slots=True)
+class Agent:
+    """A role. Its system prompt opens every request it makes: a natural shared prefix."""
+
+    name: str
+    system_prompt: str
+    model: str = "default"
+    backend: str = DEFAULT_BACKEND
+    sampling: Sampling = field(default_factory=Sampling)
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise UsageError("an Agent needs a name")
+
+    def request(
+        self, prompt: str, *, history: Sequence[Message] = (), max_tokens: int | None = None
+    ) -> LLMRequest:
+        """The request this agent sends for `prompt` after `history`."""
+        messages = (Message("system", self.system_prompt), *history, Message("user", prompt))
+        return LLMRequest(
+            messages=messages,
+            model=self.model,
+            sampling=self.sampling,
+            max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
+        )
+
+    def ask(
+        self,
+        prompt: Prompt,
+        *,
+        max_tokens: int | None = None,
+        expected_output_tokens: int | None = None,
+    ) -> LLMCall:
+        """An LLM task action. `prompt` is text, or a function of the task's context that
+        builds the text from the task's inputs. The task's result is the reply text."""
+        if not (isinstance(prompt, str) or callable(prompt)):
+            raise UsageError(
+                f"agent {self.name!r}: ask() takes a str or a function of the TaskContext, "
+                f"got {type(prompt).__name__}"
+            )
+
+        def build(ctx: TaskContext) -> LLMRequest:
+            text = prompt if isinstance(prompt, str) else prompt(ctx)
+            return self.request(text, max_tokens=max_tokens)
+
+        return LLMCall(
+            build=build,
+            backend=self.backend,
+            label=f"{self.name} asks {self.model}",
+            expected_output_tokens=expected_output_tokens or max_tokens or self.max_tokens,
+        )

@@ -1,0 +1,53 @@
+"""Tools: named Python functions that agents call; each call is a task on the tool runner."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator import DEFAULT_TOOL_RESOURCE, TaskContext, ToolSpec, UsageError
+
+Args = Mapping[str, Any] | Callable[[TaskContext], Mapping[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A function an agent can use. `parameters` is the JSON schema shown to the model."""
+
+    name: str
+    fn: Callable[..., Any]
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.parameters)
+
+    def call(self, args: Args | None = None) -> ToolAction:
+        """A task action that calls this tool with `args` (or args built from the context)."""
+        return ToolAction(self, args if args is not None else {})
+
+
+@dataclass(frozen=True, slots=True)
+class ToolAction:
+    tool: Tool
+    args: Args
+    resource: str = DEFAULT_TOOL_RESOURCE
+
+    @property
+    def label(self) -> str:
+        return f"tool {self.tool.name}"
+
+    async def run(self, ctx: TaskContext) -> Any:
+        args = self.args(ctx) if callable(self.args) else self.args
+        if not isinstance(args, Mapping):
+            raise UsageError(
+                f"tool {self.tool.name!r} needs its arguments as a mapping, "
+                f"got {type(args).__name__}"
+            )
+        fn = self.tool.fn
+        if inspect.iscoroutinefunction(fn):
+            return await fn(**args)
+        return await asyncio.to_thread(fn, **args)

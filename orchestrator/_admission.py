@@ -1,0 +1,151 @@
+"""Admission: a bounded number of calls in flight per resource, a bounded wait queue.
+
+Ready tasks wait per resource and per program. When a slot frees, the program that the
+policy ranks first gets it; within a program, tasks go in the order they became ready.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import OverloadedError, UsageError
+from ._task import DEFAULT_FUNCTION_RESOURCE, DEFAULT_TOOL_RESOURCE, Task
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds of one resource: calls running at once, and ready tasks allowed to wait."""
+
+    max_in_flight: int = 32
+    max_waiting: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.max_in_flight < 1 or self.max_waiting < 1:
+            raise UsageError(
+                f"Limits(max_in_flight={self.max_in_flight}, max_waiting={self.max_waiting}): "
+                "both must be at least 1"
+            )
+
+
+DEFAULT_LIMITS: Mapping[str, Limits] = {
+    DEFAULT_FUNCTION_RESOURCE: Limits(max_in_flight=256),
+    DEFAULT_TOOL_RESOURCE: Limits(max_in_flight=64),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceStats:
+    name: str
+    max_in_flight: int
+    max_waiting: int
+    in_flight: int
+    waiting: int
+    admitted: int
+    rejected: int
+    peak_waiting: int
+
+
+class _Resource:
+    __slots__ = ("name", "limits", "queues", "in_flight", "waiting", "admitted", "rejected", "peak")
+
+    def __init__(self, name: str, limits: Limits) -> None:
+        self.name = name
+        self.limits = limits
+        self.queues: dict[Hashable, deque[tuple[int, Task]]] = {}
+        self.in_flight = 0
+        self.waiting = 0
+        self.admitted = 0
+        self.rejected = 0
+        self.peak = 0
+
+
+class Admission:
+    """Per-resource wait queues and in-flight counters; no I/O, no clock."""
+
+    def __init__(self, limits: Mapping[str, Limits]) -> None:
+        self._resources = {name: _Resource(name, lim) for name, lim in limits.items()}
+        self._pending = False  # some resource may have both free slots and waiting work
+
+    def knows(self, resource: str) -> bool:
+        return resource in self._resources
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._resources)
+
+    def push(self, program: Hashable, task: Task) -> None:
+        """Queue a ready task; `OverloadedError` if its resource's wait queue is full."""
+        res = self._resources[task.resource]
+        if res.waiting >= res.limits.max_waiting:
+            res.rejected += 1
+            raise OverloadedError(
+                f"the wait queue of resource {res.name!r}", res.limits.max_waiting
+            )
+        queue = res.queues.get(program)
+        if queue is None:
+            queue = res.queues[program] = deque()
+        queue.append((task.ready_seq, task))
+        res.waiting += 1
+        if res.waiting > res.peak:
+            res.peak = res.waiting
+        self._pending = True
+
+    def discard(self, task: Task) -> None:
+        """A queued task left the ready state; its queue entry is skipped when reached."""
+        self._resources[task.resource].waiting -= 1
+
+    def release(self, resource: str) -> None:
+        self._resources[resource].in_flight -= 1
+        self._pending = True
+
+    def admit(self, key: Callable[[Any], Any]) -> list[tuple[Any, Task]]:
+        """Take as much waiting work as free slots allow, best program first."""
+        if not self._pending:
+            return []
+        self._pending = False
+        admitted: list[tuple[Any, Task]] = []
+        for res in self._resources.values():
+            free = res.limits.max_in_flight - res.in_flight
+            if free <= 0 or res.waiting == 0:
+                continue
+            queues = res.queues
+            programs = sorted(queues, key=key) if len(queues) > 1 else list(queues)
+            for program in programs:
+                queue = queues[program]
+                while queue and free > 0:
+                    seq, task = queue.popleft()
+                    if task.state != "ready" or task.ready_seq != seq:
+                        continue  # removed, replaced or cancelled while it waited
+                    res.waiting -= 1
+                    res.in_flight += 1
+                    res.admitted += 1
+                    free -= 1
+                    admitted.append((program, task))
+                if not queue:
+                    del queues[program]
+                if free == 0:
+                    break
+        return admitted
+
+    def forget(self, program: Hashable) -> None:
+        """Drop a finished program's (already discarded) queue entries."""
+        for res in self._resources.values():
+            res.queues.pop(program, None)
+
+    def stats(self) -> list[ResourceStats]:
+        return [
+            ResourceStats(
+                r.name,
+                r.limits.max_in_flight,
+                r.limits.max_waiting,
+                r.in_flight,
+                r.waiting,
+                r.admitted,
+                r.rejected,
+                r.peak,
+            )
+            for r in self._resources.values()
+        ]

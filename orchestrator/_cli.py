@@ -1,0 +1,196 @@
+"""`plait`: run a workflow module from the command line with a live progress view.
+
+A workflow module defines `workflows()` returning a Workflow or a list of them, and may
+define `backends(clock)` returning the LLM backends by name and `CLOCK = "virtual"` to run
+on virtual time (simulated latencies without waiting for them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TextIO
+
+from ._clock import Clock, SystemClock, VirtualClock
+from ._engine import Engine
+from ._errors import PlaitError, UsageError
+from ._events import Event
+from ._scheduler import POLICIES
+from ._workflow import Workflow
+
+
+@dataclass
+class _Row:
+    status: str = "running"
+    tasks: int = 0
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    cancelled: int = 0
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    started: float = 0.0
+    duration: float = 0.0
+    failures: dict[str, str] = field(default_factory=dict)
+
+
+class Progress:
+    """Folds the event stream into per-workflow rows; draws a live line on a terminal."""
+
+    def __init__(self, out: TextIO, *, live: bool) -> None:
+        self.out = out
+        self.live = live
+        self.rows: dict[str, _Row] = {}
+        self.now = 0.0
+
+    def apply(self, event: Event) -> None:
+        self.now = event.at
+        row = self.rows.setdefault(event.workflow, _Row(started=event.at))
+        match event.kind:
+            case "task_added":
+                row.tasks += 1
+            case "task_removed":
+                row.tasks -= 1
+            case "task_succeeded":
+                row.done += 1
+                row.llm_calls += event.llm_calls
+                if event.usage is not None:
+                    row.prompt_tokens += event.usage.prompt_tokens
+                    row.completion_tokens += event.usage.completion_tokens
+            case "task_failed":
+                row.failed += 1
+                row.failures[event.task] = event.error
+                self._say(f"  ! {event.workflow}/{event.task} failed: {event.error}")
+            case "task_skipped":
+                row.skipped += 1
+            case "task_cancelled":
+                row.cancelled += 1
+            case "workflow_finished":
+                row.status = event.status
+                row.duration = event.duration
+                self._say(f"  {event.workflow} {event.status} in {event.duration:.2f} s")
+            case _:
+                pass
+        if self.live:
+            self._draw()
+
+    def _say(self, line: str) -> None:
+        if self.live:
+            self.out.write("\r\x1b[K")
+        self.out.write(line + "\n")
+
+    def _draw(self) -> None:
+        finished = sum(1 for r in self.rows.values() if r.status != "running")
+        tasks = sum(r.tasks for r in self.rows.values())
+        settled = sum(r.done + r.failed + r.skipped + r.cancelled for r in self.rows.values())
+        calls = sum(r.llm_calls for r in self.rows.values())
+        self.out.write(
+            f"\r\x1b[K[{self.now:8.2f} s] workflows {finished}/{len(self.rows)}  "
+            f"tasks {settled}/{tasks}  llm calls {calls}"
+        )
+        self.out.flush()
+
+    def summary(self, wall: float, clock_name: str) -> str:
+        header = (
+            f"{'workflow':<24} {'status':<10} {'time s':>8} {'tasks':>7} {'failed':>6} "
+            f"{'skipped':>7} {'calls':>6} {'prompt tok':>10} {'output tok':>10}"
+        )
+        lines = ["", header, "-" * len(header)]
+        for name, r in self.rows.items():
+            lines.append(
+                f"{name[:24]:<24} {r.status:<10} {r.duration:>8.2f} {r.done:>3}/{r.tasks:<3} "
+                f"{r.failed:>6} {r.skipped:>7} {r.llm_calls:>6} {r.prompt_tokens:>10} "
+                f"{r.completion_tokens:>10}"
+            )
+        ok = sum(1 for r in self.rows.values() if r.status == "succeeded")
+        durations = [r.duration for r in self.rows.values()]
+        mean = sum(durations) / len(durations) if durations else 0.0
+        lines.append("-" * len(header))
+        lines.append(
+            f"{len(self.rows)} workflow(s), {ok} succeeded; mean completion {mean:.2f} s "
+            f"on the {clock_name} clock; wall time {wall:.2f} s"
+        )
+        return "\n".join(lines)
+
+
+def load_module(path: str) -> ModuleType:
+    file = Path(path)
+    if not file.is_file():
+        raise UsageError(f"no workflow file at {path!r}; give the path of a .py file")
+    spec = importlib.util.spec_from_file_location(f"plait_workflow_{file.stem}", file)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"cannot import {path!r} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def workflows_of(module: ModuleType) -> list[Workflow]:
+    factory = getattr(module, "workflows", None)
+    if not callable(factory):
+        raise UsageError(
+            f"{module.__file__} defines no workflows() function; "
+            "add `def workflows() -> list[Workflow]` returning the workflows to run"
+        )
+    produced = factory()
+    found = [produced] if isinstance(produced, Workflow) else list(produced)
+    if not found or not all(isinstance(w, Workflow) for w in found):
+        raise UsageError(f"workflows() in {module.__file__} must return Workflow objects")
+    return found
+
+
+async def run_module(
+    module: ModuleType, clock: Clock, policy: str, progress: Progress
+) -> Mapping[str, str]:
+    make_backends = getattr(module, "backends", None)
+    backends = make_backends(clock) if callable(make_backends) else {}
+    flows: Iterable[Workflow] = workflows_of(module)
+    statuses: dict[str, str] = {}
+    async with Engine(backends=backends, clock=clock, policy=policy) as engine:
+        async for event in engine.iter(*flows):
+            progress.apply(event)
+            if event.kind == "workflow_finished":
+                statuses[event.workflow] = event.status
+    return statuses
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    parser = argparse.ArgumentParser(prog="plait", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the workflows of a Python module")
+    run.add_argument("path", help="a .py file defining workflows()")
+    run.add_argument("--policy", choices=sorted(POLICIES), default="fcfs")
+    run.add_argument(
+        "--clock",
+        choices=["virtual", "system"],
+        help="virtual: simulated latencies cost no wall time (default: the module's CLOCK)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        module = load_module(args.path)
+        clock_name = args.clock or getattr(module, "CLOCK", "system")
+        clock: Clock = VirtualClock() if clock_name == "virtual" else SystemClock()
+        progress = Progress(out, live=out.isatty())
+        started = time.perf_counter()
+        with asyncio.Runner(loop_factory=clock.new_event_loop) as runner:
+            statuses = runner.run(run_module(module, clock, args.policy, progress))
+        if progress.live:
+            out.write("\n")
+        out.write(progress.summary(time.perf_counter() - started, clock_name) + "\n")
+    except PlaitError as exc:
+        print(f"plait: error: {exc}", file=sys.stderr)
+        return 2
+    return 0 if all(s == "succeeded" for s in statuses.values()) else 1
+
+
+def _entry() -> Any:  # pragma: no cover - console script shim
+    raise SystemExit(main())

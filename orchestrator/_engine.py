@@ -1,0 +1,486 @@
+"""The engine: one loop that runs every workflow, program first.
+
+    admit ready tasks in policy order -> start them -> await the next outcome -> apply it
+    -> emit its events
+
+Everything else is a named call out of that loop. Task bodies run as asyncio tasks in the
+engine's TaskGroup and report back through the inbox; they never touch run state directly
+except through the workflow's validated mutations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Generator, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Literal
+
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats
+from ._clock import Clock, SystemClock, running_clock
+from ._context import TaskContext
+from ._errors import OverloadedError, TaskTimeoutError, UsageError, WorkflowStateError
+from ._events import Event, TaskRetrying, TaskStarted, WorkflowStarted
+from ._llm import Hints, LLMBackend, Usage
+from ._run import Run, RunResult
+from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, urgency
+from ._task import Task, check_serializable
+from ._workflow import Workflow
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    run: Run
+    task: Task
+    state: Literal["done", "failed", "cancelled"]
+    result: Any = None
+    error: BaseException | None = None
+    usage: Usage = Usage()
+    llm_calls: int = 0
+    elapsed: float = 0.0
+
+
+class _Wake:
+    """Put in the inbox when something outside the loop changed the run state."""
+
+
+_WAKE = _Wake()
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    running_workflows: int
+    finished_workflows: int
+    resources: tuple[ResourceStats, ...]
+
+
+class RunHandle:
+    """A submitted workflow: await it (or `.result()`) for its `RunResult`; `.cancel()` it."""
+
+    def __init__(self, engine: Engine, run: Run) -> None:
+        self._engine = engine
+        self._run = run
+
+    @property
+    def id(self) -> str:
+        return self._run.id
+
+    @property
+    def workflow(self) -> Workflow:
+        return self._run.workflow
+
+    async def result(self) -> RunResult:
+        return await asyncio.shield(self._run.done)
+
+    def __await__(self) -> Generator[Any, None, RunResult]:
+        return self.result().__await__()
+
+    def cancel(self, reason: str = "cancelled by the caller") -> None:
+        self._engine.cancel(self._run.id, reason)
+
+
+class Engine:
+    """Runs many workflows at once on one asyncio loop. Use it as an async context manager:
+
+    async with Engine(backends={"default": llm}) as engine:
+        result = await engine.run(workflow)
+    """
+
+    def __init__(
+        self,
+        *,
+        backends: Mapping[str, LLMBackend] | None = None,
+        policy: str | Policy = "fcfs",
+        clock: Clock | None = None,
+        limits: Mapping[str, Limits] | None = None,
+        max_workflows: int = 10_000,
+        default_estimate: float = 1.0,
+    ) -> None:
+        self.backends: dict[str, LLMBackend] = dict(backends or {})
+        self.policy = get_policy(policy)
+        self._clock = clock
+        merged = dict(DEFAULT_LIMITS)
+        for name in self.backends:
+            merged.setdefault(name, Limits())
+        merged.update(limits or {})
+        self.admission = Admission(merged)
+        self.max_workflows = max_workflows
+        self.default_estimate = default_estimate
+        self._runs: dict[str, Run] = {}
+        self._programs = 0
+        self._seq = 0
+        self._finished = 0
+        self._events: list[tuple[Run, Event]] = []
+        self._listeners: list[asyncio.Queue[Event]] = []
+        self._inbox: asyncio.Queue[_Outcome | _Wake] | None = None
+        self._woken = False
+        self._tg: asyncio.TaskGroup | None = None
+        self._closing = False
+
+    @property
+    def clock(self) -> Clock:
+        """The engine's clock: the one given, else the running loop's (set on entry)."""
+        if self._clock is None:
+            self._clock = SystemClock()
+        return self._clock
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Engine:
+        if self._tg is not None:
+            raise UsageError("this Engine is already running; enter it once")
+        if self._clock is None:
+            self._clock = running_clock()
+        self._clock.check_running_loop()
+        self._inbox = asyncio.Queue()
+        self._tg = asyncio.TaskGroup()
+        await self._tg.__aenter__()
+        self._tg.create_task(self._loop(), name="plait-engine")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._tg is not None
+        self._closing = True
+        for run in list(self._runs.values()):
+            run.cancel("the engine was closed")
+        self.wake()
+        tg, self._tg = self._tg, None
+        if exc is not None and not isinstance(exc, asyncio.CancelledError):
+            # The body failed: let the loop wind down the cancelled runs, then let the
+            # caller's own exception propagate as it is, not wrapped in an ExceptionGroup.
+            await tg.__aexit__(None, None, None)
+            return None
+        await tg.__aexit__(exc_type, exc, tb)
+        return None
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        assert self._inbox is not None
+        inbox = self._inbox
+        while True:
+            self._admit()
+            self._flush()
+            if self._closing and not self._runs:
+                return
+            item = await inbox.get()
+            while True:
+                if isinstance(item, _Outcome):
+                    self._apply(item)
+                else:
+                    self._woken = False
+                if inbox.empty():
+                    break
+                item = inbox.get_nowait()
+
+    def _admit(self) -> None:
+        now = self.clock.monotonic()
+        policy = self.policy
+        for run, task in self.admission.admit(lambda run: program_key(policy, run.view(now), now)):
+            self._start(run, task)
+
+    def _start(self, run: Run, task: Task) -> None:
+        assert self._tg is not None
+        task.state = "running"
+        task.attempts = 1
+        task.started_at = self.clock.monotonic()
+        run.running += 1
+        run.emit(TaskStarted(workflow=run.id, task=task.id, attempt=1, at=task.started_at))
+        task.handle = self._tg.create_task(self._execute(run, task))
+
+    def _apply(self, outcome: _Outcome) -> None:
+        run, task = outcome.run, outcome.task
+        self.admission.release(task.resource)
+        task.handle = None
+        run.running -= 1
+        run.record(task, outcome.elapsed, outcome.llm_calls, outcome.usage)
+        if task.state in ("running", "waiting"):
+            if outcome.state == "cancelled":
+                reason = task.cancel_reason or run.cancelling or "cancelled"
+                run.finalize(task, "cancelled", reason=reason)
+            else:
+                run.finalize(
+                    task,
+                    outcome.state,
+                    result=outcome.result,
+                    error=outcome.error,
+                    usage=outcome.usage if outcome.llm_calls else None,
+                    llm_calls=outcome.llm_calls,
+                )
+        run._maybe_finish()
+
+    # --- running one task --------------------------------------------------------------------
+
+    async def _execute(self, run: Run, task: Task) -> None:
+        """Run a task's attempts and report the outcome; never raises except on shutdown."""
+        assert self._inbox is not None
+        started = self.clock.monotonic()
+        ctx = TaskContext(run.workflow, task.id, run.inputs_of(task), 1, self.clock, run)
+        state: Literal["done", "failed", "cancelled"] = "done"
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            if task.retry.attempts == 1:
+                result = await self._attempt(task, ctx)
+            else:
+                result = await self._with_retries(run, task, ctx)
+            check_serializable(task.id, result)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.cancel_reason is None or current is None:
+                raise  # the engine itself is shutting down
+            current.uncancel()
+            state, result = "cancelled", None
+        except Exception as exc:
+            state, result, error = "failed", None, exc
+        elapsed = self.clock.monotonic() - started
+        self._inbox.put_nowait(
+            _Outcome(run, task, state, result, error, ctx.usage, ctx.llm_calls, elapsed)
+        )
+
+    async def _attempt(self, task: Task, ctx: TaskContext) -> Any:
+        if task.timeout is None:
+            return await task.action.run(ctx)
+        deadline = asyncio.timeout(task.timeout)
+        try:
+            async with deadline:
+                return await task.action.run(ctx)
+        except TimeoutError as exc:
+            if deadline.expired():
+                raise TaskTimeoutError(task.id, task.timeout) from exc
+            raise
+
+    async def _with_retries(self, run: Run, task: Task, ctx: TaskContext) -> Any:
+        spec = task.retry
+
+        def before_sleep(state: RetryCallState) -> None:
+            error = state.outcome.exception() if state.outcome else None
+            delay = state.upcoming_sleep
+            task.state = "waiting"
+            run.emit(
+                TaskRetrying(
+                    workflow=run.id,
+                    task=task.id,
+                    attempt=state.attempt_number,
+                    error=f"{type(error).__name__}: {error}",
+                    delay=delay,
+                    at=self.clock.monotonic(),
+                )
+            )
+            self.wake()
+
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(spec.attempts),
+            wait=wait_exponential_jitter(
+                multiplier=spec.initial_delay, max=spec.max_delay, jitter=spec.jitter
+            ),
+            retry=retry_if_exception(spec.should_retry),
+            sleep=self.clock.sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                number = attempt.retry_state.attempt_number
+                if number > 1:
+                    task.state = "running"
+                    task.attempts = number
+                    ctx.attempt = number
+                    run.emit(
+                        TaskStarted(
+                            workflow=run.id, task=task.id, attempt=number, at=self.clock.monotonic()
+                        )
+                    )
+                    self.wake()
+                return await self._attempt(task, ctx)
+        raise AssertionError("unreachable: tenacity reraises the last error")
+
+    # --- the LLM call path (TaskContext.complete) --------------------------------------------
+
+    def hints_for(self, run: Run, **fields: Any) -> Hints:
+        now = self.clock.monotonic()
+        view = run.view(now)
+        return Hints(
+            program_id=run.id,
+            urgency=urgency(self.policy, view, now),
+            priority_class=run.priority_class,
+            deadline_s=None if run.deadline is None else run.deadline - now,
+            **fields,
+        )
+
+    def backend(self, name: str) -> LLMBackend:
+        try:
+            return self.backends[name]
+        except KeyError:
+            known = ", ".join(sorted(self.backends)) or "none"
+            raise UsageError(
+                f"no LLM backend named {name!r} (known: {known}); "
+                "pass it to Engine(backends={...})"
+            ) from None
+
+    # --- events ------------------------------------------------------------------------------
+
+    def emit(self, run: Run, event: Event) -> None:
+        self._events.append((run, event))
+
+    def _flush(self) -> None:
+        if not self._events:
+            return
+        events, self._events = self._events, []
+        listeners = self._listeners
+        for run, event in events:
+            for queue in run.subscribers:
+                queue.put_nowait(event)
+            for queue in listeners:
+                queue.put_nowait(event)
+
+    def wake(self) -> None:
+        """Make the loop look again (after a mutation or a note from a running task)."""
+        if not self._woken and self._inbox is not None:
+            self._woken = True
+            self._inbox.put_nowait(_WAKE)
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    # --- public API --------------------------------------------------------------------------
+
+    def submit(
+        self,
+        workflow: Workflow,
+        *,
+        deadline: float | None = None,
+        priority: PriorityClass = "batch",
+        _subscriber: asyncio.Queue[Event] | None = None,
+    ) -> RunHandle:
+        """Start running `workflow`; `deadline` is seconds from now. Returns at once."""
+        if self._tg is None or self._closing:
+            raise UsageError(
+                "the engine is not running; use `async with Engine(...) as engine:` "
+                "around engine.submit()/run()/iter(), or plait's run_sync() in a script"
+            )
+        if not isinstance(workflow, Workflow):
+            raise UsageError(f"engine.submit() takes a Workflow, got {type(workflow).__name__}")
+        if priority not in CLASS_RANK:
+            raise UsageError(f"priority must be one of {', '.join(CLASS_RANK)}, got {priority!r}")
+        if len(self._runs) >= self.max_workflows:
+            raise OverloadedError("the engine's set of running workflows", self.max_workflows)
+        self._programs += 1
+        program = self._programs
+        if workflow.id in self._runs:
+            workflow.id = f"{workflow.name}#{program}"
+        now = self.clock.monotonic()
+        run = Run(
+            self,
+            workflow,
+            program,
+            priority_class=priority,
+            deadline=None if deadline is None else now + deadline,
+            subscribers=[_subscriber] if _subscriber is not None else [],
+        )
+        workflow._attach(run)
+        try:
+            self.emit(
+                run,
+                WorkflowStarted(
+                    workflow=run.id,
+                    program=program,
+                    priority=priority,
+                    deadline=run.deadline,
+                    at=now,
+                ),
+            )
+            self._runs[run.id] = run
+            run.start()
+        except BaseException:
+            self._runs.pop(run.id, None)
+            workflow._detach()
+            raise
+        self.wake()
+        return RunHandle(self, run)
+
+    async def run(
+        self,
+        workflow: Workflow,
+        *,
+        deadline: float | None = None,
+        priority: PriorityClass = "batch",
+    ) -> RunResult:
+        """Run `workflow` to its end and return how it went (see `RunResult.raise_for_status`)."""
+        return await self.submit(workflow, deadline=deadline, priority=priority).result()
+
+    async def iter(
+        self,
+        *workflows: Workflow,
+        deadline: float | None = None,
+        priority: PriorityClass = "batch",
+    ) -> AsyncIterator[Event]:
+        """Run `workflows` and yield their events as they happen, until all have finished."""
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        for workflow in workflows:
+            self.submit(workflow, deadline=deadline, priority=priority, _subscriber=queue)
+        remaining = len(workflows)
+        while remaining:
+            event = await queue.get()
+            if event.kind == "workflow_finished":
+                remaining -= 1
+            yield event
+
+    async def events(self) -> AsyncIterator[Event]:
+        """Every event of every workflow from now on (until the consumer stops)."""
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._listeners.append(queue)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            self._listeners.remove(queue)
+
+    def cancel(self, workflow: Workflow | str, reason: str = "cancelled by the caller") -> None:
+        """Cancel a running workflow: its running tasks are cancelled, the rest never start."""
+        run = self._find(workflow)
+        run.cancel(reason)
+        self.wake()
+
+    def cancel_task(
+        self, workflow: Workflow | str, task_id: str, reason: str = "cancelled by the caller"
+    ) -> None:
+        """Cancel one task; its dependents are skipped, the rest of the workflow goes on."""
+        run = self._find(workflow)
+        run.cancel_task(run.workflow.task(task_id), reason)
+        self.wake()
+
+    def _find(self, workflow: Workflow | str) -> Run:
+        key = workflow.id if isinstance(workflow, Workflow) else workflow
+        try:
+            return self._runs[key]
+        except KeyError:
+            raise WorkflowStateError(
+                f"no running workflow {key!r}; it may have finished already"
+            ) from None
+
+    def finish(self, run: Run, result: RunResult) -> None:
+        """Called by a run when its last task is final."""
+        self.emit(run, run.finished_event(result))
+        self._runs.pop(run.id, None)
+        self._finished += 1
+        self.admission.forget(run)
+        run.workflow._detach()
+        run.done.set_result(result)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))

@@ -1,0 +1,140 @@
+"""Error roots: `UsageError` for the developer's mistakes, `RunError` for run-time failures.
+
+Every message names the bad value and says what to do about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class PlaitError(Exception):
+    """Root of every error plait raises on purpose."""
+
+
+class UsageError(PlaitError):
+    """The program using plait did something it must not; fix the calling code."""
+
+
+class RunError(PlaitError):
+    """Something went wrong while running; the calling code may retry or report it."""
+
+
+# --- workflow definition -------------------------------------------------------------------
+
+
+class DuplicateTaskError(UsageError):
+    def __init__(self, workflow: str, task_id: str) -> None:
+        super().__init__(
+            f"workflow {workflow!r} already has a task {task_id!r}; "
+            "give every task a unique id, or use replace() to change an existing one"
+        )
+        self.task_id = task_id
+
+
+class UnknownTaskError(UsageError):
+    def __init__(self, workflow: str, task_id: str, *, role: str = "task") -> None:
+        super().__init__(
+            f"workflow {workflow!r} has no task {task_id!r} ({role}); "
+            "add that task first, or check the id for a typo"
+        )
+        self.task_id = task_id
+
+
+class CycleError(UsageError):
+    """A mutation would close a cycle; `cycle` lists the task ids around it."""
+
+    def __init__(self, workflow: str, cycle: Sequence[str]) -> None:
+        path = " -> ".join(cycle)
+        super().__init__(
+            f"workflow {workflow!r} would contain the cycle {path}; "
+            "a workflow must stay acyclic: express repetition by adding new tasks at run time"
+        )
+        self.cycle = tuple(cycle)
+
+
+class TaskStartedError(UsageError):
+    """A mutation tried to change the inputs of a task that has already started."""
+
+    def __init__(self, workflow: str, task_id: str, state: str, action: str) -> None:
+        super().__init__(
+            f"cannot {action}: task {task_id!r} of workflow {workflow!r} is already {state}; "
+            "only tasks that have not started can gain inputs or be replaced"
+        )
+        self.task_id = task_id
+
+
+class WorkflowStateError(UsageError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+
+
+class UnknownResourceError(UsageError):
+    def __init__(self, task_id: str, resource: str, known: Sequence[str]) -> None:
+        names = ", ".join(sorted(known)) or "none"
+        super().__init__(
+            f"task {task_id!r} needs resource {resource!r}, which the engine does not know "
+            f"(known: {names}); pass it to Engine(backends=...) or Engine(resources=...)"
+        )
+        self.resource = resource
+
+
+class ClockMismatchError(UsageError):
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(
+            message
+            or "this VirtualClock is not driving the running event loop; run the engine with "
+            "plait's run_sync(..., clock=clock) or clock.run(main()) so virtual time can advance"
+        )
+
+
+# --- run time --------------------------------------------------------------------------------
+
+
+class TaskTimeoutError(RunError):
+    def __init__(self, task_id: str, seconds: float) -> None:
+        super().__init__(
+            f"task {task_id!r} did not finish within its timeout of {seconds:g} s; "
+            "raise Task(timeout=...) if it needs longer"
+        )
+        self.task_id = task_id
+        self.seconds = seconds
+
+
+class ResultNotSerializableError(RunError):
+    def __init__(self, task_id: str, type_name: str, detail: str) -> None:
+        super().__init__(
+            f"task {task_id!r} returned a {type_name}, which cannot be stored as JSON ({detail}); "
+            "return plain data (str, numbers, lists, dicts, dataclasses or pydantic models)"
+        )
+        self.task_id = task_id
+
+
+class OverloadedError(RunError):
+    """A bounded queue is full: the caller should back off and try again later."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(f"{what} is full ({limit} waiting); retry later or raise its bound")
+        self.what = what
+        self.limit = limit
+
+
+class TaskCancelledError(RunError):
+    def __init__(self, task_id: str, reason: str) -> None:
+        super().__init__(f"task {task_id!r} was cancelled: {reason}")
+        self.task_id = task_id
+        self.reason = reason
+
+
+class BackendError(RunError):
+    """An LLM backend failed; adapters translate their library's errors into this."""
+
+
+class WorkflowFailedError(RunError):
+    """Raised by `RunResult.raise_for_status()`; `failures` maps task id to its error text."""
+
+    def __init__(self, workflow: str, status: str, failures: dict[str, str]) -> None:
+        lines = "".join(f"\n  {task}: {error}" for task, error in failures.items())
+        super().__init__(f"workflow {workflow!r} {status} with {len(failures)} failure(s):{lines}")
+        self.workflow = workflow
+        self.failures = failures

@@ -1,0 +1,180 @@
+"""Typed events: every mutation of a workflow and every state change of a task is one.
+
+Events are frozen dataclasses tagged by `kind`; `Event` is their discriminated union and
+`EVENT_ADAPTER` persists and restores them. `at` is the engine clock's monotonic time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from pydantic import Field, TypeAdapter
+
+from ._llm import Usage
+
+TaskState = Literal[
+    "pending", "ready", "running", "waiting", "done", "failed", "cancelled", "skipped"
+]
+"""pending: inputs not all there; ready: queued for admission; running: admitted and executing;
+waiting: between two attempts (retry backoff); the last four are final."""
+
+FINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled", "skipped"})
+
+WorkflowStatus = Literal["pending", "running", "succeeded", "failed", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowStarted:
+    workflow: str
+    program: int
+    priority: str
+    deadline: float | None
+    at: float
+    kind: Literal["workflow_started"] = "workflow_started"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowFinished:
+    workflow: str
+    status: WorkflowStatus
+    duration: float
+    failures: dict[str, str] = field(default_factory=dict)
+    at: float
+    kind: Literal["workflow_finished"] = "workflow_finished"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskAdded:
+    workflow: str
+    task: str
+    action: str
+    after: tuple[str, ...]
+    at: float
+    kind: Literal["task_added"] = "task_added"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskReplaced:
+    workflow: str
+    task: str
+    action: str
+    at: float
+    kind: Literal["task_replaced"] = "task_replaced"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskRemoved:
+    workflow: str
+    task: str
+    at: float
+    kind: Literal["task_removed"] = "task_removed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeAdded:
+    workflow: str
+    source: str
+    target: str
+    at: float
+    kind: Literal["edge_added"] = "edge_added"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeRemoved:
+    workflow: str
+    source: str
+    target: str
+    at: float
+    kind: Literal["edge_removed"] = "edge_removed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskReady:
+    workflow: str
+    task: str
+    resource: str
+    at: float
+    kind: Literal["task_ready"] = "task_ready"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskStarted:
+    workflow: str
+    task: str
+    attempt: int
+    at: float
+    kind: Literal["task_started"] = "task_started"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskRetrying:
+    workflow: str
+    task: str
+    attempt: int
+    error: str
+    delay: float
+    at: float
+    kind: Literal["task_retrying"] = "task_retrying"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSucceeded:
+    workflow: str
+    task: str
+    duration: float
+    usage: Usage | None = None
+    llm_calls: int = 0
+    at: float
+    kind: Literal["task_succeeded"] = "task_succeeded"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskFailed:
+    workflow: str
+    task: str
+    error: str
+    error_type: str
+    attempts: int
+    at: float
+    kind: Literal["task_failed"] = "task_failed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSkipped:
+    workflow: str
+    task: str
+    reason: str
+    at: float
+    kind: Literal["task_skipped"] = "task_skipped"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskCancelled:
+    workflow: str
+    task: str
+    reason: str
+    at: float
+    kind: Literal["task_cancelled"] = "task_cancelled"
+
+
+Event = Annotated[
+    WorkflowStarted
+    | WorkflowFinished
+    | TaskAdded
+    | TaskReplaced
+    | TaskRemoved
+    | EdgeAdded
+    | EdgeRemoved
+    | TaskReady
+    | TaskStarted
+    | TaskRetrying
+    | TaskSucceeded
+    | TaskFailed
+    | TaskSkipped
+    | TaskCancelled,
+    Field(discriminator="kind"),
+]
+
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+"""Serialise with `EVENT_ADAPTER.dump_json(event)`, restore with `validate_json(data)`."""

@@ -1,0 +1,115 @@
+"""The LLM backend protocol: a request plus backend-neutral hints in, a response out.
+
+Real servers (vLLM, SGLang, Dynamo, llama.cpp) each spell the hints differently; a backend's
+dialect translates `Hints` at the HTTP boundary, so nothing above it knows those spellings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: str
+    name: str | None = None
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the model may call: name, description and a JSON schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+    """The arguments as the model wrote them: JSON text, not yet validated."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LLMRequest:
+    messages: tuple[Message, ...]
+    model: str
+    sampling: Sampling = Sampling()
+    max_tokens: int | None = None
+    tools: tuple[ToolSpec, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Hints:
+    """What the scheduler knows that the server does not.
+
+    `urgency`: higher runs sooner (dialects flip the sign for servers where lower runs
+    sooner, such as vLLM). All calls of one program share it. `keep_alive_s`: how long the
+    server should keep this call's KV cache after it ends, because the same program will be
+    back. `last_call`: the program makes no further calls, so its cache can go at once.
+    `prefix_key`: calls with equal keys share a prompt prefix.
+    """
+
+    program_id: str
+    urgency: float = 0.0
+    priority_class: str = "batch"
+    deadline_s: float | None = None
+    expected_output_tokens: int | None = None
+    keep_alive_s: float | None = None
+    last_call: bool = False
+    prefix_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_prompt_tokens: int | None = None
+    """Prompt tokens the server served from its prefix cache, when it reports them."""
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        cached: int | None
+        if self.cached_prompt_tokens is None and other.cached_prompt_tokens is None:
+            cached = None
+        else:
+            cached = (self.cached_prompt_tokens or 0) + (other.cached_prompt_tokens or 0)
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            cached,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LLMResponse:
+    text: str
+    usage: Usage = Usage()
+    finish_reason: str = "stop"
+    tool_calls: tuple[ToolCall, ...] = ()
+    model: str | None = None
+
+
+@runtime_checkable
+class LLMBackend(Protocol):
+    """One serving endpoint. Implementations raise `BackendError` (or a subclass) on failure."""
+
+    async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse: ...

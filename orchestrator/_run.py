@@ -1,0 +1,465 @@
+"""The state of one running workflow (one *program*): readiness, outcomes and its result.
+
+All of it runs on the engine's loop thread: the engine applies task outcomes here, and the
+workflow reports its mutations here (`_Hooks`), whoever makes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._errors import OverloadedError, UnknownResourceError, WorkflowFailedError
+from ._events import (
+    FINAL_STATES,
+    EdgeAdded,
+    EdgeRemoved,
+    Event,
+    TaskAdded,
+    TaskCancelled,
+    TaskFailed,
+    TaskReady,
+    TaskRemoved,
+    TaskReplaced,
+    TaskSkipped,
+    TaskSucceeded,
+    WorkflowFinished,
+    WorkflowStatus,
+)
+from ._llm import LLMRequest, LLMResponse, Usage
+from ._scheduler import PriorityClass, ProgramView, remaining_critical_path
+from ._task import Task
+from ._workflow import Workflow
+
+if TYPE_CHECKING:
+    from ._context import TaskContext
+    from ._engine import Engine
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """How a workflow run ended: results of the tasks that succeeded and why others did not."""
+
+    workflow: str
+    status: WorkflowStatus
+    results: Mapping[str, Any]
+    failures: Mapping[str, str] = field(default_factory=dict)
+    errors: Mapping[str, BaseException] = field(default_factory=dict)
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    cancelled: Mapping[str, str] = field(default_factory=dict)
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    llm_calls: int = 0
+    usage: Usage = Usage()
+
+    @property
+    def duration(self) -> float:
+        return self.finished_at - self.started_at
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "succeeded"
+
+    def __getitem__(self, task_id: str) -> Any:
+        try:
+            return self.results[task_id]
+        except KeyError:
+            why = (
+                self.failures.get(task_id)
+                or self.skipped.get(task_id)
+                or self.cancelled.get(task_id)
+            )
+            detail = f": {why}" if why else " (no such task)"
+            raise KeyError(f"task {task_id!r} of {self.workflow!r} has no result{detail}") from None
+
+    def raise_for_status(self) -> RunResult:
+        """Return self if the run succeeded, else raise `WorkflowFailedError` listing failures."""
+        if self.status != "succeeded":
+            failures = dict(self.failures) or dict(self.cancelled)
+            raise WorkflowFailedError(self.workflow, self.status, failures)
+        return self
+
+
+class Run:
+    """One workflow's run state; implements the workflow's mutation hooks."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        workflow: Workflow,
+        program: int,
+        *,
+        priority_class: PriorityClass,
+        deadline: float | None,
+        subscribers: list[asyncio.Queue[Event]],
+    ) -> None:
+        self.engine = engine
+        self.workflow = workflow
+        self.id = workflow.id
+        self.program = program
+        self.priority_class: PriorityClass = priority_class
+        self.deadline = deadline
+        self.subscribers = subscribers
+        self.attained = 0.0
+        self.started_at = engine.clock.monotonic()
+        self.unfinished = 0
+        self.running = 0
+        self.cancelling: str | None = None
+        self.failures: dict[str, BaseException] = {}
+        self.llm_calls = 0
+        self.usage = Usage()
+        self.done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        self._remaining: float | None = None
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r}, program={self.program})"
+
+    # --- scheduling ------------------------------------------------------------------------
+
+    def view(self, now: float) -> ProgramView:
+        remaining = 0.0
+        if self.engine.policy.needs_remaining and self.deadline is not None:
+            if self._remaining is None:
+                default = self.engine.default_estimate
+                unfinished = {
+                    t.id: (t.estimate if t.estimate is not None else default)
+                    for t in self.workflow
+                    if t.state not in FINAL_STATES
+                }
+                self._remaining = remaining_critical_path(self.workflow.graph, unfinished)
+            remaining = self._remaining
+        return ProgramView(
+            self.program, self.priority_class, self.attained, self.deadline, remaining
+        )
+
+    # --- start and readiness ---------------------------------------------------------------
+
+    def start(self) -> None:
+        graph = self.workflow.graph
+        emit = self.emit
+        now = self.engine.clock.monotonic()
+        for task in self.workflow:
+            self._check_resource(task)
+        for task in self.workflow:
+            after = tuple(graph.predecessors(task.id))
+            emit(
+                TaskAdded(
+                    workflow=self.id, task=task.id, action=task.action.label, after=after, at=now
+                )
+            )
+            task.waiting_on = len(after)
+            self.unfinished += 1
+        for task in list(self.workflow):
+            if task.waiting_on == 0 and task.state == "pending":
+                self._decide(task)
+        self._maybe_finish()
+
+    def validate(self, task: Task) -> None:
+        self._check_resource(task)
+
+    def _check_resource(self, task: Task) -> None:
+        if not self.engine.admission.knows(task.resource):
+            raise UnknownResourceError(task.id, task.resource, self.engine.admission.names)
+
+    def inputs_of(self, task: Task) -> dict[str, Any]:
+        tasks = self.workflow._tasks
+        inputs = {}
+        for dep in self.workflow.graph.predecessors(task.id):
+            t = tasks[dep]
+            if t.state == "done":
+                inputs[dep] = t.result
+        return inputs
+
+    def _decide(self, task: Task) -> None:
+        """All inputs of `task` are final: make it ready, or skip, cancel or fail it."""
+        verdict = self._verdict(task)
+        if verdict is not None:
+            state, error, reason = verdict
+            self.finalize(task, state, error=error, reason=reason)
+
+    def _verdict(self, task: Task) -> tuple[str, BaseException | None, str | None] | None:
+        """Queue `task` and return None, or say which final state it takes instead."""
+        if self.cancelling is not None:
+            return "cancelled", None, self.cancelling
+        tasks = self.workflow._tasks
+        if task.trigger == "all_success":
+            for dep in self.workflow.graph.predecessors(task.id):
+                state = tasks[dep].state
+                if state != "done":
+                    verb = {"failed": "failed", "skipped": "was skipped"}.get(
+                        state, "was cancelled"
+                    )
+                    return "skipped", None, f"dependency {dep!r} {verb}"
+        if task.when is not None:
+            try:
+                go = task.when(self.inputs_of(task))
+            except Exception as exc:
+                return "failed", exc, None
+            if not go:
+                return "skipped", None, "its condition was false"
+        engine = self.engine
+        task.state = "ready"
+        task.ready_seq = engine.next_seq()
+        try:
+            engine.admission.push(self, task)
+        except OverloadedError as exc:
+            task.state = "pending"
+            return "failed", exc, None
+        self.emit(
+            TaskReady(
+                workflow=self.id, task=task.id, resource=task.resource, at=engine.clock.monotonic()
+            )
+        )
+        return None
+
+    def finalize(
+        self,
+        task: Task,
+        state: str,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
+        reason: str | None = None,
+        usage: Usage | None = None,
+        llm_calls: int = 0,
+    ) -> None:
+        """Move `task` to a final state, emit it, and settle the dependents it unblocks."""
+        now = self.engine.clock.monotonic()
+        stack = [(task, state, result, error, reason)]
+        while stack:
+            task, state, result, error, reason = stack.pop()
+            if task.state == "ready":
+                self.engine.admission.discard(task)
+            task.state = state
+            self.unfinished -= 1
+            self._remaining = None
+            wid, tid = self.id, task.id
+            if state == "done":
+                task.result = result
+                duration = now - task.started_at if task.started_at is not None else 0.0
+                self.emit(
+                    TaskSucceeded(
+                        workflow=wid,
+                        task=tid,
+                        duration=duration,
+                        usage=usage,
+                        llm_calls=llm_calls,
+                        at=now,
+                    )
+                )
+            elif state == "failed":
+                assert error is not None
+                task.error = error
+                self.failures[tid] = error
+                self.emit(
+                    TaskFailed(
+                        workflow=wid,
+                        task=tid,
+                        error=str(error) or type(error).__name__,
+                        error_type=type(error).__name__,
+                        attempts=task.attempts,
+                        at=now,
+                    )
+                )
+            elif state == "skipped":
+                task.reason = reason
+                self.emit(TaskSkipped(workflow=wid, task=tid, reason=reason or "", at=now))
+            else:
+                task.reason = reason
+                self.emit(TaskCancelled(workflow=wid, task=tid, reason=reason or "", at=now))
+            if self.workflow._tasks.get(tid) is not task:
+                continue  # removed while it ran: nothing depends on it any more
+            # Dependents settled here go on the stack rather than recursing: a failure at the
+            # head of a 10,000-task chain must not overflow Python's stack.
+            tasks = self.workflow._tasks
+            for dep in self.workflow.graph.successors(tid):
+                nxt = tasks[dep]
+                nxt.waiting_on -= 1
+                if nxt.waiting_on == 0 and nxt.state == "pending":
+                    verdict = self._verdict(nxt)
+                    if verdict is not None:
+                        stack.append((nxt, verdict[0], None, verdict[1], verdict[2]))
+
+    # --- outcomes --------------------------------------------------------------------------
+
+    def record(self, task: Task, elapsed: float, llm_calls: int, usage: Usage) -> None:
+        self.attained += elapsed
+        self.llm_calls += llm_calls
+        self.usage = self.usage + usage
+
+    async def complete(
+        self,
+        ctx: TaskContext,
+        request: LLMRequest,
+        backend: str,
+        *,
+        expected_output_tokens: int | None,
+        keep_alive_s: float | None,
+        last_call: bool,
+        prefix_key: str | None,
+    ) -> LLMResponse:
+        """One LLM call on behalf of a task of this run, carrying the program's hints."""
+        engine = self.engine
+        llm = engine.backend(backend)
+        hints = engine.hints_for(
+            self,
+            expected_output_tokens=expected_output_tokens,
+            keep_alive_s=keep_alive_s,
+            last_call=last_call,
+            prefix_key=prefix_key,
+        )
+        return await llm.complete(request, hints)
+
+    def cancel(self, reason: str) -> None:
+        if self.cancelling is not None or self.done.done():
+            return
+        self.cancelling = reason
+        for task in list(self.workflow):
+            self.cancel_task(task, reason)
+        self._maybe_finish()
+
+    def cancel_task(self, task: Task, reason: str) -> None:
+        if task.state in FINAL_STATES:
+            return
+        if task.handle is not None and task.state in ("running", "waiting"):
+            if task.cancel_reason is None:
+                task.cancel_reason = reason
+                task.handle.cancel(reason)
+            return
+        self.finalize(task, "cancelled", reason=reason)
+        self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        if self.unfinished > 0 or self.running > 0 or self.done.done():
+            return
+        self.engine.finish(self, self._result())
+
+    def _result(self) -> RunResult:
+        results: dict[str, Any] = {}
+        skipped: dict[str, str] = {}
+        cancelled: dict[str, str] = {}
+        for task in self.workflow:
+            if task.state == "done":
+                results[task.id] = task.result
+            elif task.state == "skipped":
+                skipped[task.id] = task.reason or ""
+            elif task.state == "cancelled":
+                cancelled[task.id] = task.reason or ""
+        status: WorkflowStatus
+        if self.cancelling is not None:
+            status = "cancelled"
+        elif self.failures:
+            status = "failed"
+        else:
+            status = "succeeded"
+        return RunResult(
+            workflow=self.id,
+            status=status,
+            results=results,
+            failures={t: str(e) or type(e).__name__ for t, e in self.failures.items()},
+            errors=dict(self.failures),
+            skipped=skipped,
+            cancelled=cancelled,
+            started_at=self.started_at,
+            finished_at=self.engine.clock.monotonic(),
+            llm_calls=self.llm_calls,
+            usage=self.usage,
+        )
+
+    def finished_event(self, result: RunResult) -> WorkflowFinished:
+        return WorkflowFinished(
+            workflow=self.id,
+            status=result.status,
+            duration=result.duration,
+            failures=dict(result.failures),
+            at=result.finished_at,
+        )
+
+    def emit(self, event: Event) -> None:
+        self.engine.emit(self, event)
+
+    # --- workflow mutation hooks -------------------------------------------------------------
+
+    def added(self, task: Task, after: tuple[str, ...]) -> None:
+        tasks = self.workflow._tasks
+        task.waiting_on = sum(1 for dep in after if tasks[dep].state not in FINAL_STATES)
+        self.unfinished += 1
+        self._remaining = None
+        now = self.engine.clock.monotonic()
+        self.emit(
+            TaskAdded(workflow=self.id, task=task.id, action=task.action.label, after=after, at=now)
+        )
+        if task.waiting_on == 0:
+            self._decide(task)
+        self.engine.wake()
+
+    def replaced(self, old: Task, task: Task) -> None:
+        if old.state == "ready":
+            self.engine.admission.discard(old)
+        old.state = "cancelled"  # the stale copy must never be admitted from a queue
+        graph, tasks = self.workflow.graph, self.workflow._tasks
+        task.waiting_on = sum(
+            1 for dep in graph.predecessors(task.id) if tasks[dep].state not in FINAL_STATES
+        )
+        self.emit(
+            TaskReplaced(
+                workflow=self.id,
+                task=task.id,
+                action=task.action.label,
+                at=self.engine.clock.monotonic(),
+            )
+        )
+        if task.waiting_on == 0:
+            self._decide(task)
+        self.engine.wake()
+
+    def removed(self, task: Task, dependents: list[str]) -> None:
+        self.emit(TaskRemoved(workflow=self.id, task=task.id, at=self.engine.clock.monotonic()))
+        self._remaining = None
+        was_final = task.state in FINAL_STATES
+        if task.state in ("running", "waiting"):
+            self.cancel_task(task, "removed from its workflow")
+        elif not was_final:
+            self.finalize(task, "cancelled", reason="removed from its workflow")
+        if not was_final:
+            tasks = self.workflow._tasks
+            for dep in dependents:
+                nxt = tasks[dep]
+                nxt.waiting_on -= 1
+                if nxt.waiting_on == 0 and nxt.state == "pending":
+                    self._decide(nxt)
+        self._maybe_finish()
+        self.engine.wake()
+
+    def edge_added(self, source: str, target: str) -> None:
+        tasks = self.workflow._tasks
+        self._remaining = None
+        self.emit(
+            EdgeAdded(
+                workflow=self.id, source=source, target=target, at=self.engine.clock.monotonic()
+            )
+        )
+        if tasks[source].state not in FINAL_STATES:
+            nxt = tasks[target]
+            nxt.waiting_on += 1
+            if nxt.state == "ready":
+                self.engine.admission.discard(nxt)
+                nxt.state = "pending"
+        self.engine.wake()
+
+    def edge_removed(self, source: str, target: str) -> None:
+        tasks = self.workflow._tasks
+        self._remaining = None
+        self.emit(
+            EdgeRemoved(
+                workflow=self.id, source=source, target=target, at=self.engine.clock.monotonic()
+            )
+        )
+        if tasks[source].state not in FINAL_STATES:
+            nxt = tasks[target]
+            nxt.waiting_on -= 1
+            if nxt.waiting_on == 0 and nxt.state == "pending":
+                self._decide(nxt)
+        self.engine.wake()

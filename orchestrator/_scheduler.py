@@ -1,0 +1,148 @@
+"""Scheduling policy: pure functions that order ready work, program first.
+
+A *program* is one run of a workflow. Every ready task of a program shares the program's
+key; programs are ordered by (priority class, policy key, arrival), and tasks within one
+program by the order in which they became ready. No clock, no I/O: `now` is an argument.
+
+- `fcfs`: earlier programs first (Continuum's program-level FCFS).
+- `las`: least attained service first, which favours short programs (Autellix's PLAS).
+- `slack`: least slack first, slack = deadline - now - remaining critical path
+  (HEXGEN-Text2SQL's urgency); programs without a deadline come after those with one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import networkx as nx
+
+from ._errors import UsageError
+
+PriorityClass = Literal["interactive", "batch"]
+CLASS_RANK: Mapping[str, int] = {"interactive": 0, "batch": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramView:
+    """What a policy may know about a running program."""
+
+    program: int
+    """Arrival order: lower arrived earlier."""
+    priority_class: PriorityClass = "batch"
+    attained: float = 0.0
+    """Seconds of task execution the program has received so far."""
+    deadline: float | None = None
+    """Absolute time on the engine clock, or None."""
+    remaining: float = 0.0
+    """Estimated seconds of the longest remaining path through the program's DAG."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyTask:
+    program: int
+    task: str
+    seq: int
+    """Order in which the task became ready (engine-wide)."""
+
+
+class Policy(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def needs_remaining(self) -> bool:
+        """Whether `ProgramView.remaining` must be computed (it costs a walk of the DAG)."""
+        ...
+
+    def key(self, view: ProgramView, now: float) -> float:
+        """Lower runs sooner. Ties are broken by class rank first and arrival last."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Fcfs:
+    name: str = "fcfs"
+    needs_remaining: bool = False
+
+    def key(self, view: ProgramView, now: float) -> float:
+        return float(view.program)
+
+
+@dataclass(frozen=True, slots=True)
+class Las:
+    name: str = "las"
+    needs_remaining: bool = False
+
+    def key(self, view: ProgramView, now: float) -> float:
+        return view.attained
+
+
+@dataclass(frozen=True, slots=True)
+class Slack:
+    name: str = "slack"
+    needs_remaining: bool = True
+
+    def key(self, view: ProgramView, now: float) -> float:
+        if view.deadline is None:
+            return math.inf
+        return view.deadline - now - view.remaining
+
+
+POLICIES: Mapping[str, Callable[[], Policy]] = {"fcfs": Fcfs, "las": Las, "slack": Slack}
+
+
+def get_policy(policy: str | Policy) -> Policy:
+    if not isinstance(policy, str):
+        return policy
+    try:
+        return POLICIES[policy]()
+    except KeyError:
+        raise UsageError(
+            f"unknown scheduling policy {policy!r}; choose one of {', '.join(POLICIES)}"
+        ) from None
+
+
+def program_key(policy: Policy, view: ProgramView, now: float) -> tuple[int, float, int]:
+    return (CLASS_RANK[view.priority_class], policy.key(view, now), view.program)
+
+
+def order_programs(policy: Policy, views: Iterable[ProgramView], now: float) -> list[ProgramView]:
+    """Programs in the order their ready work should be admitted."""
+    return sorted(views, key=lambda v: program_key(policy, v, now))
+
+
+def order(
+    policy: Policy,
+    ready: Sequence[ReadyTask],
+    programs: Mapping[int, ProgramView],
+    now: float,
+) -> list[ReadyTask]:
+    """The order in which to admit `ready` tasks: by program key, then by readiness."""
+    keys = {p: program_key(policy, v, now) for p, v in programs.items()}
+    return sorted(ready, key=lambda t: (keys[t.program], t.seq))
+
+
+def urgency(policy: Policy, view: ProgramView, now: float) -> float:
+    """A backend-neutral urgency (higher runs sooner) for the hints sent with LLM calls."""
+    rank, key, program = program_key(policy, view, now)
+    if math.isinf(key):
+        key = 1e9
+    return -(rank * 1e12 + key + program * 1e-6)
+
+
+def remaining_critical_path(graph: nx.DiGraph[str], unfinished: Mapping[str, float]) -> float:
+    """Longest path, in estimated seconds, through the tasks still to finish.
+
+    `unfinished` maps each task that is not final to its estimate; finished tasks are
+    ignored (they cost nothing more).
+    """
+    longest: dict[str, float] = {}
+    best = 0.0
+    for node in nx.topological_sort(graph.subgraph(unfinished)):
+        start = max((longest[p] for p in graph.predecessors(node) if p in longest), default=0.0)
+        longest[node] = start + unfinished[node]
+        best = max(best, longest[node])
+    return best

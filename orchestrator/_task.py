@@ -1,0 +1,246 @@
+"""Tasks and the actions they run: a Python function, an LLM call, or anything with `run(ctx)`."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from ._errors import ResultNotSerializableError, UsageError
+from ._llm import LLMRequest
+
+if TYPE_CHECKING:
+    from ._context import TaskContext
+
+Trigger = Literal["all_success", "all_done"]
+"""all_success: run only if every input succeeded (otherwise skip);
+all_done: run once every input is final, with the inputs that succeeded."""
+
+DEFAULT_FUNCTION_RESOURCE = "local"
+DEFAULT_TOOL_RESOURCE = "tools"
+DEFAULT_BACKEND = "default"
+
+
+@runtime_checkable
+class Action(Protocol):
+    """What a task does. `resource` names the limiter that admits it."""
+
+    @property
+    def resource(self) -> str: ...
+
+    @property
+    def label(self) -> str:
+        """A short description for events and progress views."""
+        ...
+
+    def run(self, ctx: TaskContext) -> Awaitable[Any]: ...
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape(fn: Callable[..., Any]) -> tuple[bool, bool]:
+    """(is it async, does it take the context); cached because inspect is slow."""
+    is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - an async __call__ on an object
+    )
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return is_async, True
+    positional = [
+        p
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+    ]
+    required = [p for p in positional if p.default is p.empty and p.kind != p.VAR_POSITIONAL]
+    if len(required) > 1:
+        raise UsageError(
+            f"task function {getattr(fn, '__qualname__', fn)!r} takes {len(required)} required "
+            "arguments; a task function takes the TaskContext or nothing "
+            "(read dependency results from ctx.inputs)"
+        )
+    return is_async, bool(positional)
+
+
+class FunctionAction:
+    """Runs a Python function, sync or async, taking the `TaskContext` or nothing.
+
+    Sync functions run in a worker thread so a slow one cannot stall the loop.
+    """
+
+    __slots__ = ("_fn", "_is_async", "_takes_ctx", "_resource")
+
+    def __init__(self, fn: Callable[..., Any], *, resource: str = DEFAULT_FUNCTION_RESOURCE):
+        if not callable(fn):
+            raise UsageError(f"a task needs a callable or an Action, got {type(fn).__name__}")
+        self._fn = fn
+        self._is_async, self._takes_ctx = _shape(fn)
+        self._resource = resource
+
+    @property
+    def resource(self) -> str:
+        return self._resource
+
+    @property
+    def label(self) -> str:
+        return f"function {getattr(self._fn, '__qualname__', type(self._fn).__name__)}"
+
+    async def run(self, ctx: TaskContext) -> Any:
+        fn = self._fn
+        if self._is_async:
+            return await (fn(ctx) if self._takes_ctx else fn())
+        if self._takes_ctx:
+            return await asyncio.to_thread(fn, ctx)
+        return await asyncio.to_thread(fn)
+
+
+@dataclass(frozen=True, slots=True)
+class LLMCall:
+    """An LLM call: `build` turns the task's context (its inputs) into the request.
+
+    Agents make these with `agent.ask(...)`; the task's result is the response text.
+    """
+
+    build: Callable[[TaskContext], LLMRequest]
+    backend: str = DEFAULT_BACKEND
+    label: str = "llm call"
+    expected_output_tokens: int | None = None
+
+    @property
+    def resource(self) -> str:
+        return self.backend
+
+    async def run(self, ctx: TaskContext) -> Any:
+        request = self.build(ctx)
+        response = await ctx.complete(
+            request, backend=self.backend, expected_output_tokens=self.expected_output_tokens
+        )
+        return response.text
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    """How often to try a task and how long to wait in between (exponential, jittered).
+
+    `attempts` counts the first try. Errors of the types in `on` are retried, except
+    `UsageError`s, which retrying cannot fix.
+    """
+
+    attempts: int = 1
+    initial_delay: float = 0.5
+    max_delay: float = 30.0
+    jitter: float = 0.5
+    on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise UsageError(f"Retry(attempts={self.attempts}) must be at least 1")
+        if self.initial_delay < 0 or self.max_delay < 0 or self.jitter < 0:
+            raise UsageError("Retry delays and jitter must not be negative")
+
+    def should_retry(self, error: BaseException) -> bool:
+        return isinstance(error, self.on) and not isinstance(
+            error, UsageError | ResultNotSerializableError
+        )
+
+
+NO_RETRY = Retry()
+
+Condition = Callable[[Mapping[str, Any]], bool]
+
+
+class Task:
+    """One node of a workflow: its action, its settings, and its run state."""
+
+    __slots__ = (
+        "id",
+        "action",
+        "retry",
+        "timeout",
+        "resource",
+        "estimate",
+        "when",
+        "trigger",
+        "state",
+        "result",
+        "error",
+        "reason",
+        "attempts",
+        "started_at",
+        "ready_seq",
+        "waiting_on",
+        "handle",
+        "cancel_reason",
+    )
+
+    def __init__(
+        self,
+        task_id: str,
+        action: Action,
+        *,
+        retry: Retry = NO_RETRY,
+        timeout: float | None = None,
+        resource: str | None = None,
+        estimate: float | None = None,
+        when: Condition | None = None,
+        trigger: Trigger = "all_success",
+    ) -> None:
+        if timeout is not None and timeout <= 0:
+            raise UsageError(f"task {task_id!r}: timeout must be positive, got {timeout}")
+        if trigger not in ("all_success", "all_done"):
+            raise UsageError(f"task {task_id!r}: trigger must be 'all_success' or 'all_done'")
+        self.id = task_id
+        self.action = action
+        self.retry = retry
+        self.timeout = timeout
+        self.resource = resource or action.resource
+        self.estimate = estimate
+        self.when = when
+        self.trigger: Trigger = trigger
+        self.state: str = "pending"
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.reason: str | None = None
+        self.attempts = 0
+        self.started_at: float | None = None
+        self.ready_seq = 0
+        self.waiting_on = 0
+        """How many of its dependencies are not final yet (kept by the engine)."""
+        self.handle: asyncio.Task[None] | None = None
+        self.cancel_reason: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Task({self.id!r}, {self.action.label!r}, state={self.state!r})"
+
+
+def as_action(action: Action | Callable[..., Any]) -> Action:
+    # Duck-typed on purpose: isinstance() against a runtime protocol costs microseconds,
+    # and workflows of 100,000 tasks add one action each.
+    if hasattr(action, "run") and hasattr(action, "resource"):
+        return action  # type: ignore[return-value]
+    return FunctionAction(action)
+
+
+def as_retry(retry: Retry | int | None) -> Retry:
+    if retry is None:
+        return NO_RETRY
+    if isinstance(retry, Retry):
+        return retry
+    return Retry(attempts=retry)
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def check_serializable(task_id: str, value: Any) -> None:
+    """Refuse results that the event log could not store (checked when the task ends)."""
+    if isinstance(value, _PLAIN):
+        return
+    from pydantic_core import PydanticSerializationError, to_json
+
+    try:
+        to_json(value)
+    except (PydanticSerializationError, ValueError, TypeError) as exc:
+        raise ResultNotSerializableError(task_id, type(value).__name__, str(exc)) from exc

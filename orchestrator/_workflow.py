@@ -1,0 +1,274 @@
+"""Workflow: a named, mutable DAG of tasks on networkx.
+
+Mutations are validated before they touch the graph, so a refused mutation changes nothing.
+While the workflow runs, every accepted mutation is reported to the engine's run state
+(`_Hooks`), which emits its event and re-evaluates the tasks whose inputs changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol, TypeVar
+
+import networkx as nx
+
+from ._errors import (
+    CycleError,
+    DuplicateTaskError,
+    TaskStartedError,
+    UnknownTaskError,
+    UsageError,
+)
+from ._events import FINAL_STATES
+from ._task import Action, Condition, Retry, Task, Trigger, as_action, as_retry
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _Hooks(Protocol):
+    def validate(self, task: Task) -> None: ...
+    def added(self, task: Task, after: tuple[str, ...]) -> None: ...
+    def replaced(self, old: Task, task: Task) -> None: ...
+    def removed(self, task: Task, dependents: list[str]) -> None: ...
+    def edge_added(self, source: str, target: str) -> None: ...
+    def edge_removed(self, source: str, target: str) -> None: ...
+
+
+class Workflow:
+    """A named DAG of tasks. Build it, then run it once with an `Engine`.
+
+    Tasks and edges may be added, removed and replaced before and during the run, also from
+    inside a running task (`ctx.workflow.add(...)`).
+    """
+
+    def __init__(self, name: str) -> None:
+        if not name or not isinstance(name, str):
+            raise UsageError(f"a workflow needs a non-empty name, got {name!r}")
+        self.name = name
+        self.id = name
+        """Unique among the engine's running workflows; the engine may suffix `#N`."""
+        self.graph: nx.DiGraph[str] = nx.DiGraph()
+        self._tasks: dict[str, Task] = {}
+        self._hooks: _Hooks | None = None
+        self._started = False
+        self._finished = False
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._tasks
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(self._tasks.values())
+
+    def __repr__(self) -> str:
+        return f"Workflow({self.name!r}, tasks={len(self._tasks)})"
+
+    def task(self, task_id: str) -> Task:
+        try:
+            return self._tasks[task_id]
+        except KeyError:
+            raise UnknownTaskError(self.name, task_id) from None
+
+    def dependencies(self, task_id: str) -> list[str]:
+        self.task(task_id)
+        return list(self.graph.predecessors(task_id))
+
+    def dependents(self, task_id: str) -> list[str]:
+        self.task(task_id)
+        return list(self.graph.successors(task_id))
+
+    # --- mutations -------------------------------------------------------------------------
+
+    def add(
+        self,
+        task_id: str,
+        action: Action | Callable[..., Any],
+        *,
+        after: Iterable[str] = (),
+        before: Iterable[str] = (),
+        retry: Retry | int | None = None,
+        timeout: float | None = None,
+        resource: str | None = None,
+        estimate: float | None = None,
+        when: Condition | None = None,
+        trigger: Trigger = "all_success",
+    ) -> str:
+        """Add a task that runs `action` once every task in `after` is done.
+
+        `before` lists existing tasks that must wait for this one (they must not have
+        started). `when` decides from the inputs whether to run or skip. Returns the id.
+        """
+        self._check_open()
+        if not isinstance(task_id, str) or not task_id:
+            raise UsageError(f"a task id must be a non-empty string, got {task_id!r}")
+        if task_id in self._tasks:
+            raise DuplicateTaskError(self.name, task_id)
+        after_t = tuple(dict.fromkeys(after))
+        before_t = tuple(dict.fromkeys(before))
+        tasks = self._tasks
+        for dep in after_t:
+            if dep not in tasks:
+                raise UnknownTaskError(self.name, dep, role=f"dependency of {task_id!r}")
+        for dep in before_t:
+            if dep not in tasks:
+                raise UnknownTaskError(self.name, dep, role=f"dependent of {task_id!r}")
+            self._check_not_started(dep, f"make {dep!r} wait for new task {task_id!r}")
+        if after_t and before_t:
+            # Only a new node with edges on both sides can close a cycle: some b in `before`
+            # already reaching some a in `after`.
+            for b in before_t:
+                for a in after_t:
+                    if a == b or nx.has_path(self.graph, b, a):
+                        path = [a, task_id, *nx.shortest_path(self.graph, b, a)]
+                        raise CycleError(self.name, path)
+        task = Task(
+            task_id,
+            as_action(action),
+            retry=as_retry(retry),
+            timeout=timeout,
+            resource=resource,
+            estimate=estimate,
+            when=when,
+            trigger=trigger,
+        )
+        if self._hooks is not None:
+            self._hooks.validate(task)
+        graph = self.graph
+        graph.add_node(task_id)
+        for dep in after_t:
+            graph.add_edge(dep, task_id)
+        for dep in before_t:
+            graph.add_edge(task_id, dep)
+        tasks[task_id] = task
+        if self._hooks is not None:
+            self._hooks.added(task, after_t)
+            for dep in before_t:
+                self._hooks.edge_added(task_id, dep)
+        return task_id
+
+    def step(
+        self,
+        task_id: str | None = None,
+        *,
+        after: Iterable[str] = (),
+        retry: Retry | int | None = None,
+        timeout: float | None = None,
+        resource: str | None = None,
+        estimate: float | None = None,
+        when: Condition | None = None,
+        trigger: Trigger = "all_success",
+    ) -> Callable[[F], F]:
+        """Decorator form of `add`: the function's name is the task id unless given."""
+
+        def register(fn: F) -> F:
+            self.add(
+                task_id or fn.__name__,
+                fn,
+                after=after,
+                retry=retry,
+                timeout=timeout,
+                resource=resource,
+                estimate=estimate,
+                when=when,
+                trigger=trigger,
+            )
+            return fn
+
+        return register
+
+    def add_edge(self, source: str, target: str) -> None:
+        """Make `target` wait for `source` (and receive its result as an input)."""
+        self._check_open()
+        for task_id, role in ((source, "edge source"), (target, "edge target")):
+            if task_id not in self._tasks:
+                raise UnknownTaskError(self.name, task_id, role=role)
+        if self.graph.has_edge(source, target):
+            return
+        self._check_not_started(target, f"add edge {source!r} -> {target!r}")
+        if source == target or nx.has_path(self.graph, target, source):
+            raise CycleError(self.name, [source, *nx.shortest_path(self.graph, target, source)])
+        self.graph.add_edge(source, target)
+        if self._hooks is not None:
+            self._hooks.edge_added(source, target)
+
+    def remove_edge(self, source: str, target: str) -> None:
+        self._check_open()
+        if not self.graph.has_edge(source, target):
+            raise UsageError(
+                f"workflow {self.name!r} has no edge {source!r} -> {target!r} to remove"
+            )
+        self._check_not_started(target, f"remove edge {source!r} -> {target!r}")
+        self.graph.remove_edge(source, target)
+        if self._hooks is not None:
+            self._hooks.edge_removed(source, target)
+
+    def remove(self, task_id: str) -> None:
+        """Remove a task and its edges. A running task is cancelled; its dependents lose
+        that input and are re-evaluated."""
+        self._check_open()
+        task = self.task(task_id)
+        dependents = list(self.graph.successors(task_id))
+        self.graph.remove_node(task_id)
+        del self._tasks[task_id]
+        if self._hooks is not None:
+            self._hooks.removed(task, dependents)
+
+    def replace(
+        self,
+        task_id: str,
+        action: Action | Callable[..., Any],
+        *,
+        retry: Retry | int | None = None,
+        timeout: float | None = None,
+        resource: str | None = None,
+        estimate: float | None = None,
+    ) -> None:
+        """Give a task that has not started a new action (and settings); edges stay."""
+        self._check_open()
+        old = self.task(task_id)
+        self._check_not_started(task_id, f"replace task {task_id!r}")
+        task = Task(
+            task_id,
+            as_action(action),
+            retry=as_retry(retry) if retry is not None else old.retry,
+            timeout=timeout if timeout is not None else old.timeout,
+            resource=resource,
+            estimate=estimate if estimate is not None else old.estimate,
+            when=old.when,
+            trigger=old.trigger,
+        )
+        if self._hooks is not None:
+            self._hooks.validate(task)
+            self._hooks.replaced(old, task)
+        self._tasks[task_id] = task
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise UsageError(
+                f"workflow {self.name!r} has finished; it cannot change any more "
+                "(build a new workflow to run more work)"
+            )
+
+    def _check_not_started(self, task_id: str, action: str) -> None:
+        state = self._tasks[task_id].state
+        if state == "running" or state == "waiting" or state in FINAL_STATES:
+            raise TaskStartedError(self.name, task_id, state, action)
+
+    # --- for the engine --------------------------------------------------------------------
+
+    def _attach(self, hooks: _Hooks) -> None:
+        if self._started:
+            raise UsageError(
+                f"workflow {self.name!r} has already been run; a Workflow runs once: "
+                "build a new one (a function that returns a Workflow makes this easy)"
+            )
+        self._started = True
+        self._hooks = hooks
+
+    def _detach(self) -> None:
+        self._hooks = None
+        self._finished = True

@@ -1,0 +1,515 @@
+"""The engine on the virtual clock: results, failures, retries, timeouts, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from orchestrator import (
+    Engine,
+    Retry,
+    RunResult,
+    TaskContext,
+    TaskStartedError,
+    TaskTimeoutError,
+    UnknownResourceError,
+    UsageError,
+    VirtualClock,
+    Workflow,
+    WorkflowFailedError,
+    run_sync,
+)
+
+Run = Callable[[Coroutine[Any, Any, Any]], Any]
+
+
+async def one(ctx: TaskContext) -> int:
+    return 1
+
+
+def test_results_flow_to_dependents(clock: VirtualClock) -> None:
+    wf = Workflow("flow")
+
+    async def double(ctx: TaskContext) -> int:
+        return int(ctx.input("a")) * 2
+
+    def total(ctx: TaskContext) -> int:  # sync: runs in a worker thread
+        return sum(ctx.inputs.values())
+
+    wf.add("a", one)
+    wf.add("b", double, after=["a"])
+    wf.add("c", lambda: 10)  # no context at all
+    wf.add("d", total, after=["b", "c"])
+    result = run_sync(wf, clock=clock)
+    assert result.ok
+    assert result.results == {"a": 1, "b": 2, "c": 10, "d": 12}
+    assert result["d"] == 12
+
+
+def test_a_failing_task_skips_its_dependents_and_the_rest_goes_on(vrun: Run) -> None:
+    wf = Workflow("partial")
+
+    async def boom(ctx: TaskContext) -> None:
+        raise ValueError("bad row 17")
+
+    wf.add("ok", one)
+    wf.add("bad", boom)
+    wf.add("after_bad", one, after=["bad"])
+    wf.add("after_after", one, after=["after_bad"])
+    wf.add("after_ok", one, after=["ok"])
+    wf.add("bad2", boom, after=["ok"])
+
+    async def main() -> RunResult:
+        async with Engine() as engine:
+            return await engine.run(wf)
+
+    result = vrun(main())
+    assert result.status == "failed"
+    assert result.failures == {"bad": "bad row 17", "bad2": "bad row 17"}
+    assert isinstance(result.errors["bad"], ValueError)
+    assert result.skipped == {
+        "after_bad": "dependency 'bad' failed",
+        "after_after": "dependency 'after_bad' was skipped",
+    }
+    assert result.results == {"ok": 1, "after_ok": 1}
+    with pytest.raises(WorkflowFailedError, match=r"(?s)2 failure.*bad: bad row 17"):
+        result.raise_for_status()
+    with pytest.raises(KeyError, match="dependency 'bad' failed"):
+        result["after_bad"]
+
+
+def test_failure_at_the_head_of_a_long_chain_skips_all_without_recursion(vrun: Run) -> None:
+    wf = Workflow("chain")
+
+    async def boom(ctx: TaskContext) -> None:
+        raise RuntimeError("head")
+
+    wf.add("t0", boom)
+    for i in range(1, 5000):
+        wf.add(f"t{i}", one, after=[f"t{i - 1}"])
+
+    async def main() -> RunResult:
+        async with Engine() as engine:
+            return await engine.run(wf)
+
+    result = vrun(main())
+    assert len(result.skipped) == 4999
+    assert result.failures == {"t0": "head"}
+
+
+def test_retries_back_off_on_the_injected_clock(clock: VirtualClock) -> None:
+    attempts: list[tuple[int, float]] = []
+
+    async def flaky(ctx: TaskContext) -> str:
+        attempts.append((ctx.attempt, ctx.clock.monotonic()))
+        if ctx.attempt < 3:
+            raise ConnectionError("try again")
+        return "ok"
+
+    wf = Workflow("retry")
+    wf.add("flaky", flaky, retry=Retry(attempts=4, initial_delay=2, jitter=0))
+
+    async def main() -> tuple[RunResult, list[Any]]:
+        async with Engine(clock=clock) as engine:
+            events = [e async for e in engine.iter(wf)]
+        return (await_result(events), events)
+
+    def await_result(events: list[Any]) -> RunResult:
+        return RunResult(workflow="retry", status=events[-1].status, results={})
+
+    result, events = clock.run(main())
+    assert result.status == "succeeded"
+    # Exponential: 2 s, then 4 s, on virtual time.
+    assert attempts == [(1, 0.0), (2, 2.0), (3, 6.0)]
+    retrying = [e for e in events if e.kind == "task_retrying"]
+    assert [(e.attempt, e.delay) for e in retrying] == [(1, 2.0), (2, 4.0)]
+    assert "ConnectionError: try again" in retrying[0].error
+    started = [e.attempt for e in events if e.kind == "task_started"]
+    assert started == [1, 2, 3]
+
+
+def test_retries_stop_after_the_last_attempt_and_report_the_error(clock: VirtualClock) -> None:
+    async def always(ctx: TaskContext) -> None:
+        raise ConnectionError(f"down at attempt {ctx.attempt}")
+
+    wf = Workflow("giveup")
+    wf.add("t", always, retry=Retry(attempts=3, initial_delay=1, jitter=0))
+    result = run_sync(wf, clock=clock)
+    assert result.failures == {"t": "down at attempt 3"}
+    assert wf.task("t").attempts == 3
+
+
+def test_usage_errors_are_not_retried(clock: VirtualClock) -> None:
+    calls = 0
+
+    async def misuse(ctx: TaskContext) -> None:
+        nonlocal calls
+        calls += 1
+        raise UsageError("wrong argument")
+
+    wf = Workflow("noretry")
+    wf.add("t", misuse, retry=5)
+    assert run_sync(wf, clock=clock).status == "failed"
+    assert calls == 1
+
+
+def test_a_task_that_never_returns_times_out_by_name_and_others_finish(
+    clock: VirtualClock,
+) -> None:
+    async def hang(ctx: TaskContext) -> None:
+        await asyncio.Event().wait()
+
+    stuck = Workflow("stuck")
+    stuck.add("hang", hang, timeout=30)
+    stuck.add("fine", one)
+    others = [Workflow(f"other{i}") for i in range(3)]
+    for wf in others:
+        wf.add("t", one)
+
+    async def main() -> list[RunResult]:
+        async with Engine(clock=clock) as engine:
+            return await asyncio.gather(*(engine.run(wf) for wf in [stuck, *others]))
+
+    results = clock.run(main())
+    assert results[0].status == "failed"
+    error = results[0].errors["hang"]
+    assert isinstance(error, TaskTimeoutError) and error.task_id == "hang"
+    assert "'hang' did not finish within its timeout of 30 s" in results[0].failures["hang"]
+    assert results[0].results == {"fine": 1}
+    assert results[0].duration == 30.0
+    assert all(r.ok for r in results[1:])
+
+
+def test_a_stuck_sync_function_times_out_too(clock: VirtualClock) -> None:
+    release = threading.Event()
+
+    def blocking(ctx: TaskContext) -> None:
+        release.wait(timeout=30)
+
+    wf = Workflow("stuck-thread")
+    wf.add("block", blocking, timeout=0.05)
+
+    async def main() -> RunResult:
+        async with Engine() as engine:
+            try:
+                return await engine.run(wf)
+            finally:
+                release.set()  # let the abandoned thread end so the loop can close
+
+    result = clock.run(main())
+    assert isinstance(result.errors["block"], TaskTimeoutError)
+
+
+def test_unserialisable_result_is_an_error_naming_the_task(clock: VirtualClock) -> None:
+    async def handle(ctx: TaskContext) -> object:
+        return threading.Lock()
+
+    wf = Workflow("unserialisable")
+    wf.add("lock", handle)
+    wf.add("user", one, after=["lock"])
+    result = run_sync(wf, clock=clock)
+    assert result.status == "failed"
+    assert "task 'lock' returned a lock" in result.failures["lock"]
+    assert result.skipped == {"user": "dependency 'lock' failed"}
+
+
+def test_many_workflows_run_concurrently_and_one_failure_disturbs_no_other(
+    clock: VirtualClock,
+) -> None:
+    async def slow(ctx: TaskContext) -> int:
+        await ctx.clock.sleep(1.0)
+        return 1
+
+    async def boom(ctx: TaskContext) -> None:
+        raise RuntimeError("nope")
+
+    workflows = []
+    for i in range(50):
+        wf = Workflow(f"w{i}")
+        wf.add("a", slow)
+        wf.add("b", boom if i == 7 else slow, after=["a"])
+        workflows.append(wf)
+
+    async def main() -> list[RunResult]:
+        async with Engine(clock=clock) as engine:
+            return await asyncio.gather(*(engine.run(wf) for wf in workflows))
+
+    results = clock.run(main())
+    assert [r.status for r in results].count("failed") == 1
+    assert results[7].failures == {"b": "nope"}
+    # 100 one-second tasks, at most 256 at once: everything overlaps.
+    assert clock.monotonic() == 2.0
+
+
+def test_cancelling_a_workflow_cancels_its_running_tasks_only(clock: VirtualClock) -> None:
+    started = asyncio.Event()
+    cancelled: list[str] = []
+
+    async def long(ctx: TaskContext) -> None:
+        try:
+            started.set()
+            await ctx.clock.sleep(100)
+        except asyncio.CancelledError:
+            cancelled.append(ctx.task_id)
+            raise
+
+    async def short(ctx: TaskContext) -> str:
+        await ctx.clock.sleep(5)
+        return "done"
+
+    victim = Workflow("victim")
+    victim.add("long", long)
+    victim.add("next", one, after=["long"])
+    bystander = Workflow("bystander")
+    bystander.add("short", short)
+
+    async def main() -> tuple[RunResult, RunResult]:
+        async with Engine(clock=clock) as engine:
+            handle = engine.submit(victim)
+            other = engine.submit(bystander)
+            await started.wait()
+            handle.cancel("user pressed stop")
+            return await handle, await other
+
+    result, other = clock.run(main())
+    assert result.status == "cancelled"
+    assert result.cancelled == {"long": "user pressed stop", "next": "user pressed stop"}
+    assert cancelled == ["long"]
+    assert other.ok and other["short"] == "done"
+    assert clock.monotonic() == 5.0
+    with pytest.raises(WorkflowFailedError, match="cancelled"):
+        result.raise_for_status()
+
+
+def test_cancelling_one_task_skips_its_dependents_and_the_rest_goes_on(
+    clock: VirtualClock,
+) -> None:
+    async def long(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(100)
+
+    wf = Workflow("one-task")
+    wf.add("long", long)
+    wf.add("after_long", one, after=["long"])
+    wf.add("other", one)
+
+    async def main() -> RunResult:
+        async with Engine(clock=clock) as engine:
+            handle = engine.submit(wf)
+            await asyncio.sleep(1)
+            engine.cancel_task(wf, "long", "not needed")
+            return await handle
+
+    result = clock.run(main())
+    assert result.status == "succeeded"
+    assert result.cancelled == {"long": "not needed"}
+    assert result.skipped == {"after_long": "dependency 'long' was cancelled"}
+    assert result.results == {"other": 1}
+
+
+def test_conditional_branch_and_all_done_join(clock: VirtualClock) -> None:
+    wf = Workflow("branch")
+
+    async def score(ctx: TaskContext) -> int:
+        return 7
+
+    async def high(ctx: TaskContext) -> str:
+        return "high"
+
+    async def low(ctx: TaskContext) -> str:
+        return "low"
+
+    async def join(ctx: TaskContext) -> list[str]:
+        return sorted(v for k, v in ctx.inputs.items())
+
+    wf.add("score", score)
+    wf.add("high", high, after=["score"], when=lambda inputs: inputs["score"] > 5)
+    wf.add("low", low, after=["score"], when=lambda inputs: inputs["score"] <= 5)
+    wf.add("join", join, after=["high", "low"], trigger="all_done")
+    wf.add("strict", one, after=["low"])
+    result = run_sync(wf, clock=clock)
+    assert result.ok
+    assert result["join"] == ["high"]
+    assert result.skipped == {
+        "low": "its condition was false",
+        "strict": "dependency 'low' was skipped",
+    }
+
+
+def test_a_condition_that_raises_fails_the_task(clock: VirtualClock) -> None:
+    wf = Workflow("badcond")
+    wf.add("a", one)
+    wf.add("b", one, after=["a"], when=lambda inputs: inputs["missing"])
+    result = run_sync(wf, clock=clock)
+    assert result.status == "failed"
+    assert "missing" in result.failures["b"]
+
+
+def test_a_planner_adds_tasks_at_run_time_and_the_writer_waits_for_all(
+    clock: VirtualClock,
+) -> None:
+    async def research(ctx: TaskContext) -> str:
+        await ctx.clock.sleep(2)
+        return f"notes on {ctx.task_id}"
+
+    async def plan(ctx: TaskContext) -> list[str]:
+        topics = ["gpu", "kv", "queues"]
+        for topic in topics:
+            ctx.workflow.add(topic, research, before=["write"])
+        return topics
+
+    async def write(ctx: TaskContext) -> str:
+        return " | ".join(v for k, v in sorted(ctx.inputs.items()) if k != "plan")
+
+    wf = Workflow("planner")
+    wf.add("plan", plan)
+    wf.add("write", write, after=["plan"])
+    result = run_sync(wf, clock=clock)
+    assert result.ok
+    assert result["write"] == "notes on gpu | notes on kv | notes on queues"
+    assert clock.monotonic() == 2.0
+
+
+def test_a_loop_adds_rounds_until_done(clock: VirtualClock) -> None:
+    wf = Workflow("loop")
+
+    async def step(ctx: TaskContext) -> int:
+        n = 1 + max((v for v in ctx.inputs.values()), default=0)
+        if n < 5:
+            ctx.workflow.add(f"step{n + 1}", step, after=[ctx.task_id])
+        return n
+
+    wf.add("step1", step)
+    result = run_sync(wf, clock=clock)
+    assert result.results == {f"step{i}": i for i in range(1, 6)}
+
+
+def test_edge_into_a_started_task_is_refused_at_run_time(clock: VirtualClock) -> None:
+    errors: list[Exception] = []
+
+    async def first(ctx: TaskContext) -> int:
+        await ctx.clock.sleep(1)
+        return 1
+
+    async def meddler(ctx: TaskContext) -> None:
+        try:
+            ctx.workflow.add_edge("meddler", "first")  # "first" is already running
+        except TaskStartedError as exc:
+            errors.append(exc)
+
+    wf = Workflow("meddle")
+    wf.add("first", first)
+    wf.add("meddler", meddler)
+    result = run_sync(wf, clock=clock)
+    assert result.ok
+    assert len(errors) == 1
+    assert "task 'first' of workflow 'meddle' is already running" in str(errors[0])
+
+
+def test_cycle_at_run_time_is_refused_and_the_run_goes_on(clock: VirtualClock) -> None:
+    seen: list[str] = []
+
+    async def a(ctx: TaskContext) -> int:
+        try:
+            ctx.workflow.add("x", one, after=["c"], before=["b"])
+        except Exception as exc:
+            seen.append(type(exc).__name__)
+        return 1
+
+    wf = Workflow("cyc")
+    wf.add("a", a)
+    wf.add("b", one, after=["a"])
+    wf.add("c", one, after=["b"])
+    result = run_sync(wf, clock=clock)
+    assert result.ok and seen == ["CycleError"]
+    assert "x" not in wf
+
+
+def test_removing_a_running_task_cancels_it_and_releases_its_dependents(
+    clock: VirtualClock,
+) -> None:
+    async def long(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(100)
+
+    async def remover(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(1)
+        ctx.workflow.remove("long")
+
+    wf = Workflow("rm")
+    wf.add("long", long)
+    wf.add("remover", remover)
+    wf.add("after", one, after=["long"])
+    result = run_sync(wf, clock=clock)
+    assert result.ok
+    assert result.results == {"remover": None, "after": 1}
+    assert clock.monotonic() == 1.0
+
+
+def test_replacing_a_pending_task_runs_the_new_action(clock: VirtualClock) -> None:
+    async def old(ctx: TaskContext) -> str:
+        return "old"
+
+    async def new(ctx: TaskContext) -> str:
+        return "new"
+
+    async def first(ctx: TaskContext) -> None:
+        ctx.workflow.replace("second", new)
+
+    wf = Workflow("swap")
+    wf.add("first", first)
+    wf.add("second", old, after=["first"])
+    assert run_sync(wf, clock=clock)["second"] == "new"
+
+
+def test_unknown_resource_is_refused_before_anything_runs(vrun: Run) -> None:
+    wf = Workflow("gpu")
+    wf.add("t", one, resource="gpu-farm")
+
+    async def main() -> None:
+        async with Engine() as engine:
+            await engine.run(wf)
+
+    with pytest.raises(UnknownResourceError, match="'gpu-farm'.*known: local, tools"):
+        vrun(main())
+
+
+def test_a_workflow_runs_once(vrun: Run) -> None:
+    wf = Workflow("once")
+    wf.add("t", one)
+
+    async def main() -> None:
+        async with Engine() as engine:
+            await engine.run(wf)
+            with pytest.raises(UsageError, match="already been run"):
+                await engine.run(wf)
+            with pytest.raises(UsageError, match="has finished"):
+                wf.add("u", one)
+
+    vrun(main())
+
+
+def test_engine_must_be_entered(vrun: Run) -> None:
+    wf = Workflow("outside")
+    wf.add("t", one)
+
+    async def main() -> None:
+        await Engine().run(wf)
+
+    with pytest.raises(UsageError, match="async with Engine"):
+        vrun(main())
+
+
+def test_same_name_workflows_get_distinct_ids(vrun: Run) -> None:
+    async def main() -> list[str]:
+        async with Engine() as engine:
+            handles = []
+            for _ in range(3):
+                wf = Workflow("same")
+                wf.add("t", one)
+                handles.append(engine.submit(wf))
+            return [(await h).workflow for h in handles]
+
+    assert vrun(main()) == ["same", "same#2", "same#3"]

@@ -1,0 +1,105 @@
+"""Every example runs end to end (on the virtual clock) and does what its docstring says."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+from pathlib import Path
+from types import ModuleType
+
+from orchestrator import Engine, RunResult, VirtualClock, Workflow
+from orchestrator._cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(module: ModuleType, workflows: list[Workflow]) -> tuple[list[RunResult], VirtualClock]:
+    clock = VirtualClock()
+
+    async def go() -> list[RunResult]:
+        async with Engine(backends=module.backends(clock)) as engine:
+            handles = [engine.submit(wf) for wf in workflows]
+            return [await h for h in handles]
+
+    return clock.run(go()), clock
+
+
+def test_research_team_planner_adds_topics_and_the_writer_uses_every_note() -> None:
+    module = load("research_team")
+    [result], _ = run(module, [module.research(module.QUESTIONS[0])])
+    assert result.ok
+    topics = result["plan"]
+    assert 3 <= len(topics) <= 5
+    assert {f"research:{t}" for t in topics} <= set(result.results)
+    report = result["write"]
+    for topic in topics:
+        assert f"Notes on {topic}" in report
+    assert result.llm_calls == len(topics) + 2
+
+
+def test_map_reduce_summarises_every_document_then_reduces() -> None:
+    module = load("map_reduce")
+    documents = [f"doc {i}: value {i}" for i in range(25)]
+    [result], clock = run(module, [module.map_reduce(documents)])
+    assert result.ok
+    assert result["reduce"] == "25 summaries combined."
+    assert result["map3"] == "Summary: value 3"
+    # 25 maps run side by side (the default backend admits 32 at once), then the reducer.
+    assert clock.monotonic() == 1.0
+
+
+def test_writer_critic_stops_on_approval() -> None:
+    module = load("writer_critic")
+    [result], _ = run(module, [module.writer_critic("Describe plait.")])
+    decision = module.final(result.results)
+    assert decision == {"round": 3, "approved": True, "draft": decision["draft"]}
+    assert decision["draft"].startswith("Draft v3")
+
+
+def test_writer_critic_stops_after_max_rounds_without_approval() -> None:
+    module = load("writer_critic")
+    [result], _ = run(module, [module.writer_critic("Describe plait.", max_rounds=2)])
+    decision = module.final(result.results)
+    assert decision["round"] == 2 and decision["approved"] is False
+    assert "draft3" not in result.results
+
+
+def test_cli_runs_the_research_team_and_prints_a_summary() -> None:
+    out = io.StringIO()
+    assert main(["run", str(EXAMPLES / "research_team.py")], out=out) == 0
+    text = out.getvalue()
+    assert "research-0 succeeded" in text
+    assert "2 workflow(s), 2 succeeded" in text
+    assert "calls" in text and "prompt tok" in text
+
+
+def test_cli_reports_a_missing_file_and_a_module_without_workflows(tmp_path: Path) -> None:
+    assert main(["run", str(tmp_path / "nope.py")], out=io.StringIO()) == 2
+    empty = tmp_path / "empty.py"
+    empty.write_text("X = 1\n")
+    assert main(["run", str(empty)], out=io.StringIO()) == 2
+
+
+def test_cli_exits_nonzero_when_a_workflow_fails(tmp_path: Path) -> None:
+    flow = tmp_path / "failing.py"
+    flow.write_text(
+        "from orchestrator import Workflow\n"
+        "CLOCK = 'virtual'\n"
+        "def boom():\n"
+        "    raise RuntimeError('disk full')\n"
+        "def workflows():\n"
+        "    wf = Workflow('failing')\n"
+        "    wf.add('boom', boom)\n"
+        "    return wf\n"
+    )
+    out = io.StringIO()
+    assert main(["run", str(flow)], out=out) == 1
+    assert "failing/boom failed: disk full" in out.getvalue()
