@@ -40,7 +40,7 @@ from _graphs import Graph, chain, concurrent, fanout, random_dag  # noqa: E402
 RUNNERS = ("plait", "asyncio", "langgraph", "ray")
 GRAPHS = ("chain", "fanout", "dag", "concurrent")
 DAG100K = 100_000
-# The engine is under construction; a scheduling bug that never completes a workflow should
+# A scheduling bug that never completes a workflow should
 # cost one null figure, not a benchmark that hangs forever.
 PLAIT_RUN_TIMEOUT_S = 300.0
 
@@ -139,7 +139,7 @@ def plait_bytes_per_pending_task(graph: Graph) -> float:
 def plait_available() -> bool:
     try:
         from orchestrator import Engine, Workflow  # noqa: F401
-    except Exception as err:  # any failure while importing a half-written engine counts
+    except Exception as err:  # a broken checkout should cost one null figure, not the run
         print(
             f"plait unavailable, reporting null: import orchestrator failed: {err!r}",
             file=sys.stderr,

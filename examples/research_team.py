@@ -60,10 +60,9 @@ def backends(clock: Clock) -> dict[str, LLMBackend]:
 def research(question: str, index: int = 0) -> Workflow:
     wf = Workflow(f"research-{index}")
 
-    async def plan(ctx: TaskContext) -> list[str]:
-        request = planner.request(question, max_tokens=60)
-        reply = await ctx.complete(request)
-        topics: list[str] = json.loads(reply.text)
+    def spawn(ctx: TaskContext) -> list[str]:
+        # The planner's answer decides the shape of the rest of the DAG.
+        topics: list[str] = json.loads(ctx.input("plan"))
         for topic in topics:
             ctx.workflow.add(
                 f"research:{topic}",
@@ -76,8 +75,9 @@ def research(question: str, index: int = 0) -> Workflow:
         notes = [v for k, v in sorted(ctx.inputs.items()) if k.startswith("research:")]
         return f"Question: {question}\nNotes:\n" + "\n".join(f"- {n}" for n in notes)
 
-    wf.add("plan", plan)
-    wf.add("write", writer.ask(report_prompt, max_tokens=300), after=["plan"])
+    wf.add("plan", planner.ask(question, max_tokens=60))
+    wf.add("spawn", spawn, after=["plan"])
+    wf.add("write", writer.ask(report_prompt, max_tokens=300), after=["spawn"])
     return wf
 
 

@@ -6,6 +6,7 @@ policy ranks first gets it; within a program, tasks go in the order they became 
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -49,12 +50,24 @@ class ResourceStats:
 
 
 class _Resource:
-    __slots__ = ("name", "limits", "queues", "in_flight", "waiting", "admitted", "rejected", "peak")
+    __slots__ = (
+        "admitted",
+        "heap",
+        "in_flight",
+        "limits",
+        "name",
+        "peak",
+        "queues",
+        "rejected",
+        "waiting",
+    )
 
     def __init__(self, name: str, limits: Limits) -> None:
         self.name = name
         self.limits = limits
         self.queues: dict[Hashable, deque[tuple[int, Task]]] = {}
+        self.heap: list[tuple[Any, Hashable]] = []
+        """With a static key: the programs that have a queue here, best first."""
         self.in_flight = 0
         self.waiting = 0
         self.admitted = 0
@@ -65,8 +78,13 @@ class _Resource:
 class Admission:
     """Per-resource wait queues and in-flight counters; no I/O, no clock."""
 
-    def __init__(self, limits: Mapping[str, Limits]) -> None:
+    def __init__(
+        self, limits: Mapping[str, Limits], static_key: Callable[[Any], Any] | None = None
+    ) -> None:
+        """`static_key`, if given, ranks programs once and for all (lower first); otherwise
+        `admit` ranks the waiting programs every time with the key it is given."""
         self._resources = {name: _Resource(name, lim) for name, lim in limits.items()}
+        self._static_key = static_key
         self._pending = False  # some resource may have both free slots and waiting work
 
     def knows(self, resource: str) -> bool:
@@ -87,6 +105,8 @@ class Admission:
         queue = res.queues.get(program)
         if queue is None:
             queue = res.queues[program] = deque()
+            if self._static_key is not None:
+                heapq.heappush(res.heap, (self._static_key(program), program))
         queue.append((task.ready_seq, task))
         res.waiting += 1
         if res.waiting > res.peak:
@@ -111,29 +131,48 @@ class Admission:
             free = res.limits.max_in_flight - res.in_flight
             if free <= 0 or res.waiting == 0:
                 continue
+            if self._static_key is not None:
+                self._admit_static(res, free, admitted)
+                continue
             queues = res.queues
             programs = sorted(queues, key=key) if len(queues) > 1 else list(queues)
             for program in programs:
-                queue = queues[program]
-                while queue and free > 0:
-                    seq, task = queue.popleft()
-                    if task.state != "ready" or task.ready_seq != seq:
-                        continue  # removed, replaced or cancelled while it waited
-                    res.waiting -= 1
-                    res.in_flight += 1
-                    res.admitted += 1
-                    free -= 1
-                    admitted.append((program, task))
-                if not queue:
-                    del queues[program]
+                free = self._take(res, program, free, admitted)
                 if free == 0:
                     break
         return admitted
 
+    def _admit_static(self, res: _Resource, free: int, admitted: list[tuple[Any, Task]]) -> None:
+        heap = res.heap
+        while heap and free > 0:
+            program = heap[0][1]
+            free = self._take(res, program, free, admitted)
+            if program not in res.queues:
+                heapq.heappop(heap)
+
+    @staticmethod
+    def _take(res: _Resource, program: Any, free: int, admitted: list[tuple[Any, Task]]) -> int:
+        """Admit up to `free` of `program`'s queued tasks; drop its queue once empty."""
+        queue = res.queues[program]
+        while queue and free > 0:
+            seq, task = queue.popleft()
+            if task.state != "ready" or task.ready_seq != seq:
+                continue  # removed, replaced or cancelled while it waited
+            res.waiting -= 1
+            res.in_flight += 1
+            res.admitted += 1
+            free -= 1
+            admitted.append((program, task))
+        if not queue:
+            del res.queues[program]
+        return free
+
     def forget(self, program: Hashable) -> None:
         """Drop a finished program's (already discarded) queue entries."""
         for res in self._resources.values():
-            res.queues.pop(program, None)
+            if res.queues.pop(program, None) is not None and self._static_key is not None:
+                res.heap = [entry for entry in res.heap if entry[1] is not program]
+                heapq.heapify(res.heap)
 
     def stats(self) -> list[ResourceStats]:
         return [

@@ -138,19 +138,19 @@ class Run:
 
     def start(self) -> None:
         graph = self.workflow.graph
-        emit = self.emit
-        now = self.engine.clock.monotonic()
         for task in self.workflow:
             self._check_resource(task)
+        now = self.engine.clock.monotonic()
+        observed = self.observed
         for task in self.workflow:
-            after = tuple(graph.predecessors(task.id))
-            emit(
-                TaskAdded(
-                    workflow=self.id, task=task.id, action=task.action.label, after=after, at=now
+            task.waiting_on = graph.in_degree(task.id)
+            if observed:
+                after = tuple(graph.predecessors(task.id))
+                label = task.action.label
+                self.emit(
+                    TaskAdded(workflow=self.id, task=task.id, action=label, after=after, at=now)
                 )
-            )
-            task.waiting_on = len(after)
-            self.unfinished += 1
+        self.unfinished = len(self.workflow)
         for task in list(self.workflow):
             if task.waiting_on == 0 and task.state == "pending":
                 self._decide(task)
@@ -207,11 +207,9 @@ class Run:
         except OverloadedError as exc:
             task.state = "pending"
             return "failed", exc, None
-        self.emit(
-            TaskReady(
-                workflow=self.id, task=task.id, resource=task.resource, at=engine.clock.monotonic()
-            )
-        )
+        if self.observed:
+            now = engine.clock.monotonic()
+            self.emit(TaskReady(workflow=self.id, task=task.id, resource=task.resource, at=now))
         return None
 
     def finalize(
@@ -226,68 +224,84 @@ class Run:
         llm_calls: int = 0,
     ) -> None:
         """Move `task` to a final state, emit it, and settle the dependents it unblocks."""
-        now = self.engine.clock.monotonic()
-        stack = [(task, state, result, error, reason)]
-        while stack:
-            task, state, result, error, reason = stack.pop()
-            if task.state == "ready":
-                self.engine.admission.discard(task)
-            task.state = state
-            self.unfinished -= 1
-            self._remaining = None
-            wid, tid = self.id, task.id
-            if state == "done":
-                task.result = result
+        if task.state == "ready":
+            self.engine.admission.discard(task)
+        task.state = state
+        self.unfinished -= 1
+        self._remaining = None
+        if state == "done":
+            task.result = result
+            if self.observed:
+                now = self.engine.clock.monotonic()
                 duration = now - task.started_at if task.started_at is not None else 0.0
                 self.emit(
                     TaskSucceeded(
-                        workflow=wid,
-                        task=tid,
+                        workflow=self.id,
+                        task=task.id,
                         duration=duration,
                         usage=usage,
                         llm_calls=llm_calls,
                         at=now,
                     )
                 )
-            elif state == "failed":
-                assert error is not None
-                task.error = error
-                self.failures[tid] = error
-                self.emit(
-                    TaskFailed(
-                        workflow=wid,
-                        task=tid,
-                        error=str(error) or type(error).__name__,
-                        error_type=type(error).__name__,
-                        attempts=task.attempts,
-                        at=now,
-                    )
+        else:
+            self._report(task, state, error, reason)
+        self._release_dependents(task)
+
+    def _report(self, task: Task, state: str, error: BaseException | None, why: str | None) -> None:
+        now = self.engine.clock.monotonic()
+        wid, tid = self.id, task.id
+        if state == "failed":
+            assert error is not None
+            task.error = error
+            self.failures[tid] = error
+            message = str(error) or type(error).__name__
+            self.emit(
+                TaskFailed(
+                    workflow=wid,
+                    task=tid,
+                    error=message,
+                    error_type=type(error).__name__,
+                    attempts=task.attempts,
+                    at=now,
                 )
-            elif state == "skipped":
-                task.reason = reason
-                self.emit(TaskSkipped(workflow=wid, task=tid, reason=reason or "", at=now))
-            else:
-                task.reason = reason
-                self.emit(TaskCancelled(workflow=wid, task=tid, reason=reason or "", at=now))
-            if self.workflow._tasks.get(tid) is not task:
+            )
+        elif state == "skipped":
+            task.reason = why
+            self.emit(TaskSkipped(workflow=wid, task=tid, reason=why or "", at=now))
+        else:
+            task.reason = why
+            self.emit(TaskCancelled(workflow=wid, task=tid, reason=why or "", at=now))
+
+    def _release_dependents(self, first: Task) -> None:
+        # Dependents that end without running (skipped, cancelled) go on a stack instead of
+        # recursing: a failure at the head of a 10,000-task chain must not overflow the stack.
+        tasks = self.workflow._tasks
+        successors = self.workflow.graph.successors
+        stack = [first]
+        while stack:
+            task = stack.pop()
+            if tasks.get(task.id) is not task:
                 continue  # removed while it ran: nothing depends on it any more
-            # Dependents settled here go on the stack rather than recursing: a failure at the
-            # head of a 10,000-task chain must not overflow Python's stack.
-            tasks = self.workflow._tasks
-            for dep in self.workflow.graph.successors(tid):
+            for dep in successors(task.id):
                 nxt = tasks[dep]
                 nxt.waiting_on -= 1
                 if nxt.waiting_on == 0 and nxt.state == "pending":
                     verdict = self._verdict(nxt)
                     if verdict is not None:
-                        stack.append((nxt, verdict[0], None, verdict[1], verdict[2]))
+                        state, error, why = verdict
+                        nxt.state = state
+                        self.unfinished -= 1
+                        self._report(nxt, state, error, why)
+                        stack.append(nxt)
 
     # --- outcomes --------------------------------------------------------------------------
 
-    def record(self, task: Task, elapsed: float, llm_calls: int, usage: Usage) -> None:
+    def record(self, elapsed: float, llm_calls: int, usage: Usage) -> None:
         self.attained += elapsed
-        self.llm_calls += llm_calls
-        self.usage = self.usage + usage
+        if llm_calls:
+            self.llm_calls += llm_calls
+            self.usage = self.usage + usage
 
     async def complete(
         self,
@@ -377,8 +391,15 @@ class Run:
             at=result.finished_at,
         )
 
+    @property
+    def observed(self) -> bool:
+        """Whether anyone reads this run's events. Hot paths build events only if so: on a
+        100,000-task graph that nobody watches, building them would be a third of the cost."""
+        return bool(self.subscribers) or self.engine.has_listeners
+
     def emit(self, event: Event) -> None:
-        self.engine.emit(self, event)
+        if self.subscribers or self.engine.has_listeners:
+            self.engine.emit(self, event)
 
     # --- workflow mutation hooks -------------------------------------------------------------
 

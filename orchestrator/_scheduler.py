@@ -57,6 +57,12 @@ class Policy(Protocol):
         """Whether `ProgramView.remaining` must be computed (it costs a walk of the DAG)."""
         ...
 
+    @property
+    def static(self) -> bool:
+        """Whether a program's key never changes (no dependence on time or service), so
+        admission may keep programs in a heap instead of sorting them every round."""
+        ...
+
     def key(self, view: ProgramView, now: float) -> float:
         """Lower runs sooner. Ties are broken by class rank first and arrival last."""
         ...
@@ -66,6 +72,7 @@ class Policy(Protocol):
 class Fcfs:
     name: str = "fcfs"
     needs_remaining: bool = False
+    static: bool = True
 
     def key(self, view: ProgramView, now: float) -> float:
         return float(view.program)
@@ -75,6 +82,7 @@ class Fcfs:
 class Las:
     name: str = "las"
     needs_remaining: bool = False
+    static: bool = False
 
     def key(self, view: ProgramView, now: float) -> float:
         return view.attained
@@ -84,6 +92,7 @@ class Las:
 class Slack:
     name: str = "slack"
     needs_remaining: bool = True
+    static: bool = False
 
     def key(self, view: ProgramView, now: float) -> float:
         if view.deadline is None:

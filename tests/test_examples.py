@@ -36,7 +36,7 @@ def test_research_team_planner_adds_topics_and_the_writer_uses_every_note() -> N
     module = load("research_team")
     [result], _ = run(module, [module.research(module.QUESTIONS[0])])
     assert result.ok
-    topics = result["plan"]
+    topics = result["spawn"]
     assert 3 <= len(topics) <= 5
     assert {f"research:{t}" for t in topics} <= set(result.results)
     report = result["write"]
