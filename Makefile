@@ -26,8 +26,9 @@ lint: $(BIN)/.installed-dev
 test: lint
 	$(BIN)/python -m pytest
 
+# `make bench BENCH_ARGS=--quick` for the short run.
 bench: $(BIN)/.installed-bench
-	$(BIN)/python bench/overhead.py
+	$(BIN)/python bench/overhead.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
