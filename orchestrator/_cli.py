@@ -49,10 +49,14 @@ class Progress:
         self.out = out
         self.live = live
         self.rows: dict[str, _Row] = {}
+        self.origin: float | None = None
         self.now = 0.0
+        self._drawn_at = 0.0
 
     def apply(self, event: Event) -> None:
-        self.now = event.at
+        if self.origin is None:
+            self.origin = event.at
+        self.now = event.at - self.origin
         row = self.rows.setdefault(event.workflow, _Row(started=event.at))
         match event.kind:
             case "task_added":
@@ -79,8 +83,10 @@ class Progress:
                 self._say(f"  {event.workflow} {event.status} in {event.duration:.2f} s")
             case _:
                 pass
-        if self.live:
-            self._draw()
+        if self.live and (
+            event.kind == "workflow_finished" or time.monotonic() - self._drawn_at > 0.1
+        ):
+            self._draw()  # at most ten times a second: a terminal is slower than the engine
 
     def _say(self, line: str) -> None:
         if self.live:
@@ -88,6 +94,7 @@ class Progress:
         self.out.write(line + "\n")
 
     def _draw(self) -> None:
+        self._drawn_at = time.monotonic()
         finished = sum(1 for r in self.rows.values() if r.status != "running")
         tasks = sum(r.tasks for r in self.rows.values())
         settled = sum(r.done + r.failed + r.skipped + r.cancelled for r in self.rows.values())

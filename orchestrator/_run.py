@@ -462,12 +462,15 @@ class Run:
                 workflow=self.id, source=source, target=target, at=self.engine.clock.monotonic()
             )
         )
+        nxt = tasks[target]
+        if nxt.state == "ready":
+            # Its inputs changed: back to pending, and judged again below if they are final.
+            self.engine.admission.discard(nxt)
+            nxt.state = "pending"
         if tasks[source].state not in FINAL_STATES:
-            nxt = tasks[target]
             nxt.waiting_on += 1
-            if nxt.state == "ready":
-                self.engine.admission.discard(nxt)
-                nxt.state = "pending"
+        elif nxt.waiting_on == 0 and nxt.state == "pending":
+            self._decide(nxt)
         self.engine.wake()
 
     def edge_removed(self, source: str, target: str) -> None:

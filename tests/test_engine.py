@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator import (
     Engine,
+    Limits,
     Retry,
     RunResult,
     TaskContext,
@@ -513,3 +514,28 @@ def test_same_name_workflows_get_distinct_ids(vrun: Run) -> None:
             return [(await h).workflow for h in handles]
 
     assert vrun(main()) == ["same", "same#2", "same#3"]
+
+
+def test_an_edge_from_a_failed_task_into_a_waiting_task_skips_it(clock: VirtualClock) -> None:
+    async def boom(ctx: TaskContext) -> None:
+        raise RuntimeError("broken")
+
+    async def hold(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(10)
+
+    wf = Workflow("rewire")
+    wf.add("bad", boom)
+    wf.add("hold", hold)
+    wf.add("target", one)  # ready, but the one slot is taken by "hold"
+
+    async def main() -> RunResult:
+        async with Engine(limits={"local": Limits(max_in_flight=1)}) as engine:
+            handle = engine.submit(wf)
+            await asyncio.sleep(5)
+            assert wf.task("target").state == "ready"
+            wf.add_edge("bad", "target")  # from outside the workflow, while it runs
+            return await handle
+
+    result = clock.run(main())
+    assert result.skipped == {"target": "dependency 'bad' failed"}
+    assert result.failures == {"bad": "broken"}
