@@ -539,3 +539,67 @@ def test_an_edge_from_a_failed_task_into_a_waiting_task_skips_it(clock: VirtualC
     result = clock.run(main())
     assert result.skipped == {"target": "dependency 'bad' failed"}
     assert result.failures == {"bad": "broken"}
+
+
+def test_removing_an_edge_at_run_time_releases_the_waiting_task(clock: VirtualClock) -> None:
+    async def slow(ctx: TaskContext) -> str:
+        await ctx.clock.sleep(100)
+        return "slow"
+
+    async def impatient(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(1)
+        ctx.workflow.remove_edge("slow", "report")
+
+    async def report(ctx: TaskContext) -> float:
+        return ctx.clock.monotonic()
+
+    wf = Workflow("unwire")
+    wf.add("slow", slow)
+    wf.add("impatient", impatient)
+    wf.add("report", report, after=["slow"])
+    result = run_sync(wf, clock=clock)
+    assert result["report"] == 1.0  # ran as soon as its only input was dropped
+    assert result.duration == 100.0
+
+
+def test_replacing_a_running_task_is_refused(clock: VirtualClock) -> None:
+    refused: list[str] = []
+
+    async def long(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(5)
+
+    async def swapper(ctx: TaskContext) -> None:
+        try:
+            ctx.workflow.replace("long", one)
+        except TaskStartedError as exc:
+            refused.append(str(exc))
+
+    wf = Workflow("noswap")
+    wf.add("long", long)
+    wf.add("swapper", swapper)
+    assert run_sync(wf, clock=clock).ok
+    assert refused and "cannot replace task 'long'" in refused[0]
+
+
+def test_engine_events_sees_every_workflow(clock: VirtualClock) -> None:
+    async def main() -> list[str]:
+        seen: list[str] = []
+        async with Engine() as engine:
+
+            async def watch() -> None:
+                async for event in engine.events():
+                    if event.kind == "workflow_finished":
+                        seen.append(event.workflow)
+                        if len(seen) == 2:
+                            return
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.sleep(0)
+            for name in ("x", "y"):
+                wf = Workflow(name)
+                wf.add("t", one)
+                await engine.run(wf)
+            await watcher
+        return seen
+
+    assert clock.run(main()) == ["x", "y"]
