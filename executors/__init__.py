@@ -1,9 +1,24 @@
 """Implementations of plait's protocols that do work: LLM backends and task runners.
 
-For now: a function-driven fake LLM for tests and examples. The simulated GPU server and
-the OpenAI-compatible client with per-server dialects come next.
+- `FunctionLLM`: a function-driven fake LLM for tests and examples.
+- `SimServer`: a simulated GPU serving engine (continuous batching, paged KV cache with
+  prefix caching, priority queue, keep-alive pins) on the injected clock.
+The OpenAI-compatible client with per-server dialects comes next.
 """
 
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
+from ._sim import RequestTooLongError, SimServer, SimStats
+from ._simprofile import PROFILES, Profile, get_profile
 
-__all__ = ["FunctionLLM", "RecordedCall", "approx_tokens", "echo"]
+__all__ = [
+    "PROFILES",
+    "FunctionLLM",
+    "Profile",
+    "RecordedCall",
+    "RequestTooLongError",
+    "SimServer",
+    "SimStats",
+    "approx_tokens",
+    "echo",
+    "get_profile",
+]

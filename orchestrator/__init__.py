@@ -5,7 +5,7 @@ This package owns the loop and the protocols (LLM backend, clock, actions); `exe
 """
 
 from ._admission import Limits, ResourceStats
-from ._clock import Clock, SystemClock, VirtualClock
+from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._context import TaskContext
 from ._engine import Engine, EngineStats, RunHandle
 from ._errors import (
@@ -164,5 +164,6 @@ __all__ = [
     "order_programs",
     "remaining_critical_path",
     "run_sync",
+    "running_clock",
     "urgency",
 ]

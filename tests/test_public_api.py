@@ -25,9 +25,12 @@ EXPECTED = {
         "ToolSpec", "Trigger", "UnknownResourceError", "UnknownTaskError", "Usage", "UsageError",
         "VirtualClock", "Workflow", "WorkflowFailedError", "WorkflowFinished", "WorkflowStarted",
         "WorkflowStateError", "WorkflowStatus", "get_policy", "order", "order_programs",
-        "remaining_critical_path", "run_sync", "urgency",
+        "remaining_critical_path", "run_sync", "running_clock", "urgency",
     },
-    "executors": {"FunctionLLM", "RecordedCall", "approx_tokens", "echo"},
+    "executors": {
+        "PROFILES", "FunctionLLM", "Profile", "RecordedCall", "RequestTooLongError", "SimServer",
+        "SimStats", "approx_tokens", "echo", "get_profile",
+    },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
     "memory": set(),
 }  # fmt: skip

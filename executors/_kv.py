@@ -1,0 +1,112 @@
+"""A paged KV cache with block-level prefix caching, as vLLM keeps it.
+
+Blocks hold `block_size` tokens. A full block is known by a chained hash (block i's hash
+covers blocks 0..i), so equal hashes mean equal prefixes. Blocks nobody references stay
+cached until they are reused: the free queue is LRU, allocation takes from its head and
+evicts whatever prefix the block held. Pure bookkeeping: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    num_blocks: int
+    free_blocks: int
+    cached_blocks: int
+    queries: int
+    hits: int
+
+    @property
+    def usage(self) -> float:
+        """Share of blocks referenced by running (or pinned) requests, as vLLM reports it."""
+        return 1.0 - self.free_blocks / self.num_blocks if self.num_blocks else 0.0
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # hash -> block
+        # Unreferenced blocks, least recently used first; a dict keeps O(1) removal.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.queries = 0
+        self.hits = 0
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def match(self, hashes: Sequence[int]) -> list[int]:
+        """The blocks holding the longest cached prefix of `hashes` (not yet referenced)."""
+        found: list[int] = []
+        cached = self._cached
+        for h in hashes:
+            block = cached.get(h)
+            if block is None:
+                break
+            found.append(block)
+        return found
+
+    def count_query(self, tokens: int, hit_tokens: int) -> None:
+        self.queries += tokens
+        self.hits += hit_tokens
+
+    def acquire(self, blocks: Iterable[int]) -> None:
+        """Reference cached blocks (a prefix hit, or a pin)."""
+        ref, free = self._ref, self._free
+        for block in blocks:
+            if ref[block] == 0:
+                del free[block]
+            ref[block] += 1
+
+    def allocate(self, n: int) -> list[int] | None:
+        """`n` fresh blocks, evicting least recently used cached ones; None if too few."""
+        if n > len(self._free):
+            return None
+        out: list[int] = []
+        free, ref, hashes, cached = self._free, self._ref, self._hash, self._cached
+        for _ in range(n):
+            block, _ = free.popitem(last=False)
+            old = hashes[block]
+            if old is not None:
+                if cached.get(old) == block:
+                    del cached[old]
+                hashes[block] = None
+            ref[block] = 1
+            out.append(block)
+        return out
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drop one reference from each block. Pass a request's blocks in order: the tail
+        is freed first, so it is evicted first, and shared prefixes live longest."""
+        ref, free = self._ref, self._free
+        for block in reversed(blocks):
+            ref[block] -= 1
+            if ref[block] == 0:
+                free[block] = None
+            elif ref[block] < 0:
+                raise AssertionError(f"block {block} released more often than acquired")
+
+    def register(self, block: int, block_hash: int) -> None:
+        """`block` is full and holds the prefix `block_hash`: later requests may reuse it."""
+        if self._hash[block] is not None:
+            return
+        if block_hash in self._cached:
+            return  # the same prefix computed twice at once: keep the first copy
+        self._hash[block] = block_hash
+        self._cached[block_hash] = block
+
+    def is_cached(self, block_hash: int) -> bool:
+        return block_hash in self._cached
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            self.num_blocks, len(self._free), len(self._cached), self.queries, self.hits
+        )

@@ -1,0 +1,80 @@
+"""Text as the simulated server sees it: a chat template, tokens, block hashes, and output.
+
+A token is four characters (the usual rule of thumb for English with BPE), so prompts that
+begin with the same text begin with the same tokens and the same blocks, which is all that
+prefix caching needs. Hashes are blake2b, so runs are identical across processes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Iterable, Sequence
+
+from orchestrator import Message
+
+CHARS_PER_TOKEN = 4
+
+_SYLLABLES = tuple(
+    f"{w:<4}"[:4]
+    for w in (
+        "the ", "data", "gpu ", "kv  ", "row ", "cach", "e an", "d so", " on ", "plan",
+        "sql ", "tool", "call", "node", "edge", "wait", "fast", "late", "next", "step",
+    )
+)  # fmt: skip
+
+
+def render(messages: Iterable[Message]) -> str:
+    """The prompt text, ending with the assistant header like `add_generation_prompt`.
+
+    A reply appended to this text, then a newline and the next message, renders the next
+    turn's prompt: so the next turn's prompt starts with this prompt plus the reply.
+    """
+    parts = [f"<|{m.role}|>\n{m.content}\n" for m in messages]
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def count_tokens(text: str) -> int:
+    return math.ceil(len(text) / CHARS_PER_TOKEN)
+
+
+def block_hashes(text: str, block_size: int, *, parent: int = 0) -> list[int]:
+    """Chained hashes of the full blocks of `text` (block i's hash covers blocks 0..i)."""
+    span = block_size * CHARS_PER_TOKEN
+    out: list[int] = []
+    prev = parent
+    data = text.encode()
+    # Text is ASCII in practice; for other text the byte length differs, so hash by chars.
+    if len(data) != len(text):
+        chunks: Sequence[bytes] = [
+            text[i : i + span].encode() for i in range(0, len(text) - span + 1, span)
+        ]
+    else:
+        chunks = [data[i : i + span] for i in range(0, len(data) - span + 1, span)]
+    for chunk in chunks:
+        digest = hashlib.blake2b(prev.to_bytes(8, "little") + chunk, digest_size=8).digest()
+        prev = int.from_bytes(digest, "little")
+        out.append(prev)
+    return out
+
+
+def sub_block_hashes(trace_ids: Sequence[int], per_trace_block: int, salt: int = 0) -> list[int]:
+    """Hashes for trace blocks (such as Mooncake's 512-token ones) split into sim blocks."""
+    out: list[int] = []
+    for trace_id in trace_ids:
+        for j in range(per_trace_block):
+            key = f"{salt}:{trace_id}:{j}".encode()
+            out.append(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
+    return out
+
+
+def generate(seed: int, prompt_hash: int, tokens: int) -> str:
+    """Deterministic output of exactly `tokens` tokens for a prompt."""
+    rng = random.Random(seed * 1_000_003 + prompt_hash)
+    return "".join(rng.choice(_SYLLABLES) for _ in range(tokens))
+
+
+def text_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")

@@ -1,0 +1,196 @@
+"""The simulated serving engine against hand-computed cases (pure model, no event loop)."""
+
+from __future__ import annotations
+
+import pytest
+
+from executors._kv import BlockPool
+from executors._simengine import SimEngine, SimRequest
+from executors._simprofile import H100_LLAMA3_8B, Profile
+from orchestrator import UsageError
+
+# A tiny engine: 4-token blocks, 10 blocks, round numbers for costs.
+TINY = Profile(
+    name="tiny",
+    model="tiny",
+    step_overhead_s=0.01,
+    prefill_s_per_token=0.001,
+    decode_s_per_seq=0.002,
+    decode_s_per_context_token=0.0,
+    num_blocks=10,
+    block_size=4,
+    max_num_seqs=8,
+    max_num_batched_tokens=64,
+    max_model_len=64,
+)
+
+
+def request(rid: int, prompt: int, output: int, hashes: list[int], **kw: object) -> SimRequest:
+    return SimRequest(
+        id=rid, prompt_tokens=prompt, output_tokens=output, hashes=hashes, arrival=0.0, **kw
+    )  # type: ignore[arg-type]
+
+
+def run_to_end(engine: SimEngine, now: float = 0.0) -> tuple[float, list[SimRequest]]:
+    done: list[SimRequest] = []
+    while (plan := engine.plan(now)) is not None:
+        steps = len(plan.durations)
+        now += sum(plan.durations)
+        done += engine.apply(plan, steps, now)
+    return now, done
+
+
+def test_block_pool_evicts_least_recently_freed_first() -> None:
+    pool = BlockPool(3, 4)
+    a = pool.allocate(2)
+    assert a == [0, 1]
+    pool.register(0, 100)
+    pool.register(1, 101)
+    pool.release(a)  # tail first: block 1 then block 0 join the free queue
+    assert pool.match([100, 101]) == [0, 1]
+    # Free order is now 2, 1, 0: the next two allocations evict block 1 (the tail) first.
+    assert pool.allocate(2) == [2, 1]
+    assert pool.match([100, 101]) == [0]
+
+
+def test_a_prefix_hit_skips_exactly_the_cached_blocks() -> None:
+    engine = SimEngine(TINY)
+    first = request(1, 10, 2, [11, 12, 13])  # 10 prompt tokens: blocks 11, 12 full
+    _, done = run_to_end(engine)
+    engine.add(first)
+    _, done = run_to_end(engine)
+    assert done == [first] and first.cached_tokens == 0
+    # Same first 8 tokens, different after: blocks 11 and 12 hit, 8 tokens skipped.
+    second = request(2, 12, 1, [11, 12, 99])
+    engine.add(second)
+    plan = engine.plan(0.0)
+    assert plan is not None
+    assert plan.work == [(second, 4)]  # only the 4 uncached tokens are computed
+    assert plan.durations == [pytest.approx(0.01 + 4 * 0.001)]
+    assert second.cached_tokens == 8
+    stats = engine.pool.stats()
+    assert (stats.queries, stats.hits) == (10 + 12, 8)
+
+
+def test_the_last_prompt_token_is_always_computed() -> None:
+    engine = SimEngine(TINY)
+    engine.add(request(1, 8, 1, [11, 12, 13]))
+    run_to_end(engine)
+    again = request(2, 8, 1, [11, 12, 13])  # identical 8-token prompt: 2 full blocks
+    engine.add(again)
+    plan = engine.plan(0.0)
+    assert plan is not None and plan.work == [(again, 4)]  # block 12 recomputed, as vLLM does
+    assert again.cached_tokens == 4
+
+
+def test_prefill_then_decode_costs_and_times() -> None:
+    engine = SimEngine(TINY)
+    req = request(1, 6, 3, [])
+    engine.add(req)
+    end, done = run_to_end(engine)
+    # Prefill 6 tokens: 0.016 s, first token. Then 2 decode steps of 0.012 s each.
+    assert done == [req]
+    assert req.first_token_at == pytest.approx(0.016)
+    assert end == pytest.approx(0.016 + 2 * 0.012)
+    assert engine.steps == 3
+
+
+def test_higher_urgency_overtakes_in_the_queue() -> None:
+    engine = SimEngine(TINY.replace(max_num_seqs=1))
+    low = request(1, 4, 1, [], priority=5.0)
+    high = request(2, 4, 1, [], priority=-5.0)
+    engine.add(low)
+    engine.add(high)
+    plan = engine.plan(0.0)
+    assert plan is not None and [r.id for r, _ in plan.work] == [2]
+
+
+def test_equal_priority_is_first_come_first_served() -> None:
+    engine = SimEngine(TINY.replace(max_num_seqs=1))
+    engine.add(request(1, 4, 1, []))
+    engine.add(request(2, 4, 1, []))
+    plan = engine.plan(0.0)
+    assert plan is not None and plan.work[0][0].id == 1
+
+
+def test_preemption_frees_the_blocks_of_the_lowest_priority_request() -> None:
+    engine = SimEngine(TINY.replace(num_blocks=4))
+    low = request(1, 8, 8, [], priority=1.0)  # 2 blocks now, more as it decodes
+    high = request(2, 7, 8, [], priority=0.0)
+    engine.add(low)
+    engine.add(high)
+    plan = engine.plan(0.0)
+    assert plan is not None and {r.id for r, _ in plan.work} == {1, 2}
+    assert engine.pool.free == 0
+    engine.apply(plan, 1, 0.1)
+    # high needs a 3rd block for its 8th token; there is none: low is preempted.
+    plan = engine.plan(0.1)
+    assert plan is not None
+    assert low.state == "waiting" and low.blocks == [] and low.computed == 0
+    assert low.preemptions == 1 and engine.preemptions == 1
+    assert [r.id for r, _ in plan.work] == [2]
+    _, done = run_to_end(engine, 0.2)
+    assert {r.id for r in done} == {1, 2}  # low runs again later and finishes
+
+
+def test_keep_alive_pins_blocks_until_it_expires() -> None:
+    engine = SimEngine(TINY.replace(num_blocks=3))
+    first = request(1, 8, 1, [11, 12], program="p", keep_alive_s=5.0)
+    engine.add(first)
+    end, _ = run_to_end(engine)
+    assert end == pytest.approx(0.018)
+    assert engine.pool.free == 1  # 2 of 3 blocks pinned by program p until 5.018
+    # Another program needing 2 blocks cannot get them while the pin holds ...
+    other = request(2, 5, 1, [21])
+    engine.add(other)
+    assert engine.plan(5.0) is None
+    assert engine.next_expiry() == pytest.approx(5.018)
+    # ... and gets them once it has expired, evicting the pinned prefix.
+    plan = engine.plan(5.02)
+    assert plan is not None and plan.work[0][0] is other
+    assert engine.pool.match([11, 12]) == [0]
+
+
+def test_an_expired_pin_is_evictable_and_a_live_one_serves_the_next_turn() -> None:
+    engine = SimEngine(TINY)
+    engine.add(request(1, 8, 1, [11, 12], program="p", keep_alive_s=5.0))
+    run_to_end(engine)
+    assert "p" in engine.pins
+    nxt = request(2, 12, 1, [11, 12, 13], program="p")
+    engine.add(nxt)
+    engine.plan(1.0)
+    assert nxt.cached_tokens == 8
+    assert "p" not in engine.pins  # the next call holds the blocks itself now
+    engine2 = SimEngine(TINY)
+    engine2.add(request(1, 8, 1, [11, 12], program="p", keep_alive_s=5.0))
+    run_to_end(engine2)
+    engine2.expire_pins(5.1)
+    assert engine2.pins == {} and engine2.pool.free == TINY.num_blocks
+
+
+def test_last_call_releases_at_once() -> None:
+    engine = SimEngine(TINY)
+    engine.add(request(1, 8, 1, [11, 12], program="p", keep_alive_s=5.0, last_call=True))
+    run_to_end(engine)
+    assert engine.pins == {} and engine.pool.free == TINY.num_blocks
+
+
+def test_pure_decode_is_planned_as_one_run_of_steps() -> None:
+    engine = SimEngine(TINY)
+    engine.add(request(1, 4, 6, []))
+    plan = engine.plan(0.0)
+    assert plan is not None and len(plan.durations) == 1  # prefill alone
+    engine.apply(plan, 1, 0.014)
+    plan = engine.plan(0.014)
+    assert plan is not None and len(plan.durations) == 5  # five identical decode steps
+    done = engine.apply(plan, 5, 0.074)
+    assert done and done[0].generated == 6
+
+
+def test_impossible_profiles_are_refused() -> None:
+    with pytest.raises(UsageError, match="prefill_s_per_token=-1"):
+        H100_LLAMA3_8B.replace(prefill_s_per_token=-1)
+    with pytest.raises(UsageError, match="num_blocks=0"):
+        H100_LLAMA3_8B.replace(num_blocks=0)
+    with pytest.raises(UsageError, match="no field"):
+        H100_LLAMA3_8B.replace(flops=1)
