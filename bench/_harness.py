@@ -1,0 +1,260 @@
+"""Run a workload two ways on identical simulated hardware and arrivals, and measure it.
+
+- naive: what a user of another framework gets: every call sent as soon as it is ready,
+  no hints, the server's queue first-come-first-served, round-robin over replicas.
+- plait: the same programs as plait workflows in one Engine, program-first.
+
+Both run in virtual time on fresh `SimServer`s, so the comparison is exact and repeatable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import statistics
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+from executors import SimServer, SimStats
+from orchestrator import (
+    Clock,
+    Engine,
+    Hints,
+    Limits,
+    LLMBackend,
+    LLMRequest,
+    TaskContext,
+    VirtualClock,
+    Workflow,
+)
+from workloads import LLMStep, Program, ToolStep
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    program: str
+    arrival: float
+    finished: float
+    deadline: float | None
+
+    @property
+    def jct(self) -> float:
+        return self.finished - self.arrival
+
+    @property
+    def met_deadline(self) -> bool:
+        return self.deadline is None or self.jct <= self.deadline
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """One mode's figures on one workload."""
+
+    mode: str
+    programs: int
+    mean_jct: float
+    p95_jct: float
+    throughput: float
+    """Programs finished per second in the steady middle of the run (the middle half of
+    completions), so neither the ramp-up nor the drain at the end dilutes it."""
+    deadline_attainment: float
+    cache_hit_share: float
+    makespan: float
+    server: SimStats
+    jcts: tuple[float, ...] = ()
+
+    def row(self) -> dict[str, float | str]:
+        return {
+            "mode": self.mode,
+            "mean_jct_s": round(self.mean_jct, 3),
+            "p95_jct_s": round(self.p95_jct, 3),
+            "throughput_per_s": round(self.throughput, 4),
+            "deadline_attainment": round(self.deadline_attainment, 4),
+            "cache_hit_share": round(self.cache_hit_share, 4),
+            "makespan_s": round(self.makespan, 2),
+            "preemptions": self.server.preemptions,
+        }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    k = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))
+    return ordered[k]
+
+
+def steady_throughput(finish_times: Sequence[float]) -> float:
+    ends = sorted(finish_times)
+    lo, hi = len(ends) // 4, (3 * len(ends)) // 4
+    if hi <= lo or ends[hi] <= ends[lo]:
+        return math.inf
+    return (hi - lo) / (ends[hi] - ends[lo])
+
+
+def summarise(mode: str, outcomes: list[Outcome], stats: SimStats) -> Report:
+    jcts = [o.jct for o in outcomes]
+    start = min(o.arrival for o in outcomes)
+    end = max(o.finished for o in outcomes)
+    return Report(
+        mode=mode,
+        programs=len(outcomes),
+        mean_jct=statistics.fmean(jcts),
+        p95_jct=percentile(jcts, 0.95),
+        throughput=steady_throughput([o.finished for o in outcomes]),
+        deadline_attainment=sum(o.met_deadline for o in outcomes) / len(outcomes),
+        cache_hit_share=stats.hit_rate,
+        makespan=end - start,
+        server=stats,
+        jcts=tuple(jcts),
+    )
+
+
+def merge_stats(stats: list[SimStats]) -> SimStats:
+    return SimStats(
+        running=sum(s.running for s in stats),
+        waiting=sum(s.waiting for s in stats),
+        kv_cache_usage=statistics.fmean(s.kv_cache_usage for s in stats),
+        prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
+        prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        steps=sum(s.steps for s in stats),
+        busy_s=sum(s.busy_s for s in stats),
+        preemptions=sum(s.preemptions for s in stats),
+        requests=sum(s.requests for s in stats),
+    )
+
+
+Runner = Callable[[Sequence[Program], Sequence[SimServer], Clock], Awaitable[list[Outcome]]]
+
+
+def simulate(
+    programs: Sequence[Program],
+    runner: Runner,
+    *,
+    profile: str = "h100-llama3-8b",
+    replicas: int = 1,
+    seed: int = 0,
+    mode: str = "",
+) -> Report:
+    """Run `programs` with `runner` on fresh simulated servers in virtual time."""
+    clock = VirtualClock()
+
+    async def main() -> tuple[list[Outcome], SimStats]:
+        async with AsyncExitStack() as stack:
+            servers = [
+                await stack.enter_async_context(SimServer(profile, seed=seed, clock=clock))
+                for _ in range(replicas)
+            ]
+            outcomes = await runner(programs, servers, clock)
+            return outcomes, merge_stats([s.stats() for s in servers])
+
+    outcomes, stats = clock.run(main())
+    return summarise(mode, outcomes, stats)
+
+
+# --- naive ------------------------------------------------------------------------------------
+
+
+async def run_naive(
+    programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
+) -> list[Outcome]:
+    """Every call goes out as soon as it is ready, with no hints, round-robin over servers."""
+    turn = itertools.cycle(servers)
+    outcomes: list[Outcome] = []
+
+    async def one(program: Program) -> None:
+        await clock.sleep(max(0.0, program.arrival - clock.monotonic()))
+        replies: dict[str, str] = {}
+        done = {step.id: asyncio.Event() for step in program.steps}
+
+        async def step_of(step: LLMStep | ToolStep) -> None:
+            for dep in step.after:
+                await done[dep].wait()
+            if isinstance(step, ToolStep):
+                await clock.sleep(step.seconds)
+            else:
+                request = LLMRequest(tuple(step.build(replies)), "m", max_tokens=step.max_tokens)
+                reply = await next(turn).complete(request, Hints(program_id=""))
+                replies[step.id] = reply.text
+            done[step.id].set()
+
+        async with asyncio.TaskGroup() as tg:
+            for step in program.steps:
+                tg.create_task(step_of(step))
+        outcomes.append(Outcome(program.id, program.arrival, clock.monotonic(), program.deadline))
+
+    async with asyncio.TaskGroup() as tg:
+        for program in programs:
+            tg.create_task(one(program))
+    return sorted(outcomes, key=lambda o: o.arrival)
+
+
+# --- plait ------------------------------------------------------------------------------------
+
+
+def as_workflow(program: Program) -> Workflow:
+    """A plait workflow doing what `program` describes; LLM calls carry the program's hints."""
+    wf = Workflow(program.id)
+    replies: dict[str, str] = {}
+    for step in program.steps:
+        if isinstance(step, ToolStep):
+            wf.add(step.id, _pause(step.seconds), after=step.after, resource="tools")
+        else:
+            wf.add(step.id, _call(step, replies), after=step.after, resource="default")
+    return wf
+
+
+def _pause(seconds: float) -> Callable[[TaskContext], Awaitable[None]]:
+    async def pause(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(seconds)
+
+    return pause
+
+
+def _call(step: LLMStep, replies: dict[str, str]) -> Callable[[TaskContext], Awaitable[None]]:
+    async def call(ctx: TaskContext) -> None:
+        request = LLMRequest(tuple(step.build(replies)), "m", max_tokens=step.max_tokens)
+        reply = await ctx.complete(request, last_call=step.last)
+        replies[step.id] = reply.text
+
+    return call
+
+
+def plait_runner(policy: str = "fcfs", max_in_flight: int = 256) -> Runner:
+    async def run_plait(
+        programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
+    ) -> list[Outcome]:
+        if len(servers) != 1:
+            raise NotImplementedError("routing over replicas arrives with the router")
+        outcomes: list[Outcome] = []
+        limits = {"default": Limits(max_in_flight=max_in_flight), "tools": Limits(100_000)}
+        async with Engine(
+            backends={"default": servers[0]}, policy=policy, clock=clock, limits=limits
+        ) as engine:
+
+            async def one(program: Program) -> None:
+                await clock.sleep(max(0.0, program.arrival - clock.monotonic()))
+                result = await engine.run(as_workflow(program), deadline=program.deadline)
+                if not result.ok:
+                    raise RuntimeError(f"{program.id} {result.status}: {dict(result.failures)}")
+                outcomes.append(
+                    Outcome(program.id, program.arrival, clock.monotonic(), program.deadline)
+                )
+
+            async with asyncio.TaskGroup() as tg:
+                for program in programs:
+                    tg.create_task(one(program))
+        return sorted(outcomes, key=lambda o: o.arrival)
+
+    return run_plait
+
+
+def capacity(
+    programs: Sequence[Program], *, profile: str = "h100-llama3-8b", replicas: int = 1
+) -> float:
+    """Programs per second the servers sustain: all programs arriving at once, naive."""
+    burst = [Program(p.id, p.kind, 0.0, p.steps, p.deadline, p.meta) for p in programs]
+    report = simulate(burst, run_naive, profile=profile, replicas=replicas)
+    return len(burst) / report.makespan
