@@ -28,6 +28,7 @@ from ._errors import (
 )
 from ._events import (
     EVENT_ADAPTER,
+    FINAL_STATES,
     EdgeAdded,
     EdgeRemoved,
     Event,
@@ -92,6 +93,7 @@ __all__ = [
     "DEFAULT_FUNCTION_RESOURCE",
     "DEFAULT_TOOL_RESOURCE",
     "EVENT_ADAPTER",
+    "FINAL_STATES",
     "Action",
     "BackendError",
     "Clock",

@@ -11,6 +11,7 @@ except through the workflow's validated mutations.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -27,7 +28,13 @@ from tenacity import (
 from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats
 from ._clock import Clock, SystemClock, running_clock
 from ._context import TaskContext
-from ._errors import OverloadedError, TaskTimeoutError, UsageError, WorkflowStateError
+from ._errors import (
+    OverloadedError,
+    TaskCancelledError,
+    TaskTimeoutError,
+    UsageError,
+    WorkflowStateError,
+)
 from ._events import Event, TaskRetrying, TaskStarted, WorkflowStarted
 from ._llm import Hints, LLMBackend, Usage
 from ._run import Run, RunResult
@@ -219,7 +226,9 @@ class Engine:
         run.running += 1
         if run.observed:
             run.emit(TaskStarted(workflow=run.id, task=task.id, attempt=1, at=task.started_at))
-        task.handle = self._tg.create_task(self._execute(run, task))
+        handle = self._tg.create_task(self._execute(run, task))
+        handle.add_done_callback(functools.partial(self._report, run, task))
+        task.handle = handle
 
     def _apply(self, outcome: _Outcome) -> None:
         run, task = outcome.run, outcome.task
@@ -244,9 +253,10 @@ class Engine:
 
     # --- running one task --------------------------------------------------------------------
 
-    async def _execute(self, run: Run, task: Task) -> None:
-        """Run a task's attempts and report the outcome; never raises except on shutdown."""
-        assert self._inbox is not None
+    async def _execute(self, run: Run, task: Task) -> _Outcome:
+        """Run a task's attempts and say how it ended. Raises only when the engine itself
+        is cancelled; `_report` turns that (and a cancel before the first step) into an
+        outcome too, so every started task reports exactly once."""
         started = self.clock.monotonic()
         ctx = TaskContext(run.workflow, task.id, run.inputs_of(task), 1, self.clock, run)
         state: Literal["done", "failed", "cancelled"] = "done"
@@ -260,16 +270,34 @@ class Engine:
             check_serializable(task.id, result)
         except asyncio.CancelledError:
             current = asyncio.current_task()
-            if task.cancel_reason is None or current is None:
-                raise  # the engine itself is shutting down
-            current.uncancel()
-            state, result = "cancelled", None
-        except Exception as exc:
-            state, result, error = "failed", None, exc
+            if current is not None and current.cancelling():
+                if task.cancel_reason is None:
+                    raise  # the engine is shutting down
+                current.uncancel()
+                state = "cancelled"
+            else:
+                # Nobody cancelled this task: its own code let a CancelledError out (it
+                # awaited something that was cancelled). That is its failure, not ours.
+                error = TaskCancelledError(
+                    task.id, "its code raised CancelledError without being cancelled"
+                )
+                state = "failed"
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit from a tool's argparse is a failure too
+            state, error = "failed", exc
         elapsed = self.clock.monotonic() - started
-        self._inbox.put_nowait(
-            _Outcome(run, task, state, result, error, ctx.usage, ctx.llm_calls, elapsed)
-        )
+        return _Outcome(run, task, state, result, error, ctx.usage, ctx.llm_calls, elapsed)
+
+    def _report(self, run: Run, task: Task, handle: asyncio.Task[_Outcome]) -> None:
+        assert self._inbox is not None
+        if handle.cancelled() or handle.exception() is not None:
+            # Cancelled before its first step, or the engine is shutting down.
+            task.cancel_reason = task.cancel_reason or "the engine was closed"
+            outcome = _Outcome(run, task, "cancelled", None, None, Usage(), 0, 0.0)
+        else:
+            outcome = handle.result()
+        self._inbox.put_nowait(outcome)
 
     async def _attempt(self, task: Task, ctx: TaskContext) -> Any:
         if task.timeout is None:

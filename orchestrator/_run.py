@@ -82,6 +82,9 @@ class RunResult:
         return self
 
 
+_VERBS = {"failed": "failed", "skipped": "was skipped", "cancelled": "was cancelled"}
+
+
 class Run:
     """One workflow's run state; implements the workflow's mutation hooks."""
 
@@ -188,9 +191,7 @@ class Run:
             for dep in self.workflow.graph.predecessors(task.id):
                 state = tasks[dep].state
                 if state != "done":
-                    verb = {"failed": "failed", "skipped": "was skipped"}.get(
-                        state, "was cancelled"
-                    )
+                    verb = _VERBS.get(state, f"is {state}")
                     return "skipped", None, f"dependency {dep!r} {verb}"
         if task.when is not None:
             try:

@@ -142,7 +142,8 @@ class Retry:
 
     def should_retry(self, error: BaseException) -> bool:
         return isinstance(error, self.on) and not isinstance(
-            error, UsageError | ResultNotSerializableError
+            error,
+            UsageError | ResultNotSerializableError | asyncio.CancelledError | KeyboardInterrupt,
         )
 
 
@@ -208,7 +209,7 @@ class Task:
         self.ready_seq = 0
         self.waiting_on = 0
         """How many of its dependencies are not final yet (kept by the engine)."""
-        self.handle: asyncio.Task[None] | None = None
+        self.handle: asyncio.Task[Any] | None = None
         self.cancel_reason: str | None = None
 
     def __repr__(self) -> str:

@@ -141,13 +141,18 @@ class Workflow:
         graph.add_node(task_id)
         for dep in after_t:
             graph.add_edge(dep, task_id)
+        tasks[task_id] = task
+        if self._hooks is None:
+            for dep in before_t:
+                graph.add_edge(task_id, dep)
+            return task_id
+        # While running, the new task is judged before its outgoing edges exist: it may
+        # end at once (a false condition, a failed input), and its dependents-to-be must
+        # then hear of it through edge_added, not through a count they never took.
+        self._hooks.added(task, after_t)
         for dep in before_t:
             graph.add_edge(task_id, dep)
-        tasks[task_id] = task
-        if self._hooks is not None:
-            self._hooks.added(task, after_t)
-            for dep in before_t:
-                self._hooks.edge_added(task_id, dep)
+            self._hooks.edge_added(task_id, dep)
         return task_id
 
     def step(
@@ -243,8 +248,9 @@ class Workflow:
         )
         if self._hooks is not None:
             self._hooks.validate(task)
-            self._hooks.replaced(old, task)
         self._tasks[task_id] = task
+        if self._hooks is not None:
+            self._hooks.replaced(old, task)
 
     def _check_open(self) -> None:
         if self._finished:

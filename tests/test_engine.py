@@ -603,3 +603,141 @@ def test_engine_events_sees_every_workflow(clock: VirtualClock) -> None:
         return seen
 
     assert clock.run(main()) == ["x", "y"]
+
+
+def test_cancelling_a_task_before_its_first_step_still_ends_the_run(clock: VirtualClock) -> None:
+    async def work(ctx: TaskContext) -> int:
+        await ctx.clock.sleep(1)
+        return 1
+
+    wf = Workflow("early")
+    wf.add("t", work)
+
+    async def main() -> RunResult:
+        async with asyncio.timeout(1000), Engine() as engine:
+            handle = engine.submit(wf)
+            await asyncio.sleep(0)  # the loop has started "t", which has not run a step yet
+            engine.cancel(wf, "changed my mind")
+            result = await handle
+            assert all(r.in_flight == 0 for r in engine.stats().resources)
+            return result
+
+    result = clock.run(main())
+    assert result.status == "cancelled" and result.cancelled == {"t": "changed my mind"}
+
+
+def test_leaving_the_engine_right_after_submitting_does_not_hang(clock: VirtualClock) -> None:
+    wf = Workflow("leave")
+    wf.add("t", one)
+
+    async def main() -> None:
+        async with asyncio.timeout(1000), Engine() as engine:
+            engine.submit(wf)
+            await asyncio.sleep(0)
+
+    clock.run(main())
+    assert wf.task("t").state in ("done", "cancelled")
+
+
+def test_a_cancelled_error_from_the_tasks_own_code_is_its_failure(clock: VirtualClock) -> None:
+    async def victim(ctx: TaskContext) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future.cancel()
+        await future  # raises CancelledError, though nobody cancelled this task
+
+    wf = Workflow("inner")
+    wf.add("victim", victim)
+    wf.add("other", one)
+    result = run_sync(wf, clock=clock)
+    assert result.status == "failed" and result.results == {"other": 1}
+    assert "'victim' was cancelled: its code raised CancelledError" in result.failures["victim"]
+
+
+def test_system_exit_from_a_task_is_a_failure_not_the_end_of_the_engine(
+    clock: VirtualClock,
+) -> None:
+    async def tool(ctx: TaskContext) -> None:
+        raise SystemExit(2)  # what argparse does on bad arguments
+
+    bad, good = Workflow("bad"), Workflow("good")
+    bad.add("tool", tool)
+    good.add("t", one)
+
+    async def main() -> list[RunResult]:
+        async with Engine() as engine:
+            return list(await asyncio.gather(engine.run(bad), engine.run(good)))
+
+    bad_result, good_result = clock.run(main())
+    assert bad_result.status == "failed" and isinstance(bad_result.errors["tool"], SystemExit)
+    assert good_result.ok
+
+
+def test_a_retry_on_base_exception_does_not_swallow_cancellation(clock: VirtualClock) -> None:
+    attempts: list[float] = []
+
+    async def stubborn(ctx: TaskContext) -> str:
+        attempts.append(ctx.clock.monotonic())
+        await ctx.clock.sleep(100)
+        return "finished anyway"
+
+    wf = Workflow("stubborn")
+    wf.add("t", stubborn, retry=Retry(attempts=5, on=(BaseException,), jitter=0))
+
+    async def main() -> RunResult:
+        async with Engine() as engine:
+            handle = engine.submit(wf)
+            await asyncio.sleep(5)
+            handle.cancel("stop")
+            return await handle
+
+    result = clock.run(main())
+    assert result.status == "cancelled" and attempts == [0.0] and result.duration == 5.0
+
+
+def test_a_task_added_before_another_and_skipped_at_once_skips_it_honestly(
+    clock: VirtualClock,
+) -> None:
+    async def planner(ctx: TaskContext) -> str:
+        ctx.workflow.add("optional", one, before=["report"], when=lambda inputs: False)
+        await ctx.clock.sleep(1)
+        return "planned"
+
+    wf = Workflow("settled-at-once")
+    wf.add("planner", planner)
+    wf.add("report", one, after=["planner"])
+    result = run_sync(wf, clock=clock)
+    assert result.skipped == {
+        "optional": "its condition was false",
+        "report": "dependency 'optional' was skipped",
+    }
+    assert result["planner"] == "planned"
+
+
+def test_a_replacement_that_fails_at_once_releases_its_dependents(clock: VirtualClock) -> None:
+    async def hold(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(5)
+
+    async def first(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(0.1)  # "busy1" is now in flight on "tools"
+        ctx.workflow.add("busy2", hold, resource="tools")  # takes the one waiting place
+        # "second" is ready (queued behind "first" on "local"); its replacement goes to
+        # "tools", whose queue is full, so it fails the moment it is judged.
+        ctx.workflow.replace("second", one, resource="tools")
+
+    wf = Workflow("swap-fails")
+    wf.add("busy1", hold, resource="tools")
+    wf.add("first", first)
+    wf.add("second", one)
+    wf.add("third", one, after=["second"])
+
+    async def main() -> RunResult:
+        limits = {
+            "tools": Limits(max_in_flight=1, max_waiting=1),
+            "local": Limits(max_in_flight=1),
+        }
+        async with asyncio.timeout(1000), Engine(limits=limits) as engine:
+            return await engine.run(wf)
+
+    result = clock.run(main())
+    assert "wait queue of resource 'tools' is full" in result.failures["second"]
+    assert result.skipped == {"third": "dependency 'second' failed"}

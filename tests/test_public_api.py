@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = {
     "orchestrator": {
         "DEFAULT_BACKEND", "DEFAULT_FUNCTION_RESOURCE", "DEFAULT_TOOL_RESOURCE", "EVENT_ADAPTER",
+        "FINAL_STATES",
         "Action", "BackendError", "Clock", "ClockMismatchError", "CycleError",
         "DuplicateTaskError", "EdgeAdded", "EdgeRemoved", "Engine", "EngineStats", "Event",
         "Fcfs", "FunctionAction", "Hints", "LLMBackend", "LLMCall", "LLMRequest", "LLMResponse",
