@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -50,4 +49,4 @@ class ToolAction:
         fn = self.tool.fn
         if inspect.iscoroutinefunction(fn):
             return await fn(**args)
-        return await asyncio.to_thread(fn, **args)
+        return await ctx.to_thread(fn, **args)

@@ -6,6 +6,7 @@ policy ranks first gets it; within a program, tasks go in the order they became 
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
@@ -37,6 +38,22 @@ DEFAULT_LIMITS: Mapping[str, Limits] = {
 }
 
 
+class Ticket:
+    """A place in a resource's queue for one call made from inside a running task (an LLM
+    call from a function running an agent loop). Admitted like a task, by program."""
+
+    __slots__ = ("future", "ready_seq", "resource", "state")
+
+    def __init__(self, resource: str, seq: int, future: asyncio.Future[None]) -> None:
+        self.resource = resource
+        self.ready_seq = seq
+        self.state = "ready"
+        self.future = future
+
+
+Queued = Task | Ticket
+
+
 @dataclass(frozen=True, slots=True)
 class ResourceStats:
     name: str
@@ -65,7 +82,7 @@ class _Resource:
     def __init__(self, name: str, limits: Limits) -> None:
         self.name = name
         self.limits = limits
-        self.queues: dict[Hashable, deque[tuple[int, Task]]] = {}
+        self.queues: dict[Hashable, deque[tuple[int, Queued]]] = {}
         self.heap: list[tuple[Any, Hashable]] = []
         """With a static key: the programs that have a queue here, best first."""
         self.in_flight = 0
@@ -94,7 +111,7 @@ class Admission:
     def names(self) -> list[str]:
         return list(self._resources)
 
-    def push(self, program: Hashable, task: Task) -> None:
+    def push(self, program: Hashable, task: Queued) -> None:
         """Queue a ready task; `OverloadedError` if its resource's wait queue is full."""
         res = self._resources[task.resource]
         if res.waiting >= res.limits.max_waiting:
@@ -113,7 +130,7 @@ class Admission:
             res.peak = res.waiting
         self._pending = True
 
-    def discard(self, task: Task) -> None:
+    def discard(self, task: Queued) -> None:
         """A queued task left the ready state; its queue entry is skipped when reached."""
         self._resources[task.resource].waiting -= 1
 
@@ -121,12 +138,12 @@ class Admission:
         self._resources[resource].in_flight -= 1
         self._pending = True
 
-    def admit(self, key: Callable[[Any], Any]) -> list[tuple[Any, Task]]:
+    def admit(self, key: Callable[[Any], Any]) -> list[tuple[Any, Queued]]:
         """Take as much waiting work as free slots allow, best program first."""
         if not self._pending:
             return []
         self._pending = False
-        admitted: list[tuple[Any, Task]] = []
+        admitted: list[tuple[Any, Queued]] = []
         for res in self._resources.values():
             free = res.limits.max_in_flight - res.in_flight
             if free <= 0 or res.waiting == 0:
@@ -142,7 +159,7 @@ class Admission:
                     break
         return admitted
 
-    def _admit_static(self, res: _Resource, free: int, admitted: list[tuple[Any, Task]]) -> None:
+    def _admit_static(self, res: _Resource, free: int, admitted: list[tuple[Any, Queued]]) -> None:
         heap = res.heap
         while heap and free > 0:
             program = heap[0][1]
@@ -151,7 +168,7 @@ class Admission:
                 heapq.heappop(heap)
 
     @staticmethod
-    def _take(res: _Resource, program: Any, free: int, admitted: list[tuple[Any, Task]]) -> int:
+    def _take(res: _Resource, program: Any, free: int, admitted: list[tuple[Any, Queued]]) -> int:
         """Admit up to `free` of `program`'s queued tasks; drop its queue once empty."""
         queue = res.queues[program]
         while queue and free > 0:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Future as ThreadFuture
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from ._errors import ClockMismatchError
+from ._errors import ClockMismatchError, DeadlockError
 
 T = TypeVar("T")
 
@@ -122,6 +122,7 @@ class _VirtualSelector(selectors.BaseSelector):
     def __init__(self, clock: VirtualClock) -> None:
         self._real = selectors.DefaultSelector()
         self._clock = clock
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
@@ -142,6 +143,10 @@ class _VirtualSelector(selectors.BaseSelector):
         ready = self._real.select(0)
         if ready or timeout == 0:
             return ready
+        if timeout is None and self._clock._threads_running == 0 and len(self._real.get_map()) <= 1:
+            # Only the loop's own wake-up pipe is watched: no timer, no thread, no socket
+            # can ever wake a task again. Say so instead of hanging.
+            raise DeadlockError(self._waiting_tasks())
         if self._clock._threads_running > 0 or timeout is None:
             # Real work is under way (or nothing is scheduled at all): wait for it in real
             # time, and let virtual time follow so that timeouts on a stuck thread fire.
@@ -153,10 +158,20 @@ class _VirtualSelector(selectors.BaseSelector):
         self._clock._advance(timeout)
         return []
 
+    def _waiting_tasks(self) -> list[str]:
+        if self.loop is None:
+            return []
+        return sorted(
+            f"{t.get_name()} in {getattr(t.get_coro(), '__qualname__', '?')}"
+            for t in asyncio.all_tasks(self.loop)
+        )
+
 
 class _VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self, clock: VirtualClock) -> None:
-        super().__init__(selector=_VirtualSelector(clock))
+        selector = _VirtualSelector(clock)
+        super().__init__(selector=selector)
+        selector.loop = self
         self.clock = clock
 
     def time(self) -> float:
@@ -173,3 +188,11 @@ class _VirtualLoop(asyncio.SelectorEventLoop):
 
     def _thread_done(self, _: asyncio.Future[Any] | ThreadFuture[Any]) -> None:
         self.clock._threads_running -= 1
+
+    async def shutdown_default_executor(self, *args: Any) -> None:
+        # asyncio joins the executor from a thread of its own: count it as working.
+        self.clock._threads_running += 1
+        try:
+            await super().shutdown_default_executor(*args)
+        finally:
+            self.clock._threads_running -= 1

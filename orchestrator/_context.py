@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ._clock import Clock
 from ._llm import LLMRequest, LLMResponse, Usage
@@ -11,6 +11,8 @@ from ._task import DEFAULT_BACKEND
 
 if TYPE_CHECKING:
     from ._workflow import Workflow
+
+T = TypeVar("T")
 
 
 class _Runtime(Protocol):
@@ -27,6 +29,8 @@ class _Runtime(Protocol):
         last_call: bool,
         prefix_key: str | None,
     ) -> LLMResponse: ...
+
+    def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]: ...
 
 
 class TaskContext:
@@ -67,6 +71,10 @@ class TaskContext:
                 f"add the edge with after=[{task_id!r}]"
             ) from None
 
+    async def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run blocking `fn` in the engine's worker threads (bounded by `Engine(threads=)`)."""
+        return await self._rt.to_thread(fn, *args, **kwargs)
+
     async def complete(
         self,
         request: LLMRequest,
@@ -77,7 +85,11 @@ class TaskContext:
         last_call: bool = False,
         prefix_key: str | None = None,
     ) -> LLMResponse:
-        """Send one LLM call under this task's program priority; usage is added to the task."""
+        """Send one LLM call under this task's program priority; usage is added to the task.
+
+        A task that is not itself an LLM task on `backend` (a function running an agent
+        loop, say) waits for a slot of that backend first, in the scheduler's order, so the
+        backend's `max_in_flight` holds for every call."""
         response = await self._rt.complete(
             self,
             request,

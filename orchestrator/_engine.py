@@ -11,11 +11,14 @@ except through the workflow's validated mutations.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
 import functools
-from collections.abc import AsyncIterator, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tenacity import (
     AsyncRetrying,
@@ -25,7 +28,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats
+from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
 from ._clock import Clock, SystemClock, running_clock
 from ._context import TaskContext
 from ._errors import (
@@ -77,6 +80,9 @@ class _Wake:
 _WAKE = _Wake()
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineStats:
     running_workflows: int
@@ -125,6 +131,7 @@ class Engine:
         limits: Mapping[str, Limits] | None = None,
         max_workflows: int = 10_000,
         default_estimate: float = 1.0,
+        threads: int = 64,
     ) -> None:
         self.backends: dict[str, LLMBackend] = dict(backends or {})
         self.policy = get_policy(policy)
@@ -137,6 +144,10 @@ class Engine:
         self.admission = Admission(merged, static_key=static)
         self.max_workflows = max_workflows
         self.default_estimate = default_estimate
+        if threads < 1:
+            raise UsageError(f"Engine(threads={threads}) must be at least 1")
+        self.threads = threads
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._runs: dict[str, Run] = {}
         self._programs = 0
         self._seq = 0
@@ -164,6 +175,9 @@ class Engine:
             self._clock = running_clock()
         self._clock.check_running_loop()
         self._inbox = asyncio.Queue()
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.threads, thread_name_prefix="plait-task"
+        )
         self._tg = asyncio.TaskGroup()
         await self._tg.__aenter__()
         self._tg.create_task(self._loop(), name="plait-engine")
@@ -181,13 +195,27 @@ class Engine:
             run.cancel("the engine was closed")
         self.wake()
         tg, self._tg = self._tg, None
-        if exc is not None and not isinstance(exc, asyncio.CancelledError):
-            # The body failed: let the loop wind down the cancelled runs, then let the
-            # caller's own exception propagate as it is, not wrapped in an ExceptionGroup.
-            await tg.__aexit__(None, None, None)
+        try:
+            if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                # The body failed: let the loop wind down the cancelled runs, then let the
+                # caller's own exception propagate as it is, not wrapped in an ExceptionGroup.
+                await tg.__aexit__(None, None, None)
+                return None
+            await tg.__aexit__(exc_type, exc, tb)
             return None
-        await tg.__aexit__(exc_type, exc, tb)
-        return None
+        finally:
+            self._abandon_runs()
+            if self._executor is not None:
+                # A stuck sync function keeps its thread; the engine does not wait for it.
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+
+    def _abandon_runs(self) -> None:
+        """Runs the loop could not wind down (the engine was cancelled from outside) end
+        as cancelled, so nobody awaiting them waits forever."""
+        for run in list(self._runs.values()):
+            run.abandon("the engine stopped before the workflow finished")
+        self._runs.clear()
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -212,8 +240,13 @@ class Engine:
     def _admit(self) -> None:
         now = self.clock.monotonic()
         policy = self.policy
-        for run, task in self.admission.admit(lambda run: program_key(policy, run.view(now), now)):
-            self._start(run, task)
+        for run, item in self.admission.admit(lambda run: program_key(policy, run.view(now), now)):
+            if isinstance(item, Ticket):
+                item.state = "running"
+                if not item.future.done():
+                    item.future.set_result(None)
+            else:
+                self._start(run, item)
 
     def _static_key(self, run: Run) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(0.0), 0.0)
@@ -356,6 +389,38 @@ class Engine:
                 return await self._attempt(task, ctx)
         raise AssertionError("unreachable: tenacity reraises the last error")
 
+    # --- services for running tasks (TaskContext) --------------------------------------------
+
+    async def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        if self._executor is None:
+            raise UsageError("the engine is not running")
+        context = contextvars.copy_context()
+        call = functools.partial(context.run, fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, run: Run, resource: str) -> AsyncIterator[None]:
+        """Hold one in-flight place of `resource`, waiting for it in the scheduler's order."""
+        ticket = Ticket(resource, self.next_seq(), asyncio.get_running_loop().create_future())
+        self.admission.push(run, ticket)  # OverloadedError if its queue is full
+        self.wake()
+        try:
+            await ticket.future
+        except asyncio.CancelledError:
+            if ticket.state == "ready":
+                self.admission.discard(ticket)
+            elif ticket.state == "running":
+                self.admission.release(resource)
+                self.wake()
+            ticket.state = "cancelled"
+            raise
+        try:
+            yield
+        finally:
+            ticket.state = "done"
+            self.admission.release(resource)
+            self.wake()
+
     # --- the LLM call path (TaskContext.complete) --------------------------------------------
 
     def hints_for(self, run: Run, **fields: Any) -> Hints:
@@ -459,8 +524,11 @@ class Engine:
             self._runs[run.id] = run
             run.start()
         except BaseException:
+            # Refused (an unknown resource, say): nothing ran, so the caller may fix the
+            # workflow and submit it again; its half-told story leaves the event stream.
             self._runs.pop(run.id, None)
-            workflow._detach()
+            self._events = [(r, e) for r, e in self._events if r is not run]
+            workflow._reset()
             raise
         self.wake()
         return RunHandle(self, run)

@@ -74,7 +74,7 @@ class UnknownResourceError(UsageError):
         names = ", ".join(sorted(known)) or "none"
         super().__init__(
             f"task {task_id!r} needs resource {resource!r}, which the engine does not know "
-            f"(known: {names}); pass it to Engine(backends=...) or Engine(resources=...)"
+            f"(known: {names}); pass it to Engine(backends=...) or Engine(limits=...)"
         )
         self.resource = resource
 
@@ -95,7 +95,7 @@ class TaskTimeoutError(RunError):
     def __init__(self, task_id: str, seconds: float) -> None:
         super().__init__(
             f"task {task_id!r} did not finish within its timeout of {seconds:g} s; "
-            "raise Task(timeout=...) if it needs longer"
+            "give it more with workflow.add(..., timeout=...) if it needs longer"
         )
         self.task_id = task_id
         self.seconds = seconds
@@ -108,6 +108,20 @@ class ResultNotSerializableError(RunError):
             "return plain data (str, numbers, lists, dicts, dataclasses or pydantic models)"
         )
         self.task_id = task_id
+
+
+class DeadlockError(RunError):
+    """Virtual time cannot advance: every task waits, and nothing (no timer, no worker
+    thread, no I/O) could ever wake one."""
+
+    def __init__(self, waiting: list[str]) -> None:
+        names = ", ".join(waiting[:10]) + (" ..." if len(waiting) > 10 else "")
+        super().__init__(
+            f"deadlock in virtual time: {len(waiting)} task(s) wait and nothing can wake "
+            f"them ({names}); give the waits a timeout, or run threads through "
+            "ctx.to_thread()/run_in_executor() so the clock knows they are working"
+        )
+        self.waiting = waiting
 
 
 class OverloadedError(RunError):

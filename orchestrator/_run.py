@@ -7,9 +7,9 @@ workflow reports its mutations here (`_Hooks`), whoever makes them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ._errors import OverloadedError, UnknownResourceError, WorkflowFailedError
 from ._events import (
@@ -81,6 +81,8 @@ class RunResult:
             raise WorkflowFailedError(self.workflow, self.status, failures)
         return self
 
+
+T = TypeVar("T")
 
 _VERBS = {"failed": "failed", "skipped": "was skipped", "cancelled": "was cancelled"}
 
@@ -325,7 +327,26 @@ class Run:
             last_call=last_call,
             prefix_key=prefix_key,
         )
-        return await llm.complete(request, hints)
+        task = self.workflow._tasks.get(ctx.task_id)
+        if task is not None and task.resource == backend:
+            return await llm.complete(request, hints)  # the task itself holds the slot
+        async with engine.slot(self, backend):
+            return await llm.complete(request, hints)
+
+    def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
+        return self.engine.to_thread(fn, *args, **kwargs)
+
+    def abandon(self, reason: str) -> None:
+        """End this run as cancelled without the loop (it is gone)."""
+        if self.done.done():
+            return
+        self.cancelling = self.cancelling or reason
+        for task in self.workflow:
+            if task.state not in FINAL_STATES:
+                task.state = "cancelled"
+                task.reason = reason
+        self.workflow._detach()
+        self.done.set_result(self._result())
 
     def cancel(self, reason: str) -> None:
         if self.cancelling is not None or self.done.done():

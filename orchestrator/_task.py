@@ -76,7 +76,10 @@ class FunctionAction:
         if not callable(fn):
             raise UsageError(f"a task needs a callable or an Action, got {type(fn).__name__}")
         self._fn = fn
-        self._is_async, self._takes_ctx = _shape(fn)
+        try:
+            self._is_async, self._takes_ctx = _shape(fn)
+        except TypeError:  # an unhashable callable object: inspect it without the cache
+            self._is_async, self._takes_ctx = _shape.__wrapped__(fn)
         self._resource = resource
 
     @property
@@ -92,8 +95,8 @@ class FunctionAction:
         if self._is_async:
             return await (fn(ctx) if self._takes_ctx else fn())
         if self._takes_ctx:
-            return await asyncio.to_thread(fn, ctx)
-        return await asyncio.to_thread(fn)
+            return await ctx.to_thread(fn, ctx)
+        return await ctx.to_thread(fn)
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,12 @@ While the workflow runs, every accepted mutation is reported to the engine's run
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
+import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import networkx as nx
 
@@ -23,6 +27,37 @@ from ._events import FINAL_STATES
 from ._task import Action, Condition, Retry, Task, Trigger, as_action, as_retry
 
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _on_loop(
+    method: Callable[Concatenate[Workflow, P], R],
+) -> Callable[Concatenate[Workflow, P], R]:
+    """Run a mutation on the engine's loop thread, whichever thread calls it.
+
+    Sync task functions run in worker threads; when they change their workflow, the
+    change is handed to the loop and the thread waits for its result (or its error), so
+    the run state only ever changes on one thread.
+    """
+
+    @functools.wraps(method)
+    def wrapper(self: Workflow, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            return method(self, *args, **kwargs)
+        done: concurrent.futures.Future[R] = concurrent.futures.Future()
+
+        def call() -> None:
+            try:
+                done.set_result(method(self, *args, **kwargs))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        loop.call_soon_threadsafe(call)
+        return done.result()
+
+    return wrapper
 
 
 class _Hooks(Protocol):
@@ -52,6 +87,8 @@ class Workflow:
         self._hooks: _Hooks | None = None
         self._started = False
         self._finished = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -83,6 +120,7 @@ class Workflow:
 
     # --- mutations -------------------------------------------------------------------------
 
+    @_on_loop
     def add(
         self,
         task_id: str,
@@ -185,6 +223,7 @@ class Workflow:
 
         return register
 
+    @_on_loop
     def add_edge(self, source: str, target: str) -> None:
         """Make `target` wait for `source` (and receive its result as an input)."""
         self._check_open()
@@ -200,6 +239,7 @@ class Workflow:
         if self._hooks is not None:
             self._hooks.edge_added(source, target)
 
+    @_on_loop
     def remove_edge(self, source: str, target: str) -> None:
         self._check_open()
         if not self.graph.has_edge(source, target):
@@ -211,6 +251,7 @@ class Workflow:
         if self._hooks is not None:
             self._hooks.edge_removed(source, target)
 
+    @_on_loop
     def remove(self, task_id: str) -> None:
         """Remove a task and its edges. A running task is cancelled; its dependents lose
         that input and are re-evaluated."""
@@ -222,6 +263,7 @@ class Workflow:
         if self._hooks is not None:
             self._hooks.removed(task, dependents)
 
+    @_on_loop
     def replace(
         self,
         task_id: str,
@@ -274,7 +316,21 @@ class Workflow:
             )
         self._started = True
         self._hooks = hooks
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+
+    def _reset(self) -> None:
+        """Undo `_attach` of a run that was refused before anything started."""
+        self._hooks = None
+        self._started = False
+        self._loop = None
+        self.id = self.name
+        for task in self._tasks.values():
+            task.waiting_on = 0
+            if task.state == "ready":
+                task.state = "pending"
 
     def _detach(self) -> None:
         self._hooks = None
         self._finished = True
+        self._loop = None

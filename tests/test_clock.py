@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from orchestrator import ClockMismatchError, SystemClock, VirtualClock
+from orchestrator import ClockMismatchError, DeadlockError, SystemClock, VirtualClock
 
 
 def test_virtual_sleep_jumps_to_the_deadline_at_once() -> None:
@@ -92,3 +92,17 @@ def test_system_clock_refuses_a_virtual_loop() -> None:
 
     with pytest.raises(ClockMismatchError):
         VirtualClock().run(main())
+
+
+def test_a_wait_nothing_can_end_is_reported_as_a_deadlock() -> None:
+    clock = VirtualClock()
+
+    async def forever() -> None:
+        await asyncio.Event().wait()
+
+    async def main() -> None:
+        await asyncio.gather(asyncio.create_task(forever(), name="stuck-one"))
+
+    with pytest.raises(DeadlockError, match="stuck-one in .*forever") as info:
+        clock.run(main())
+    assert any("stuck-one" in name for name in info.value.waiting)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -741,3 +742,194 @@ def test_a_replacement_that_fails_at_once_releases_its_dependents(clock: Virtual
     result = clock.run(main())
     assert "wait queue of resource 'tools' is full" in result.failures["second"]
     assert result.skipped == {"third": "dependency 'second' failed"}
+
+
+def test_a_sync_planner_changes_its_workflow_on_the_loop_thread(clock: VirtualClock) -> None:
+    loop_thread: list[int] = []
+    mutation_threads: list[int] = []
+    started: dict[str, float] = {}
+    planner_busy: list[bool] = []
+
+    all_started = asyncio.Event()
+
+    async def child(ctx: TaskContext) -> str:
+        started[ctx.task_id] = ctx.clock.monotonic()
+        planner_busy.append(not release.is_set())
+        if len(started) == 3:
+            all_started.set()
+        return ctx.task_id
+
+    def plan(ctx: TaskContext) -> int:  # sync: runs in a worker thread
+        for i in range(3):
+            ctx.workflow.add(f"r{i}", child, before=["write"])
+        release.wait(timeout=5)  # keep the planner busy after it planned
+        return 3
+
+    release = threading.Event()
+    wf = Workflow("sync-planner")
+    wf.add("plan", plan)
+    wf.add("write", lambda ctx: sorted(ctx.inputs), after=["plan"])
+
+    async def main() -> RunResult:
+        loop_thread.append(threading.get_ident())
+        async with Engine() as engine:
+            handle = engine.submit(wf)
+            run = engine._runs[wf.id]
+            added = run.added
+
+            def spy(task: Any, after: tuple[str, ...]) -> None:
+                mutation_threads.append(threading.get_ident())
+                added(task, after)
+
+            run.added = spy  # type: ignore[method-assign]
+            await all_started.wait()  # all three ran while the planner still works
+            release.set()
+            return await handle
+
+    result = clock.run(main())
+    assert result["write"] == ["plan", "r0", "r1", "r2"]
+    assert set(mutation_threads) == set(loop_thread)
+    # The children ran while the planner was still busy, not after it returned.
+    assert planner_busy == [True, True, True]
+
+
+def test_llm_calls_from_function_tasks_wait_for_the_backend_limit(clock: VirtualClock) -> None:
+    from agents import Agent
+    from executors import FunctionLLM
+
+    in_flight = 0
+    peak = 0
+
+    async def reply(request: Any, hints: Any) -> str:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(1)
+        in_flight -= 1
+        return "ok"
+
+    agent = Agent("a", "s")
+
+    async def agent_loop(ctx: TaskContext) -> int:
+        for _ in range(2):
+            await ctx.complete(agent.request("step"))
+        return 2
+
+    wf = Workflow("loops")
+    for i in range(10):
+        wf.add(f"loop{i}", agent_loop)
+
+    async def main() -> RunResult:
+        llm = FunctionLLM(reply)
+        limits = {"default": Limits(max_in_flight=2)}
+        async with Engine(backends={"default": llm}, limits=limits) as engine:
+            result = await engine.run(wf)
+            stats = {s.name: s for s in engine.stats().resources}
+            assert stats["default"].admitted == 20 and stats["default"].in_flight == 0
+            return result
+
+    result = clock.run(main())
+    assert result.ok and peak == 2
+    assert result.duration == 10.0  # 20 one-second calls, two at a time
+
+
+def test_cancelling_the_engine_from_outside_resolves_every_waiter(clock: VirtualClock) -> None:
+    async def long(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(1000)
+
+    wf = Workflow("abandoned")
+    wf.add("t", long)
+    outcome: list[str] = []
+
+    async def main() -> None:
+        handle_box: list[Any] = []
+        submitted = asyncio.Event()
+
+        async def host() -> None:
+            async with Engine() as engine:
+                handle_box.append(engine.submit(wf))
+                submitted.set()
+                await asyncio.sleep(10_000)
+
+        async def client() -> None:
+            await submitted.wait()
+            result = await handle_box[0]
+            outcome.append(result.status)
+
+        host_task = asyncio.ensure_future(host())
+        client_task = asyncio.ensure_future(client())
+        await asyncio.sleep(5)
+        host_task.cancel()
+        async with asyncio.timeout(100):
+            await client_task
+        with contextlib.suppress(asyncio.CancelledError):
+            await host_task
+
+    clock.run(main())
+    assert outcome == ["cancelled"]
+
+
+def test_stuck_sync_functions_do_not_starve_other_workflows(clock: VirtualClock) -> None:
+    release = threading.Event()
+
+    def stuck(ctx: TaskContext) -> None:
+        release.wait(timeout=30)
+
+    bad = Workflow("bad")
+    for i in range(6):
+        bad.add(f"s{i}", stuck, timeout=0.05)
+    good = Workflow("good")
+    good.add("quick", lambda: "fine")
+
+    async def main() -> list[RunResult]:
+        async with Engine(threads=16) as engine:
+            try:
+                first = await engine.run(bad)
+                second = await engine.run(good)
+            finally:
+                release.set()
+            return [first, second]
+
+    bad_result, good_result = clock.run(main())
+    assert len(bad_result.failures) == 6
+    assert good_result.ok and good_result.duration < 1.0
+
+
+def test_a_refused_workflow_can_be_fixed_and_submitted_again(clock: VirtualClock) -> None:
+    wf = Workflow("fixable")
+    wf.add("t", one, resource="gpu")
+
+    async def main() -> tuple[RunResult, list[str]]:
+        async with Engine(limits={"gpu": Limits(max_in_flight=1)}) as engine:
+            wf.replace("t", one, resource="nowhere")
+            with pytest.raises(UnknownResourceError, match="Engine\\(limits=...\\)"):
+                engine.submit(wf)
+            wf.replace("t", one, resource="gpu")
+            kinds = [e.kind async for e in engine.iter(wf)]
+            return wf.task("t").result, kinds
+
+    result, kinds = clock.run(main())
+    assert result == 1
+    assert kinds.count("workflow_started") == 1 and kinds[-1] == "workflow_finished"
+
+
+def test_a_callable_object_that_cannot_be_hashed_is_still_a_task(clock: VirtualClock) -> None:
+    class Counter:
+        __hash__ = None  # type: ignore[assignment]
+
+        def __call__(self, ctx: TaskContext) -> int:
+            return 7
+
+    wf = Workflow("unhashable")
+    wf.add("c", Counter())
+    assert run_sync(wf, clock=clock)["c"] == 7
+
+
+def test_timeout_message_says_how_to_give_more_time(clock: VirtualClock) -> None:
+    async def slow(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(10)
+
+    wf = Workflow("slow")
+    wf.add("s", slow, timeout=1)
+    message = run_sync(wf, clock=clock).failures["s"]
+    assert "within its timeout of 1 s" in message and "workflow.add(..., timeout=...)" in message

@@ -14,7 +14,7 @@ EXPECTED = {
     "orchestrator": {
         "DEFAULT_BACKEND", "DEFAULT_FUNCTION_RESOURCE", "DEFAULT_TOOL_RESOURCE", "EVENT_ADAPTER",
         "FINAL_STATES",
-        "Action", "BackendError", "Clock", "ClockMismatchError", "CycleError",
+        "Action", "BackendError", "Clock", "ClockMismatchError", "CycleError", "DeadlockError",
         "DuplicateTaskError", "EdgeAdded", "EdgeRemoved", "Engine", "EngineStats", "Event",
         "Fcfs", "FunctionAction", "Hints", "LLMBackend", "LLMCall", "LLMRequest", "LLMResponse",
         "Las", "Limits", "Message", "OverloadedError", "PlaitError", "Policy", "PriorityClass",
