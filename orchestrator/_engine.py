@@ -324,13 +324,12 @@ class Engine:
 
     def _report(self, run: Run, task: Task, handle: asyncio.Task[_Outcome]) -> None:
         assert self._inbox is not None
-        if handle.cancelled() or handle.exception() is not None:
-            # Cancelled before its first step, or the engine is shutting down.
-            task.cancel_reason = task.cancel_reason or "the engine was closed"
-            outcome = _Outcome(run, task, "cancelled", None, None, Usage(), 0, 0.0)
-        else:
-            outcome = handle.result()
-        self._inbox.put_nowait(outcome)
+        if not handle.cancelled() and handle.exception() is None:
+            self._inbox.put_nowait(handle.result())
+            return
+        # Cancelled before its first step, or the engine is shutting down.
+        task.cancel_reason = task.cancel_reason or "the engine was closed"
+        self._inbox.put_nowait(_Outcome(run, task, "cancelled", None, None, Usage(), 0, 0.0))
 
     async def _attempt(self, task: Task, ctx: TaskContext) -> Any:
         if task.timeout is None:
