@@ -2,12 +2,14 @@
 
 - `FunctionLLM`: a function-driven fake LLM for tests and examples.
 - `SimServer`: a simulated GPU serving engine (continuous batching, paged KV cache with
-  prefix caching, priority queue, keep-alive pins) on the injected clock.
+  prefix caching, priority queue, keep-alive pins) on the injected clock; `SimHTTP` serves
+  it over an OpenAI-compatible API with vLLM's metrics (`plait sim serve`).
 The OpenAI-compatible client with per-server dialects comes next.
 """
 
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._sim import RequestTooLongError, SimServer, SimStats
+from ._simhttp import SimHTTP
 from ._simprofile import PROFILES, Profile, get_profile
 
 __all__ = [
@@ -16,6 +18,7 @@ __all__ = [
     "Profile",
     "RecordedCall",
     "RequestTooLongError",
+    "SimHTTP",
     "SimServer",
     "SimStats",
     "approx_tokens",

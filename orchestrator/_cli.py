@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
@@ -181,7 +182,13 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         choices=["virtual", "system"],
         help="virtual: simulated latencies cost no wall time (default: the module's CLOCK)",
     )
+    # Other packages add commands (`plait sim ...`) without this one importing them.
+    for entry in entry_points(group="plait.cli"):
+        entry.load()(sub)
     args = parser.parse_args(argv)
+    if args.command != "run":
+        code: int = args.handler(args)
+        return code
     try:
         module = load_module(args.path)
         clock_name = args.clock or getattr(module, "CLOCK", "system")

@@ -29,7 +29,8 @@ EXPECTED = {
         "remaining_critical_path", "run_sync", "running_clock", "urgency",
     },
     "executors": {
-        "PROFILES", "FunctionLLM", "Profile", "RecordedCall", "RequestTooLongError", "SimServer",
+        "PROFILES", "FunctionLLM", "Profile", "RecordedCall", "RequestTooLongError", "SimHTTP",
+        "SimServer",
         "SimStats", "approx_tokens", "echo", "get_profile",
     },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
