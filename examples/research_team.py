@@ -3,8 +3,11 @@ per topic runs in parallel, and a writer waits for all of them.
 
     plait run examples/research_team.py
 
-The LLM is a fake with realistic latencies on the virtual clock, so the run shows real
-scheduling in a fraction of a second. Point `backends()` at a real server to use a model.
+By default the team runs on the simulated H100 serving Llama-3.1-8B, in virtual time: the
+timings, batching and prefix caching are those of the simulated GPU, and the run takes a
+fraction of a second. The simulator's text is noise, so the planner's answer is read as a
+list of topic words when it is not JSON. `fake_backends()` answers with readable text
+instead (the tests use it); point `backends()` at a real server to use a real model.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 
 from agents import Agent
-from executors import FunctionLLM
+from executors import FunctionLLM, SimServer
 from orchestrator import Clock, Hints, LLMBackend, LLMRequest, TaskContext, Workflow
 
 CLOCK = "virtual"
@@ -25,7 +28,8 @@ planner = Agent(
 )
 researcher = Agent(
     "researcher",
-    "You are a careful researcher. Summarise what is known about the topic in five sentences.",
+    "You are a careful researcher. Summarise what is known about the topic in five "
+    "sentences, citing the sources you rely on. " * 8,  # a long shared prefix, as in practice
     model="llama-3.1-8b",
 )
 writer = Agent("writer", "You write a concise report from your colleagues' notes.",
@@ -34,7 +38,13 @@ writer = Agent("writer", "You write a concise report from your colleagues' notes
 QUESTIONS = [
     "How should an agent framework schedule LLM calls on shared GPUs?",
     "What makes KV-cache reuse effective across agent turns?",
+    "When does prefix-aware routing beat round-robin over replicas?",
+    "How long should a server keep a paused agent's KV cache?",
 ]
+
+
+def backends(clock: Clock) -> dict[str, LLMBackend]:
+    return {"default": SimServer("h100-llama3-8b", clock=clock)}
 
 
 def fake_reply(request: LLMRequest, hints: Hints) -> str:
@@ -48,13 +58,24 @@ def fake_reply(request: LLMRequest, hints: Hints) -> str:
     return "Report\n" + "\n".join(line for line in prompt.splitlines() if line.startswith("- "))
 
 
-def latency(request: LLMRequest) -> float:
+def fake_backends(clock: Clock) -> dict[str, LLMBackend]:
     # A rough H100 figure for an 8B model: prefill is cheap, each output token ~10 ms.
-    return 0.2 + 0.01 * (request.max_tokens or 200)
+    def latency(request: LLMRequest) -> float:
+        return 0.2 + 0.01 * (request.max_tokens or 200)
 
-
-def backends(clock: Clock) -> dict[str, LLMBackend]:
     return {"default": FunctionLLM(fake_reply, latency=latency, clock=clock)}
+
+
+def topics_from(reply: str) -> list[str]:
+    """The planner's topics: its JSON list, or else its first distinct words (3 to 5)."""
+    try:
+        parsed = json.loads(reply)
+        if isinstance(parsed, list) and parsed:
+            return [str(t) for t in parsed][:5]
+    except json.JSONDecodeError:
+        pass
+    words = list(dict.fromkeys(w for w in reply.split() if w.isalpha()))
+    return (words or ["general"])[: max(3, min(5, len(words)))]
 
 
 def research(question: str, index: int = 0) -> Workflow:
@@ -62,11 +83,11 @@ def research(question: str, index: int = 0) -> Workflow:
 
     def spawn(ctx: TaskContext) -> list[str]:
         # The planner's answer decides the shape of the rest of the DAG.
-        topics: list[str] = json.loads(ctx.input("plan"))
+        topics = topics_from(ctx.input("plan"))
         for topic in topics:
             ctx.workflow.add(
                 f"research:{topic}",
-                researcher.ask(f"Topic: {topic}", max_tokens=150),
+                researcher.ask(f"Topic: {topic}\nQuestion: {question}", max_tokens=150),
                 before=["write"],
             )
         return topics
@@ -75,7 +96,7 @@ def research(question: str, index: int = 0) -> Workflow:
         notes = [v for k, v in sorted(ctx.inputs.items()) if k.startswith("research:")]
         return f"Question: {question}\nNotes:\n" + "\n".join(f"- {n}" for n in notes)
 
-    wf.add("plan", planner.ask(question, max_tokens=60))
+    wf.add("plan", planner.ask(question, max_tokens=40))
     wf.add("spawn", spawn, after=["plan"])
     wf.add("write", writer.ask(report_prompt, max_tokens=300), after=["spawn"])
     return wf

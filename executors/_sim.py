@@ -188,6 +188,16 @@ class SimServer:
         finally:
             self._futures.pop(req.id, None)
 
+    def describe(self) -> str:
+        """One line for people: what the simulated GPU did and how much its cache saved."""
+        s = self.stats()
+        return (
+            f"simulated {self.profile.name}: {s.requests} requests, "
+            f"{s.prefix_cache_hits:,} of {s.prefix_cache_queries:,} prompt tokens from the "
+            f"prefix cache ({s.hit_rate:.0%}), busy {s.busy_s:.2f} s in {s.steps} steps, "
+            f"{s.preemptions} preemptions"
+        )
+
     def stats(self) -> SimStats:
         cache = self.engine.pool.stats()
         return SimStats(

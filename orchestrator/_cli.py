@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import sys
 import time
@@ -50,6 +51,7 @@ class Progress:
         self.out = out
         self.live = live
         self.rows: dict[str, _Row] = {}
+        self.notes: list[str] = []
         self.origin: float | None = None
         self.now = 0.0
         self._drawn_at = 0.0
@@ -126,6 +128,7 @@ class Progress:
             f"{len(self.rows)} workflow(s), {ok} succeeded; mean completion {mean:.2f} s "
             f"on the {clock_name} clock; wall time {wall:.2f} s"
         )
+        lines.extend(self.notes)
         return "\n".join(lines)
 
 
@@ -162,11 +165,21 @@ async def run_module(
     backends = make_backends(clock) if callable(make_backends) else {}
     flows: Iterable[Workflow] = workflows_of(module)
     statuses: dict[str, str] = {}
-    async with Engine(backends=backends, clock=clock, policy=policy) as engine:
-        async for event in engine.iter(*flows):
-            progress.apply(event)
-            if event.kind == "workflow_finished":
-                statuses[event.workflow] = event.status
+    async with contextlib.AsyncExitStack() as stack:
+        for backend in backends.values():
+            # Backends that run something of their own (a simulated server, a connection
+            # pool) are async context managers; they live as long as the run.
+            if isinstance(backend, contextlib.AbstractAsyncContextManager):
+                await stack.enter_async_context(backend)
+        async with Engine(backends=backends, clock=clock, policy=policy) as engine:
+            async for event in engine.iter(*flows):
+                progress.apply(event)
+                if event.kind == "workflow_finished":
+                    statuses[event.workflow] = event.status
+        for name, backend in backends.items():
+            describe = getattr(backend, "describe", None)
+            if callable(describe):
+                progress.notes.append(f"backend {name!r}: {describe()}")
     return statuses
 
 

@@ -21,11 +21,13 @@ def load(name: str) -> ModuleType:
     return module
 
 
-def run(module: ModuleType, workflows: list[Workflow]) -> tuple[list[RunResult], VirtualClock]:
+def run(
+    module: ModuleType, workflows: list[Workflow], backends: str = "backends"
+) -> tuple[list[RunResult], VirtualClock]:
     clock = VirtualClock()
 
     async def go() -> list[RunResult]:
-        async with Engine(backends=module.backends(clock)) as engine:
+        async with Engine(backends=getattr(module, backends)(clock)) as engine:
             handles = [engine.submit(wf) for wf in workflows]
             return [await h for h in handles]
 
@@ -34,7 +36,7 @@ def run(module: ModuleType, workflows: list[Workflow]) -> tuple[list[RunResult],
 
 def test_research_team_planner_adds_topics_and_the_writer_uses_every_note() -> None:
     module = load("research_team")
-    [result], _ = run(module, [module.research(module.QUESTIONS[0])])
+    [result], _ = run(module, [module.research(module.QUESTIONS[0])], "fake_backends")
     assert result.ok
     topics = result["spawn"]
     assert 3 <= len(topics) <= 5
@@ -77,8 +79,14 @@ def test_cli_runs_the_research_team_and_prints_a_summary() -> None:
     assert main(["run", str(EXAMPLES / "research_team.py")], out=out) == 0
     text = out.getvalue()
     assert "research-0 succeeded" in text
-    assert "2 workflow(s), 2 succeeded" in text
+    assert "4 workflow(s), 4 succeeded" in text
     assert "calls" in text and "prompt tok" in text
+    # The run was on the simulated GPU, and the researchers' shared prompt was cached.
+    assert "simulated h100-llama3-8b" in text
+    hits = int(
+        text.split("backend 'default': simulated h100-llama3-8b: ")[1].split()[2].replace(",", "")
+    )
+    assert hits > 0
 
 
 def test_cli_reports_a_missing_file_and_a_module_without_workflows(tmp_path: Path) -> None:
