@@ -64,6 +64,9 @@ class Report:
     makespan: float
     server: SimStats
     jcts: tuple[float, ...] = ()
+    ideal_hit_share: float = math.nan
+    """The share of prompt tokens an unlimited cache would have served (the same requests,
+    in the order they arrived): the ceiling for `cache_hit_share`."""
 
     def row(self) -> dict[str, float | str]:
         return {
@@ -73,6 +76,7 @@ class Report:
             "throughput_per_s": round(self.throughput, 4),
             "deadline_attainment": round(self.deadline_attainment, 4),
             "cache_hit_share": round(self.cache_hit_share, 4),
+            "ideal_hit_share": round(self.ideal_hit_share, 4),
             "makespan_s": round(self.makespan, 2),
             "preemptions": self.server.preemptions,
         }
@@ -94,7 +98,27 @@ def steady_throughput(finish_times: Sequence[float]) -> float:
     return (hi - lo) / (ends[hi] - ends[lo])
 
 
-def summarise(mode: str, outcomes: list[Outcome], stats: SimStats) -> Report:
+def ideal_hit_share(records: Sequence[tuple[float, int, list[int]]], block_size: int) -> float:
+    """Hits an unlimited block cache would give: every full block seen before is reused
+    (never a request's last token, as in vLLM)."""
+    seen: set[int] = set()
+    queried = hits = 0
+    for _, tokens, hashes in sorted(records, key=lambda r: r[0]):
+        usable = hashes[: (tokens - 1) // block_size]
+        n = 0
+        for h in usable:
+            if h not in seen:
+                break
+            n += 1
+        queried += tokens
+        hits += n * block_size
+        seen.update(hashes[: tokens // block_size])
+    return hits / queried if queried else 0.0
+
+
+def summarise(
+    mode: str, outcomes: list[Outcome], stats: SimStats, ideal: float = math.nan
+) -> Report:
     jcts = [o.jct for o in outcomes]
     start = min(o.arrival for o in outcomes)
     end = max(o.finished for o in outcomes)
@@ -109,6 +133,7 @@ def summarise(mode: str, outcomes: list[Outcome], stats: SimStats) -> Report:
         makespan=end - start,
         server=stats,
         jcts=tuple(jcts),
+        ideal_hit_share=ideal,
     )
 
 
@@ -141,17 +166,21 @@ def simulate(
     """Run `programs` with `runner` on fresh simulated servers in virtual time."""
     clock = VirtualClock()
 
-    async def main() -> tuple[list[Outcome], SimStats]:
+    async def main() -> tuple[list[Outcome], SimStats, float]:
         async with AsyncExitStack() as stack:
             servers = [
-                await stack.enter_async_context(SimServer(profile, seed=seed, clock=clock))
+                await stack.enter_async_context(
+                    SimServer(profile, seed=seed, clock=clock, record=True)
+                )
                 for _ in range(replicas)
             ]
             outcomes = await runner(programs, servers, clock)
-            return outcomes, merge_stats([s.stats() for s in servers])
+            records = [r for s in servers for r in s.recorded]
+            ideal = ideal_hit_share(records, servers[0].profile.block_size)
+            return outcomes, merge_stats([s.stats() for s in servers]), ideal
 
-    outcomes, stats = clock.run(main())
-    return summarise(mode, outcomes, stats)
+    outcomes, stats, ideal = clock.run(main())
+    return summarise(mode, outcomes, stats, ideal)
 
 
 # --- naive ------------------------------------------------------------------------------------
@@ -160,34 +189,46 @@ def simulate(
 async def run_naive(
     programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
 ) -> list[Outcome]:
-    """Every call goes out as soon as it is ready, with no hints, round-robin over servers."""
+    """Every call goes out as soon as it is ready, with no hints, round-robin over servers.
+
+    Calls are started in the input's order (arrival, then each call's position in the job),
+    so a batch laid out question-major is sent question-major, as a naive client would:
+    the baseline must not get document affinity by accident.
+    """
     turn = itertools.cycle(servers)
     outcomes: list[Outcome] = []
+    replies: dict[str, dict[str, str]] = {p.id: {} for p in programs}
+    done = {p.id: {s.id: asyncio.Event() for s in p.steps} for p in programs}
+    left = {p.id: len(p.steps) for p in programs}
 
-    async def one(program: Program) -> None:
+    async def step_of(program: Program, step: LLMStep | ToolStep) -> None:
         await clock.sleep(max(0.0, program.arrival - clock.monotonic()))
-        replies: dict[str, str] = {}
-        done = {step.id: asyncio.Event() for step in program.steps}
+        for dep in step.after:
+            await done[program.id][dep].wait()
+        if isinstance(step, ToolStep):
+            await clock.sleep(step.seconds)
+        else:
+            messages = tuple(step.build(replies[program.id]))
+            request = LLMRequest(messages, "m", max_tokens=step.max_tokens)
+            reply = await next(turn).complete(request, Hints(program_id=""))
+            replies[program.id][step.id] = reply.text
+        done[program.id][step.id].set()
+        left[program.id] -= 1
+        if left[program.id] == 0:
+            outcomes.append(
+                Outcome(program.id, program.arrival, clock.monotonic(), program.deadline)
+            )
 
-        async def step_of(step: LLMStep | ToolStep) -> None:
-            for dep in step.after:
-                await done[dep].wait()
-            if isinstance(step, ToolStep):
-                await clock.sleep(step.seconds)
-            else:
-                request = LLMRequest(tuple(step.build(replies)), "m", max_tokens=step.max_tokens)
-                reply = await next(turn).complete(request, Hints(program_id=""))
-                replies[step.id] = reply.text
-            done[step.id].set()
-
-        async with asyncio.TaskGroup() as tg:
-            for step in program.steps:
-                tg.create_task(step_of(step))
-        outcomes.append(Outcome(program.id, program.arrival, clock.monotonic(), program.deadline))
-
+    calls = sorted(
+        (
+            (p.arrival, s.order if isinstance(s, LLMStep) else 0, pi, si)
+            for pi, p in enumerate(programs)
+            for si, s in enumerate(p.steps)
+        )
+    )
     async with asyncio.TaskGroup() as tg:
-        for program in programs:
-            tg.create_task(one(program))
+        for _, _, pi, si in calls:
+            tg.create_task(step_of(programs[pi], programs[pi].steps[si]))
     return sorted(outcomes, key=lambda o: o.arrival)
 
 

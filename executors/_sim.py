@@ -71,6 +71,7 @@ class SimServer:
         clock: Clock | None = None,
         honour_priority: bool = True,
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        record: bool = False,
     ) -> None:
         self.profile = get_profile(profile)
         self.engine = SimEngine(self.profile)
@@ -84,6 +85,10 @@ class SimServer:
         self._driver: asyncio.Task[None] | None = None
         self._tg: asyncio.TaskGroup | None = None
         self.requests = 0
+        self.record = record
+        self.recorded: list[tuple[float, int, list[int]]] = []
+        """With `record`: (arrival, prompt tokens, block hashes) of every request, for
+        offline analysis such as the best hit rate any cache could have had."""
 
     @property
     def clock(self) -> Clock:
@@ -176,6 +181,8 @@ class SimServer:
         """Queue `req` and wait until it has finished; aborts it if the caller goes away."""
         future: asyncio.Future[SimRequest] = asyncio.get_running_loop().create_future()
         self._futures[req.id] = future
+        if self.record:
+            self.recorded.append((req.arrival, req.prompt_tokens, req.hashes))
         self.engine.add(req)
         self.requests += 1
         self._arrived.set()

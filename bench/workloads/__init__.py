@@ -9,6 +9,7 @@ are pauses. The same seed gives the same workload, bit for bit.
 
 from ._program import LLMStep, Program, Step, ToolStep, poisson_arrivals
 from .agents import agent_programs
+from .batch import batch_programs
 from .sql import sql_programs
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "Step",
     "ToolStep",
     "agent_programs",
+    "batch_programs",
     "poisson_arrivals",
     "sql_programs",
 ]

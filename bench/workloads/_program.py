@@ -20,6 +20,8 @@ class LLMStep:
     after: tuple[str, ...] = ()
     last: bool = False
     """The program's last LLM call."""
+    order: int = 0
+    """Position in the job's input: a naive client sends ready calls in this order."""
 
 
 @dataclass(frozen=True, slots=True)

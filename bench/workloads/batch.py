@@ -1,0 +1,52 @@
+"""Batch analytics: every document asked every question, as one offline job.
+
+Each call's prompt is a shared instruction prefix, then the document (a second shared
+prefix: every question about it repeats it), then the question. Each document is one
+program (its questions are independent calls); all arrive at once. `input_order` is the
+order rows sit in the job's input: question-major, as a table of questions x documents is
+usually laid out, which is the order a naive client sends them in.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+
+from orchestrator import Message
+
+from ._program import Build, LLMStep, Program, filler
+
+
+def batch_programs(
+    documents: int,
+    questions: int,
+    *,
+    seed: int = 0,
+    doc_tokens: tuple[int, int] = (1500, 4000),
+    answer_tokens: int = 60,
+) -> list[Program]:
+    rng = random.Random(seed)
+    instructions = filler(random.Random(4000), 800, "analyst-instructions")
+    asked = [filler(rng, rng.randint(20, 60), f"question-{q}") for q in range(questions)]
+    programs = []
+    for d in range(documents):
+        document = filler(rng, rng.randint(*doc_tokens), f"document-{seed}-{d}")
+        steps = tuple(
+            LLMStep(
+                f"q{q}",
+                _ask(instructions, document, asked[q]),
+                answer_tokens,
+                order=q * documents + d,
+                last=q == questions - 1,
+            )
+            for q in range(questions)
+        )
+        programs.append(Program(f"doc{d}", "batch", 0.0, steps))
+    return programs
+
+
+def _ask(instructions: str, document: str, question: str) -> Build:
+    def build(replies: Mapping[str, str]) -> list[Message]:
+        return [Message("system", instructions), Message("user", f"{document}\n\n{question}")]
+
+    return build
