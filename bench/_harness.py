@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from executors import SimServer, SimStats
+from executors import Profile, SimServer, SimStats
+from executors._simengine import SimRequest
 from orchestrator import (
     Clock,
     Engine,
@@ -29,7 +30,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from workloads import LLMStep, Program, ToolStep
+from workloads import LLMStep, Program, Step, ToolStep, TraceStep
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,7 @@ def simulate(
     programs: Sequence[Program],
     runner: Runner,
     *,
-    profile: str = "h100-llama3-8b",
+    profile: str | Profile = "h100-llama3-8b",
     replicas: int = 1,
     seed: int = 0,
     mode: str = "",
@@ -201,12 +202,16 @@ async def run_naive(
     done = {p.id: {s.id: asyncio.Event() for s in p.steps} for p in programs}
     left = {p.id: len(p.steps) for p in programs}
 
-    async def step_of(program: Program, step: LLMStep | ToolStep) -> None:
+    async def step_of(program: Program, step: Step) -> None:
         await clock.sleep(max(0.0, program.arrival - clock.monotonic()))
         for dep in step.after:
             await done[program.id][dep].wait()
         if isinstance(step, ToolStep):
             await clock.sleep(step.seconds)
+        elif isinstance(step, TraceStep):
+            server = next(turn)
+            assert isinstance(server, SimServer), "traces replay on simulated servers only"
+            await server.submit(trace_request(server, step, None))
         else:
             messages = tuple(step.build(replies[program.id]))
             request = LLMRequest(messages, "m", max_tokens=step.max_tokens)
@@ -232,6 +237,24 @@ async def run_naive(
     return sorted(outcomes, key=lambda o: o.arrival)
 
 
+def trace_request(server: SimServer, step: TraceStep, hints: Hints | None) -> SimRequest:
+    """A simulator request for a trace line: block ids become the simulator's own blocks."""
+    size = server.profile.block_size
+    if step.block_tokens % size:
+        raise ValueError(
+            f"trace blocks of {step.block_tokens} tokens do not split into blocks of {size}"
+        )
+    per = step.block_tokens // size
+    # Trace ids already stand for whole prefixes, so a sub-block's hash needs no chain.
+    hashes = [hash(("trace", block, j)) for block in step.block_ids for j in range(per)]
+    return server.make_request(
+        prompt_tokens=step.prompt_tokens,
+        output_tokens=step.output_tokens,
+        hashes=hashes,
+        hints=hints,
+    )
+
+
 # --- plait ------------------------------------------------------------------------------------
 
 
@@ -240,6 +263,8 @@ def as_workflow(program: Program) -> Workflow:
     wf = Workflow(program.id)
     replies: dict[str, str] = {}
     for step in program.steps:
+        if isinstance(step, TraceStep):
+            raise NotImplementedError("trace replay through plait arrives with the router")
         if isinstance(step, ToolStep):
             wf.add(step.id, _pause(step.seconds), after=step.after, resource="tools")
         else:

@@ -114,3 +114,19 @@ def test_plait_keeps_a_documents_questions_together_and_its_cache_warm() -> None
     assert plait.cache_hit_share > naive.cache_hit_share
     assert plait.makespan < naive.makespan
     assert plait.cache_hit_share <= plait.ideal_hit_share + 1e-9
+
+
+def test_the_cache_model_reproduces_the_published_mooncake_lru_figures() -> None:
+    """shared/traces/README.md measured these shares with a plain LRU block cache. (Its
+    one-replica figure is not comparable: one simulated H100 cannot keep up with the whole
+    trace, so running requests pin much of the cache.)"""
+    from executors import get_profile
+    from workloads import mooncake_programs
+
+    profile = get_profile("h100-llama3-8b").replace(
+        name="mooncake-512", block_size=512, num_blocks=940, max_model_len=262_144
+    )
+    programs = mooncake_programs("synthetic")
+    four = simulate(programs, run_naive, profile=profile, replicas=4)
+    assert four.cache_hit_share == pytest.approx(0.068, rel=0.1)
+    assert four.ideal_hit_share == pytest.approx(0.651, rel=0.02)

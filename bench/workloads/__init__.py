@@ -7,9 +7,10 @@ so conversations grow turn by turn exactly as they would against a real server; 
 are pauses. The same seed gives the same workload, bit for bit.
 """
 
-from ._program import LLMStep, Program, Step, ToolStep, poisson_arrivals
+from ._program import LLMStep, Program, Step, ToolStep, TraceStep, poisson_arrivals
 from .agents import agent_programs
 from .batch import batch_programs
+from .mooncake import mooncake_programs
 from .sql import sql_programs
 
 __all__ = [
@@ -17,8 +18,10 @@ __all__ = [
     "Program",
     "Step",
     "ToolStep",
+    "TraceStep",
     "agent_programs",
     "batch_programs",
+    "mooncake_programs",
     "poisson_arrivals",
     "sql_programs",
 ]

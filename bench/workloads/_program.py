@@ -32,7 +32,20 @@ class ToolStep:
     tool: str = "tool"
 
 
-Step = LLMStep | ToolStep
+@dataclass(frozen=True, slots=True)
+class TraceStep:
+    """An LLM call known only by its lengths and prefix blocks (a replayed trace)."""
+
+    id: str
+    prompt_tokens: int
+    output_tokens: int
+    block_ids: tuple[int, ...]
+    """One id per `block_tokens` tokens of the prompt; equal ids mean equal prefixes."""
+    block_tokens: int
+    after: tuple[str, ...] = ()
+
+
+Step = LLMStep | ToolStep | TraceStep
 
 
 @dataclass(frozen=True, slots=True)
