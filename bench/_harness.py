@@ -113,7 +113,7 @@ def ideal_hit_share(records: Sequence[tuple[float, int, list[int]]], block_size:
             n += 1
         queried += tokens
         hits += n * block_size
-        seen.update(hashes[: tokens // block_size])
+        seen.update(hashes)  # prompt and output blocks: a later turn may repeat both
     return hits / queried if queried else 0.0
 
 
