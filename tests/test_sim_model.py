@@ -53,6 +53,20 @@ def test_block_pool_evicts_least_recently_freed_first() -> None:
     assert pool.match([100, 101]) == [0]
 
 
+def test_blocks_that_hold_no_prefix_are_reused_before_cached_ones_are_evicted() -> None:
+    pool = BlockPool(4, 4)
+    blocks = pool.allocate(3)
+    assert blocks == [0, 1, 2]
+    pool.register(0, 100)
+    pool.register(1, 101)  # block 2 was never filled: it holds no reusable prefix
+    pool.release(blocks)
+    # Block 2 goes to the front (as vLLM 0.32 does); the cached tail (1) goes before (0).
+    assert pool.allocate(1) == [2]
+    assert pool.allocate(1) == [3]  # the never-used block, before any cached one
+    assert pool.allocate(1) == [1]
+    assert pool.match([100, 101]) == [0]
+
+
 def test_a_prefix_hit_skips_exactly_the_cached_blocks() -> None:
     engine = SimEngine(TINY)
     first = request(1, 10, 2, [11, 12, 13])  # 10 prompt tokens: blocks 11, 12 full

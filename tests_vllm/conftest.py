@@ -1,0 +1,82 @@
+"""Fixtures that start a real vLLM (CPU build) on the generated tiny model.
+
+These tests run in `.venv-vllm` (`make test-vllm`), not in the main suite: they need vLLM,
+minutes of start-up and most of this machine's two cores.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+STARTUP_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class VLLMServer:
+    url: str
+    kv_gib: float
+    log: list[str]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(kv_gib: float) -> tuple[subprocess.Popen[str], VLLMServer]:
+    port = free_port()
+    proc = subprocess.Popen(
+        ["bash", str(ROOT / "bench" / "vllm" / "serve.sh"), str(port), str(kv_gib)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    log: list[str] = []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log.append(line)
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    # Wait for the server to say it is up (an event in its log), not for a wall-clock guess.
+    while True:
+        try:
+            line = lines.get(timeout=STARTUP_TIMEOUT_S)
+        except queue.Empty:
+            proc.kill()
+            message = "vLLM did not start within 15 minutes:\n" + "".join(log[-40:])
+            raise RuntimeError(message) from None
+        if line is None:
+            raise RuntimeError("vLLM exited during start-up:\n" + "".join(log[-40:]))
+        if "Application startup complete" in line:
+            return proc, VLLMServer(f"http://127.0.0.1:{port}", kv_gib, log)
+
+
+@pytest.fixture(scope="session")
+def vllm_small_cache() -> Iterator[VLLMServer]:
+    """vLLM with a KV cache of 64 blocks of 128 tokens (0.125 GiB): eviction is real."""
+    proc, server = start(0.125)
+    try:
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
