@@ -34,7 +34,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(kv_gib: float) -> tuple[subprocess.Popen[str], VLLMServer]:
+def start(kv_gib: float) -> tuple[subprocess.Popen[str], threading.Thread, VLLMServer]:
     port = free_port()
     proc = subprocess.Popen(
         ["bash", str(ROOT / "bench" / "vllm" / "serve.sh"), str(port), str(kv_gib)],
@@ -53,7 +53,8 @@ def start(kv_gib: float) -> tuple[subprocess.Popen[str], VLLMServer]:
             lines.put(line)
         lines.put(None)
 
-    threading.Thread(target=pump, daemon=True).start()
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     # Wait for the server to say it is up (an event in its log), not for a wall-clock guess.
     while True:
         try:
@@ -65,13 +66,13 @@ def start(kv_gib: float) -> tuple[subprocess.Popen[str], VLLMServer]:
         if line is None:
             raise RuntimeError("vLLM exited during start-up:\n" + "".join(log[-40:]))
         if "Application startup complete" in line:
-            return proc, VLLMServer(f"http://127.0.0.1:{port}", kv_gib, log)
+            return proc, reader, VLLMServer(f"http://127.0.0.1:{port}", kv_gib, log)
 
 
 @pytest.fixture(scope="session")
 def vllm_small_cache() -> Iterator[VLLMServer]:
     """vLLM with a KV cache of 64 blocks of 128 tokens (0.125 GiB): eviction is real."""
-    proc, server = start(0.125)
+    proc, reader, server = start(0.125)
     try:
         yield server
     finally:
@@ -80,3 +81,7 @@ def vllm_small_cache() -> Iterator[VLLMServer]:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        reader.join(timeout=60)  # it ends at the pipe's end of file
+        if proc.stdout is not None:
+            proc.stdout.close()
