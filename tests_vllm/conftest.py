@@ -11,6 +11,7 @@ import queue
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,7 +67,24 @@ def start(kv_gib: float) -> tuple[subprocess.Popen[str], threading.Thread, VLLMS
         if line is None:
             raise RuntimeError("vLLM exited during start-up:\n" + "".join(log[-40:]))
         if "Application startup complete" in line:
+            wait_until_listening(port, proc)
             return proc, reader, VLLMServer(f"http://127.0.0.1:{port}", kv_gib, log)
+
+
+def wait_until_listening(port: int, proc: subprocess.Popen[str]) -> None:
+    """uvicorn logs "startup complete" before it listens, and vLLM prints nothing after:
+    try to connect a bounded number of times. (Another process's listen() cannot be
+    awaited as an event; this is the one wait on wall time in the tests, and it is only
+    reached after the server said it is ready.)"""
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError("vLLM exited right after start-up")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"vLLM said it started but port {port} never accepted a connection")
 
 
 @pytest.fixture(scope="session")
