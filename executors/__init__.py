@@ -7,14 +7,18 @@
 The OpenAI-compatible client with per-server dialects comes next.
 """
 
+from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
+from ._openai import OpenAIBackend
 from ._sim import RequestTooLongError, SimServer, SimStats
 from ._simhttp import SimHTTP
 from ._simprofile import PROFILES, Profile, get_profile
 
 __all__ = [
+    "DIALECTS",
     "PROFILES",
     "FunctionLLM",
+    "OpenAIBackend",
     "Profile",
     "RecordedCall",
     "RequestTooLongError",

@@ -10,6 +10,9 @@ from ._context import TaskContext
 from ._engine import Engine, EngineStats, RunHandle
 from ._errors import (
     BackendError,
+    BackendOverloadedError,
+    BackendRequestError,
+    BackendUnavailableError,
     ClockMismatchError,
     CycleError,
     DeadlockError,
@@ -97,6 +100,9 @@ __all__ = [
     "FINAL_STATES",
     "Action",
     "BackendError",
+    "BackendOverloadedError",
+    "BackendRequestError",
+    "BackendUnavailableError",
     "Clock",
     "ClockMismatchError",
     "CycleError",

@@ -141,7 +141,42 @@ class TaskCancelledError(RunError):
 
 
 class BackendError(RunError):
-    """An LLM backend failed; adapters translate their library's errors into this."""
+    """An LLM backend failed; adapters translate their library's errors into this.
+
+    `retryable` says whether trying again may help (a 400 will not; a 503 may).
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, backend: str = "", status: int | None = None) -> None:
+        super().__init__(message)
+        self.backend = backend
+        self.status = status
+
+
+class BackendUnavailableError(BackendError):
+    """The backend could not be reached, or did not answer in time."""
+
+
+class BackendOverloadedError(BackendError):
+    """The backend said it is busy (429, 503): back off, at least `retry_after` seconds."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        backend: str = "",
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message, backend=backend, status=status)
+        self.retry_after = retry_after
+
+
+class BackendRequestError(BackendError):
+    """The backend refused the request as malformed (4xx): retrying cannot help."""
+
+    retryable = False
 
 
 class WorkflowFailedError(RunError):

@@ -144,6 +144,8 @@ class Retry:
             raise UsageError("Retry delays and jitter must not be negative")
 
     def should_retry(self, error: BaseException) -> bool:
+        if not getattr(error, "retryable", True):
+            return False  # e.g. a backend's 400: the same request fails the same way
         return isinstance(error, self.on) and not isinstance(
             error,
             UsageError | ResultNotSerializableError | asyncio.CancelledError | KeyboardInterrupt,

@@ -14,7 +14,8 @@ EXPECTED = {
     "orchestrator": {
         "DEFAULT_BACKEND", "DEFAULT_FUNCTION_RESOURCE", "DEFAULT_TOOL_RESOURCE", "EVENT_ADAPTER",
         "FINAL_STATES",
-        "Action", "BackendError", "Clock", "ClockMismatchError", "CycleError", "DeadlockError",
+        "Action", "BackendError", "BackendOverloadedError", "BackendRequestError",
+        "BackendUnavailableError", "Clock", "ClockMismatchError", "CycleError", "DeadlockError",
         "DuplicateTaskError", "EdgeAdded", "EdgeRemoved", "Engine", "EngineStats", "Event",
         "Fcfs", "FunctionAction", "Hints", "LLMBackend", "LLMCall", "LLMRequest", "LLMResponse",
         "Las", "Limits", "Message", "OverloadedError", "PlaitError", "Policy", "PriorityClass",
@@ -29,9 +30,9 @@ EXPECTED = {
         "remaining_critical_path", "run_sync", "running_clock", "urgency",
     },
     "executors": {
-        "PROFILES", "FunctionLLM", "Profile", "RecordedCall", "RequestTooLongError", "SimHTTP",
-        "SimServer",
-        "SimStats", "approx_tokens", "echo", "get_profile",
+        "DIALECTS", "PROFILES", "FunctionLLM", "OpenAIBackend", "Profile", "RecordedCall",
+        "RequestTooLongError", "SimHTTP", "SimServer", "SimStats", "approx_tokens", "echo",
+        "get_profile",
     },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
     "memory": set(),

@@ -1,0 +1,89 @@
+"""Dialects: how each server spells plait's backend-neutral `Hints` (DESIGN.md section 4).
+
+A dialect is pure: hints in, body fields and headers out. Servers silently ignore fields
+they do not know, so each spelling is pinned by a test against a recording server.
+
+Urgency is a float, higher sooner. Servers take an integer priority: we send
+`round(urgency * 1000)` (milliseconds of slack keep their order), negated for servers where
+lower runs sooner (vLLM, the simulator).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from orchestrator import Hints, UsageError
+
+DialectName = Literal["vllm", "vllm-continuum", "sglang", "dynamo", "llamacpp", "openai", "sim"]
+DIALECTS: tuple[DialectName, ...] = (
+    "vllm",
+    "vllm-continuum",
+    "sglang",
+    "dynamo",
+    "llamacpp",
+    "openai",
+    "sim",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    body: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def _priority(hints: Hints) -> int:
+    return round(hints.urgency * 1000)
+
+
+def encode(dialect: str, hints: Hints, *, slots: int | None = None) -> Encoded:
+    """The body fields and headers that carry `hints` to a server speaking `dialect`.
+
+    `slots`: llama.cpp's number of server slots; a program keeps one slot (its KV stays).
+    """
+    program = hints.program_id
+    if dialect == "openai":
+        return Encoded()
+    if dialect == "vllm":
+        body: dict[str, Any] = {"priority": -_priority(hints)}
+        if program:
+            body["session_id"] = program
+        # Ask for the load report header on the answer (vLLM's endpoint-load-metrics).
+        return Encoded(body, {"endpoint-load-metrics-format": "TEXT"})
+    if dialect == "vllm-continuum":
+        body = {"priority": -_priority(hints), "is_last_step": hints.last_call}
+        if program:
+            body["job_id"] = program
+        return Encoded(body)
+    if dialect == "sglang":
+        body = {"priority": _priority(hints)}
+        if program:
+            body["session_id"] = program
+        return Encoded(body)
+    if dialect == "dynamo":
+        agent_hints: dict[str, Any] = {"priority": _priority(hints)}
+        if hints.deadline_s is not None:
+            agent_hints["latency_sensitivity"] = max(0.0, hints.deadline_s)
+        if hints.expected_output_tokens is not None:
+            agent_hints["osl"] = hints.expected_output_tokens
+        headers = {}
+        if program:
+            headers["X-Dynamo-Session-ID"] = program
+        if hints.last_call:
+            headers["X-Dynamo-Session-Final"] = "true"
+        return Encoded({"nvext": {"agent_hints": agent_hints}}, headers)
+    if dialect == "llamacpp":
+        body = {"cache_prompt": True}
+        if program and slots:
+            body["id_slot"] = zlib.crc32(program.encode()) % slots
+        return Encoded(body)
+    if dialect == "sim":
+        body = {"priority": -_priority(hints), "last_call": hints.last_call}
+        if program:
+            body["session_id"] = program
+        if hints.keep_alive_s is not None:
+            body["keep_alive_s"] = hints.keep_alive_s
+        return Encoded(body)
+    raise UsageError(f"unknown dialect {dialect!r}; choose one of {', '.join(DIALECTS)}")
