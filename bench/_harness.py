@@ -10,6 +10,7 @@ Both run in virtual time on fresh `SimServer`s, so the comparison is exact and r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import statistics
@@ -18,6 +19,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from executors import Profile, SimServer, SimStats
+from executors._routing import PrefixRouter
 from executors._simengine import SimRequest
 from orchestrator import (
     Clock,
@@ -65,6 +67,8 @@ class Report:
     makespan: float
     server: SimStats
     jcts: tuple[float, ...] = ()
+    load_imbalance: float = 1.0
+    """Busiest replica's computed prompt tokens over the mean (1.0 with one replica)."""
     ideal_hit_share: float = math.nan
     """The share of prompt tokens an unlimited cache would have served (the same requests,
     in the order they arrived): the ceiling for `cache_hit_share`."""
@@ -166,6 +170,7 @@ def simulate(
 ) -> Report:
     """Run `programs` with `runner` on fresh simulated servers in virtual time."""
     clock = VirtualClock()
+    busy: list[float] = []
 
     async def main() -> tuple[list[Outcome], SimStats, float]:
         async with AsyncExitStack() as stack:
@@ -176,12 +181,19 @@ def simulate(
                 for _ in range(replicas)
             ]
             outcomes = await runner(programs, servers, clock)
+            # Load = prompt tokens each replica had to compute (prefill dominates traces).
+            busy.extend(
+                s.stats().prefix_cache_queries - s.stats().prefix_cache_hits for s in servers
+            )
             records = [r for s in servers for r in s.recorded]
             ideal = ideal_hit_share(records, servers[0].profile.block_size)
             return outcomes, merge_stats([s.stats() for s in servers]), ideal
 
     outcomes, stats, ideal = clock.run(main())
-    return summarise(mode, outcomes, stats, ideal)
+    report = summarise(mode, outcomes, stats, ideal)
+    mean_busy = sum(busy) / len(busy) if busy else 0.0
+    imbalance = max(busy) / mean_busy if mean_busy > 0 else 1.0
+    return dataclasses.replace(report, load_imbalance=imbalance)
 
 
 # --- naive ------------------------------------------------------------------------------------
@@ -237,6 +249,9 @@ async def run_naive(
     return sorted(outcomes, key=lambda o: o.arrival)
 
 
+TRACE_SALT = 0x7472616365  # "trace"
+
+
 def trace_request(server: SimServer, step: TraceStep, hints: Hints | None) -> SimRequest:
     """A simulator request for a trace line: block ids become the simulator's own blocks."""
     size = server.profile.block_size
@@ -246,13 +261,54 @@ def trace_request(server: SimServer, step: TraceStep, hints: Hints | None) -> Si
         )
     per = step.block_tokens // size
     # Trace ids already stand for whole prefixes, so a sub-block's hash needs no chain.
-    hashes = [hash(("trace", block, j)) for block in step.block_ids for j in range(per)]
+    # Ints only: a str in the tuple would make the hash differ between processes.
+    hashes = [hash((TRACE_SALT, block, j)) for block in step.block_ids for j in range(per)]
     return server.make_request(
         prompt_tokens=step.prompt_tokens,
         output_tokens=step.output_tokens,
         hashes=hashes,
         hints=hints,
     )
+
+
+def routed_runner(max_imbalance: float = 1.5) -> Runner:
+    """Trace replay with plait's prefix-aware router instead of round-robin."""
+
+    async def run(
+        programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
+    ) -> list[Outcome]:
+        sims = [s for s in servers if isinstance(s, SimServer)]
+        return await _replay(programs, sims, clock, max_imbalance)
+
+    return run
+
+
+async def _replay(
+    programs: Sequence[Program], servers: Sequence[SimServer], clock: Clock, max_imbalance: float
+) -> list[Outcome]:
+    router = PrefixRouter(len(servers), max_imbalance=max_imbalance)
+    in_flight = [0] * len(servers)
+    healthy = [True] * len(servers)
+    outcomes: list[Outcome] = []
+
+    async def one(program: Program) -> None:
+        await clock.sleep(max(0.0, program.arrival - clock.monotonic()))
+        for step in program.steps:
+            assert isinstance(step, TraceStep), "routed replay takes trace programs"
+            request = trace_request(servers[0], step, None)
+            choice = router.choose(request.hashes, in_flight, healthy)
+            router.record(request.hashes, choice.replica)
+            in_flight[choice.replica] += 1
+            try:
+                await servers[choice.replica].submit(request)
+            finally:
+                in_flight[choice.replica] -= 1
+        outcomes.append(Outcome(program.id, program.arrival, clock.monotonic(), program.deadline))
+
+    async with asyncio.TaskGroup() as tg:
+        for program in sorted(programs, key=lambda p: p.arrival):
+            tg.create_task(one(program))
+    return sorted(outcomes, key=lambda o: o.arrival)
 
 
 # --- plait ------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
-from _harness import Report, plait_runner, run_naive, simulate  # noqa: E402
+from _harness import Report, plait_runner, routed_runner, run_naive, simulate  # noqa: E402
 
 from executors import get_profile  # noqa: E402
 from workloads import (  # noqa: E402
@@ -187,17 +187,23 @@ def main(argv: list[str] | None = None) -> int:
         f"{batch_plait.cache_hit_share:.2f} (ideal {batch_plait.ideal_hit_share:.2f})"
     )
 
-    log("Mooncake traces over 4 replicas of 940 blocks of 512 tokens, round-robin:")
+    log("Mooncake traces over 4 replicas of 940 blocks of 512 tokens, round-robin / routed:")
     replay = get_profile(PROFILE).replace(
         name=f"{PROFILE}-512", block_size=512, num_blocks=940, max_model_len=262_144
     )
-    mooncake = {}
+    mooncake: dict[str, Report] = {}
+    routed: dict[str, Report] = {}
     for trace in ("synthetic", "conversation"):
         programs = mooncake_programs(trace, limit=3000 if args.quick else None)
         mooncake[trace] = simulate(programs, run_naive, profile=replay, replicas=4, mode="rr")
+        routed[trace] = simulate(
+            programs, routed_runner(), profile=replay, replicas=4, mode="routed"
+        )
         log(
             f"  {trace}: {len(programs)} requests, hit share {mooncake[trace].cache_hit_share:.3f}"
-            f" (unlimited cache {mooncake[trace].ideal_hit_share:.3f})"
+            f" round-robin, {routed[trace].cache_hit_share:.3f} routed (load imbalance "
+            f"{routed[trace].load_imbalance:.2f}); unlimited cache "
+            f"{mooncake[trace].ideal_hit_share:.3f}"
         )
 
     log("one hour of agent arrivals at load 0.8 (naive driver, the simulator's own speed):")
@@ -251,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         "mooncake_syn_hit_rr": round(mooncake["synthetic"].cache_hit_share, 4),
         "mooncake_conv_hit_rr": round(mooncake["conversation"].cache_hit_share, 4),
         "mooncake_syn_hit_ideal": round(mooncake["synthetic"].ideal_hit_share, 4),
+        # plait's prefix-aware router (longest known prefix, two choices, load cap 1.5x).
+        "mooncake_syn_hit": round(routed["synthetic"].cache_hit_share, 4),
+        "mooncake_syn_load_imbalance": round(routed["synthetic"].load_imbalance, 3),
+        "mooncake_conv_hit": round(routed["conversation"].cache_hit_share, 4),
+        "mooncake_conv_load_imbalance": round(routed["conversation"].load_imbalance, 3),
         "mooncake_conv_hit_ideal": round(mooncake["conversation"].ideal_hit_share, 4),
         "sim_hour_replay_s": round(hour_s * 3600 / span, 2),
         "sim_replay_wall_s": round(hour_s, 2),
