@@ -10,6 +10,8 @@ The OpenAI-compatible client with per-server dialects comes next.
 from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._openai import OpenAIBackend
+from ._router import ReplicaStats, Router
+from ._routing import Choice, PrefixRouter
 from ._sim import RequestTooLongError, SimServer, SimStats
 from ._simhttp import SimHTTP
 from ._simprofile import PROFILES, Profile, get_profile
@@ -17,11 +19,15 @@ from ._simprofile import PROFILES, Profile, get_profile
 __all__ = [
     "DIALECTS",
     "PROFILES",
+    "Choice",
     "FunctionLLM",
     "OpenAIBackend",
+    "PrefixRouter",
     "Profile",
     "RecordedCall",
+    "ReplicaStats",
     "RequestTooLongError",
+    "Router",
     "SimHTTP",
     "SimServer",
     "SimStats",

@@ -30,9 +30,9 @@ EXPECTED = {
         "remaining_critical_path", "run_sync", "running_clock", "urgency",
     },
     "executors": {
-        "DIALECTS", "PROFILES", "FunctionLLM", "OpenAIBackend", "Profile", "RecordedCall",
-        "RequestTooLongError", "SimHTTP", "SimServer", "SimStats", "approx_tokens", "echo",
-        "get_profile",
+        "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",
+        "Profile", "RecordedCall", "ReplicaStats", "RequestTooLongError", "Router", "SimHTTP",
+        "SimServer", "SimStats", "approx_tokens", "echo", "get_profile",
     },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
     "memory": set(),
