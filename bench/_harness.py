@@ -371,12 +371,3 @@ def plait_runner(policy: str = "fcfs", max_in_flight: int = 256) -> Runner:
         return sorted(outcomes, key=lambda o: o.arrival)
 
     return run_plait
-
-
-def capacity(
-    programs: Sequence[Program], *, profile: str = "h100-llama3-8b", replicas: int = 1
-) -> float:
-    """Programs per second the servers sustain: all programs arriving at once, naive."""
-    burst = [Program(p.id, p.kind, 0.0, p.steps, p.deadline, p.meta) for p in programs]
-    report = simulate(burst, run_naive, profile=profile, replicas=replicas)
-    return len(burst) / report.makespan

@@ -107,9 +107,6 @@ class BlockPool:
         self._hash[block] = block_hash
         self._cached[block_hash] = block
 
-    def is_cached(self, block_hash: int) -> bool:
-        return block_hash in self._cached
-
     def stats(self) -> CacheStats:
         return CacheStats(
             self.num_blocks, len(self._free), len(self._cached), self.queries, self.hits

@@ -11,7 +11,7 @@ import hashlib
 import math
 import random
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from orchestrator import Message
 
@@ -61,16 +61,6 @@ def block_hashes(text: str, block_size: int, *, parent: int = 0) -> list[int]:
         chunk = data[i : i + span]
         prev = hash((prev, crc(chunk), adler(chunk)))
         out.append(prev)
-    return out
-
-
-def sub_block_hashes(trace_ids: Sequence[int], per_trace_block: int, salt: int = 0) -> list[int]:
-    """Hashes for trace blocks (such as Mooncake's 512-token ones) split into sim blocks."""
-    out: list[int] = []
-    for trace_id in trace_ids:
-        for j in range(per_trace_block):
-            key = f"{salt}:{trace_id}:{j}".encode()
-            out.append(int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little"))
     return out
 
 

@@ -144,7 +144,7 @@ class Run:
     def start(self) -> None:
         graph = self.workflow.graph
         for task in self.workflow:
-            self._check_resource(task)
+            self.validate(task)
         now = self.engine.clock.monotonic()
         observed = self.observed
         for task in self.workflow:
@@ -162,9 +162,7 @@ class Run:
         self._maybe_finish()
 
     def validate(self, task: Task) -> None:
-        self._check_resource(task)
-
-    def _check_resource(self, task: Task) -> None:
+        """Refuse a task on a resource the engine does not know (before it joins)."""
         if not self.engine.admission.knows(task.resource):
             raise UnknownResourceError(task.id, task.resource, self.engine.admission.names)
 
