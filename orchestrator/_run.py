@@ -418,7 +418,7 @@ class Run:
         return bool(self.subscribers) or self.engine.has_listeners
 
     def emit(self, event: Event) -> None:
-        if self.subscribers or self.engine.has_listeners:
+        if self.observed:
             self.engine.emit(self, event)
 
     # --- workflow mutation hooks -------------------------------------------------------------
