@@ -24,8 +24,8 @@ from orchestrator import (
     running_clock,
 )
 
+from ._prefix import prompt_hashes
 from ._routing import PrefixRouter
-from ._simtext import block_hashes, render
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +105,7 @@ class Router:
         self.policy.forget_replica(replica)
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
-        hashes = block_hashes(render(request.messages), self.block_tokens)
+        hashes = prompt_hashes(request, self.block_tokens)
         last_error: BackendUnavailableError | None = None
         for _ in range(len(self.backends)):
             self._readmit()
