@@ -9,6 +9,7 @@ The OpenAI-compatible client with per-server dialects comes next.
 
 from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
+from ._grouping import GroupingStats, PrefixGrouper
 from ._openai import OpenAIBackend
 from ._router import ReplicaStats, Router
 from ._routing import Choice, PrefixRouter
@@ -21,7 +22,9 @@ __all__ = [
     "PROFILES",
     "Choice",
     "FunctionLLM",
+    "GroupingStats",
     "OpenAIBackend",
+    "PrefixGrouper",
     "PrefixRouter",
     "Profile",
     "RecordedCall",

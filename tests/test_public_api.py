@@ -33,6 +33,7 @@ EXPECTED = {
         "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",
         "Profile", "RecordedCall", "ReplicaStats", "RequestTooLongError", "Router", "SimHTTP",
         "SimServer", "SimStats", "approx_tokens", "echo", "get_profile",
+        "GroupingStats", "PrefixGrouper",
     },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
     "memory": set(),

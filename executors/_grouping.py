@@ -1,0 +1,117 @@
+"""Prefix grouping: when ready calls share a prefix nobody has computed yet, send one first.
+
+Ten questions about one document, sent at once, make the server compute the document ten
+times: they are scheduled in the same step, before any of them has filled a cache block.
+`PrefixGrouper` sends the first and holds its siblings until it has finished, so they find
+the prefix in the cache (and a prefix-aware `Router` underneath sends them where it is).
+Calls whose prefix is already computed, or shares too little with the one in flight, go at
+once; a sibling whose leader fails is released and becomes a leader itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from types import TracebackType
+
+from orchestrator import Hints, LLMBackend, LLMRequest, LLMResponse
+
+from ._prefix import Tokenize, prompt_hashes
+
+
+@dataclass(frozen=True, slots=True)
+class GroupingStats:
+    calls: int
+    held: int
+    """Calls that waited for a sibling to compute their shared prefix first."""
+
+
+class PrefixGrouper:
+    """Wraps `backend`, holding calls that share `min_shared_blocks` uncomputed prefix blocks
+    with a call in flight until that call returns.
+
+    `block_tokens` is the hashing granularity (4-character tokens, or real ones with
+    `tokenize`); `remember` bounds how many computed prefix blocks are remembered.
+    """
+
+    def __init__(
+        self,
+        backend: LLMBackend,
+        *,
+        block_tokens: int = 16,
+        min_shared_blocks: int = 8,
+        tokenize: Tokenize | None = None,
+        remember: int = 1_000_000,
+    ) -> None:
+        self.backend = backend
+        self.block_tokens = block_tokens
+        self.min_shared_blocks = min_shared_blocks
+        self._tokenize = tokenize
+        self._remember = remember
+        self._pending: dict[int, asyncio.Future[None]] = {}
+        self._computed: OrderedDict[int, None] = OrderedDict()
+        self._calls = 0
+        self._held = 0
+
+    async def __aenter__(self) -> PrefixGrouper:
+        if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
+            await self.backend.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
+            await self.backend.__aexit__(exc_type, exc, tb)
+
+    def _leader(self, hashes: list[int]) -> asyncio.Future[None] | None:
+        """The call computing the deepest part of this prompt's prefix, if it shares enough."""
+        shared = 0
+        leader: asyncio.Future[None] | None = None
+        for h in hashes:
+            if (future := self._pending.get(h)) is not None:
+                shared += 1
+                leader = future
+            elif h not in self._computed:
+                break
+        return leader if shared >= self.min_shared_blocks else None
+
+    async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
+        self._calls += 1
+        hashes = prompt_hashes(request, self.block_tokens, self._tokenize)
+        held = False
+        while (leader := self._leader(hashes)) is not None:
+            held = True
+            await asyncio.shield(leader)  # a cancelled sibling must not cancel its leader
+        self._held += held
+        mine = [h for h in hashes if h not in self._pending and h not in self._computed]
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for h in mine:
+            self._pending[h] = done
+        ok = False
+        try:
+            response = await self.backend.complete(request, hints)
+            ok = True
+            return response
+        finally:
+            for h in mine:
+                del self._pending[h]
+                if ok:
+                    self._computed[h] = None
+                    self._computed.move_to_end(h)
+            while len(self._computed) > self._remember:
+                self._computed.popitem(last=False)
+            done.set_result(None)
+
+    def stats(self) -> GroupingStats:
+        return GroupingStats(self._calls, self._held)
+
+    def describe(self) -> str:
+        inner = getattr(self.backend, "describe", None)
+        text = f"grouping held {self._held} of {self._calls} calls"
+        return f"{inner()}; {text}" if callable(inner) else text
