@@ -13,6 +13,7 @@ from ._errors import (
     BackendOverloadedError,
     BackendRequestError,
     BackendUnavailableError,
+    CircuitOpenError,
     ClockMismatchError,
     CycleError,
     DeadlockError,
@@ -33,6 +34,7 @@ from ._errors import (
 from ._events import (
     EVENT_ADAPTER,
     FINAL_STATES,
+    CallRetrying,
     EdgeAdded,
     EdgeRemoved,
     Event,
@@ -63,6 +65,7 @@ from ._llm import (
     ToolSpec,
     Usage,
 )
+from ._resilience import Breaker, CallRetry, CircuitBreaker, CircuitState
 from ._run import RunResult
 from ._scheduler import (
     Fcfs,
@@ -103,6 +106,12 @@ __all__ = [
     "BackendOverloadedError",
     "BackendRequestError",
     "BackendUnavailableError",
+    "Breaker",
+    "CallRetry",
+    "CallRetrying",
+    "CircuitBreaker",
+    "CircuitOpenError",
+    "CircuitState",
     "Clock",
     "ClockMismatchError",
     "CycleError",

@@ -40,6 +40,13 @@ from ._errors import (
 )
 from ._events import Event, TaskRetrying, TaskStarted, WorkflowStarted
 from ._llm import Hints, LLMBackend, Usage
+from ._resilience import (
+    DEFAULT_BREAKER,
+    DEFAULT_CALL_RETRY,
+    Breaker,
+    CallRetry,
+    CircuitBreaker,
+)
 from ._run import Run, RunResult
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, urgency
 from ._task import Task, check_serializable
@@ -120,6 +127,10 @@ class Engine:
 
     async with Engine(backends={"default": llm}) as engine:
         result = await engine.run(workflow)
+
+    `call_retry` says how often one LLM call is sent before its task sees the error
+    (`CallRetry`); `breaker` says when a failing backend's circuit opens (`Breaker`; None
+    turns circuit breakers off).
     """
 
     def __init__(
@@ -132,6 +143,8 @@ class Engine:
         max_workflows: int = 10_000,
         default_estimate: float = 1.0,
         threads: int = 64,
+        call_retry: CallRetry = DEFAULT_CALL_RETRY,
+        breaker: Breaker | None = DEFAULT_BREAKER,
     ) -> None:
         self.backends: dict[str, LLMBackend] = dict(backends or {})
         self.policy = get_policy(policy)
@@ -147,6 +160,9 @@ class Engine:
         if threads < 1:
             raise UsageError(f"Engine(threads={threads}) must be at least 1")
         self.threads = threads
+        self.call_retry = call_retry
+        self.breaker = breaker
+        self._circuits: dict[str, CircuitBreaker] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._runs: dict[str, Run] = {}
         self._programs = 0
@@ -432,6 +448,16 @@ class Engine:
             deadline_s=None if run.deadline is None else run.deadline - now,
             **fields,
         )
+
+    def circuit(self, backend: str) -> CircuitBreaker | None:
+        """The circuit breaker of backend `backend` (None if `Engine(breaker=None)`)."""
+        if self.breaker is None:
+            return None
+        circuit = self._circuits.get(backend)
+        if circuit is None:
+            circuit = CircuitBreaker(self.breaker.failures, self.breaker.cooldown_s)
+            self._circuits[backend] = circuit
+        return circuit
 
     def backend(self, name: str) -> LLMBackend:
         try:

@@ -144,22 +144,10 @@ class BackendError(RunError):
     """An LLM backend failed; adapters translate their library's errors into this.
 
     `retryable` says whether trying again may help (a 400 will not; a 503 may).
+    `retry_after`, when set, is how many seconds to wait at least before trying again.
     """
 
     retryable = True
-
-    def __init__(self, message: str, *, backend: str = "", status: int | None = None) -> None:
-        super().__init__(message)
-        self.backend = backend
-        self.status = status
-
-
-class BackendUnavailableError(BackendError):
-    """The backend could not be reached, or did not answer in time."""
-
-
-class BackendOverloadedError(BackendError):
-    """The backend said it is busy (429, 503): back off, at least `retry_after` seconds."""
 
     def __init__(
         self,
@@ -169,8 +157,33 @@ class BackendOverloadedError(BackendError):
         status: int | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message, backend=backend, status=status)
+        super().__init__(message)
+        self.backend = backend
+        self.status = status
         self.retry_after = retry_after
+
+
+class BackendUnavailableError(BackendError):
+    """The backend could not be reached, or did not answer in time."""
+
+
+class CircuitOpenError(BackendUnavailableError):
+    """The engine stopped sending to a backend that failed too often in a row; it lets one
+    probe call through after `retry_after` seconds. Raised without calling the backend."""
+
+    def __init__(self, backend: str, failures: int, retry_after: float) -> None:
+        super().__init__(
+            f"circuit open for backend {backend!r} after {failures} consecutive failures; "
+            f"retry in {retry_after:.3g} s (Engine(breaker=Breaker(...)) sets the threshold "
+            "and cooldown)",
+            backend=backend,
+            retry_after=retry_after,
+        )
+        self.failures = failures
+
+
+class BackendOverloadedError(BackendError):
+    """The backend said it is busy (429, 503): back off, at least `retry_after` seconds."""
 
 
 class BackendRequestError(BackendError):

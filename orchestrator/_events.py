@@ -119,6 +119,21 @@ class TaskRetrying:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CallRetrying:
+    """One LLM call of a running task failed and is sent again after `delay` seconds
+    (`attempt` is the call's attempt that failed; the task itself keeps running)."""
+
+    workflow: str
+    task: str
+    backend: str
+    attempt: int
+    error: str
+    delay: float
+    at: float
+    kind: Literal["call_retrying"] = "call_retrying"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaskSucceeded:
     workflow: str
     task: str
@@ -169,6 +184,7 @@ Event = Annotated[
     | TaskReady
     | TaskStarted
     | TaskRetrying
+    | CallRetrying
     | TaskSucceeded
     | TaskFailed
     | TaskSkipped

@@ -11,9 +11,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ._errors import OverloadedError, UnknownResourceError, WorkflowFailedError
+from ._errors import (
+    BackendError,
+    CircuitOpenError,
+    OverloadedError,
+    UnknownResourceError,
+    WorkflowFailedError,
+)
 from ._events import (
     FINAL_STATES,
+    CallRetrying,
     EdgeAdded,
     EdgeRemoved,
     Event,
@@ -29,6 +36,7 @@ from ._events import (
     WorkflowStatus,
 )
 from ._llm import LLMRequest, LLMResponse, Usage
+from ._resilience import call_with_retries
 from ._scheduler import PriorityClass, ProgramView, remaining_critical_path
 from ._task import Task
 from ._workflow import Workflow
@@ -315,21 +323,74 @@ class Run:
         last_call: bool,
         prefix_key: str | None,
     ) -> LLMResponse:
-        """One LLM call on behalf of a task of this run, carrying the program's hints."""
+        """One LLM call on behalf of a task of this run, carrying the program's hints.
+
+        Failed sends are retried as `engine.call_retry` says, each retry an event, and
+        every send passes the backend's circuit breaker."""
         engine = self.engine
         llm = engine.backend(backend)
-        hints = engine.hints_for(
-            self,
-            expected_output_tokens=expected_output_tokens,
-            keep_alive_s=keep_alive_s,
-            last_call=last_call,
-            prefix_key=prefix_key,
-        )
+        circuit = engine.circuit(backend)
+        clock = engine.clock
+
+        async def send() -> LLMResponse:
+            # Hints are taken per attempt: urgency and the deadline move while a retry waits.
+            hints = engine.hints_for(
+                self,
+                expected_output_tokens=expected_output_tokens,
+                keep_alive_s=keep_alive_s,
+                last_call=last_call,
+                prefix_key=prefix_key,
+            )
+            if circuit is None:
+                return await llm.complete(request, hints)
+            wait = circuit.acquire(clock.monotonic())
+            if wait is not None:
+                raise CircuitOpenError(backend, circuit.consecutive_failures, wait)
+            try:
+                response = await llm.complete(request, hints)
+            except BackendError as exc:
+                if exc.retryable:
+                    circuit.failed(clock.monotonic())
+                else:
+                    circuit.succeeded()  # it answered: the server is up, the request was bad
+                raise
+            except BaseException:
+                circuit.abandoned()
+                raise
+            circuit.succeeded()
+            return response
+
         task = self.workflow._tasks.get(ctx.task_id)
         if task is not None and task.resource == backend:
-            return await llm.complete(request, hints)  # the task itself holds the slot
-        async with engine.slot(self, backend):
-            return await llm.complete(request, hints)
+            # The task itself holds the slot, and keeps it while a retry waits: the slot is
+            # the task's admission, released once by the engine when the task ends; giving
+            # it back mid-task would let the backend's limit be exceeded when it resumes.
+            attempt = send
+        else:
+
+            async def attempt() -> LLMResponse:
+                # A slot taken for this call alone is given back while a retry waits, and
+                # queued for again in the scheduler's order.
+                async with engine.slot(self, backend):
+                    return await send()
+
+        def retrying(number: int, error: BaseException, delay: float) -> None:
+            self.emit(
+                CallRetrying(
+                    workflow=self.id,
+                    task=ctx.task_id,
+                    backend=backend,
+                    attempt=number,
+                    error=f"{type(error).__name__}: {error}",
+                    delay=delay,
+                    at=clock.monotonic(),
+                )
+            )
+            engine.wake()
+
+        return await call_with_retries(
+            attempt, engine.call_retry, sleep=clock.sleep, on_retry=retrying
+        )
 
     def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
         return self.engine.to_thread(fn, *args, **kwargs)

@@ -28,6 +28,8 @@ EXPECTED = {
         "VirtualClock", "Workflow", "WorkflowFailedError", "WorkflowFinished", "WorkflowStarted",
         "WorkflowStateError", "WorkflowStatus", "get_policy", "order", "order_programs",
         "remaining_critical_path", "run_sync", "running_clock", "urgency",
+        "Breaker", "CallRetry", "CallRetrying", "CircuitBreaker", "CircuitOpenError",
+        "CircuitState",
     },
     "executors": {
         "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",
