@@ -4,12 +4,14 @@
 - `SimServer`: a simulated GPU serving engine (continuous batching, paged KV cache with
   prefix caching, priority queue, keep-alive pins) on the injected clock; `SimHTTP` serves
   it over an OpenAI-compatible API with vLLM's metrics (`plait sim serve`).
-The OpenAI-compatible client with per-server dialects comes next.
+- `OpenAIBackend`: any OpenAI-compatible server, hints spelled in its dialect; its health
+  (`check()`) and load (`load()`, a `LoadReport`) from the server's own endpoints.
 """
 
 from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._grouping import GroupingStats, PrefixGrouper
+from ._load import LoadReport
 from ._openai import OpenAIBackend
 from ._router import ReplicaStats, Router
 from ._routing import Choice, PrefixRouter
@@ -23,6 +25,7 @@ __all__ = [
     "Choice",
     "FunctionLLM",
     "GroupingStats",
+    "LoadReport",
     "OpenAIBackend",
     "PrefixGrouper",
     "PrefixRouter",

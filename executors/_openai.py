@@ -1,17 +1,21 @@
-"""An OpenAI-compatible backend: chat completions on `openai.AsyncOpenAI`, with plait's hints
-spelled in the server's dialect, and the library's errors translated into plait's.
+"""An OpenAI-compatible backend: chat or text completions on `openai.AsyncOpenAI`, whole or
+streamed, with plait's hints spelled in the server's dialect, the library's errors translated
+into plait's, and the server's health and load read from `/health` and `/metrics`.
 
-    async with OpenAIBackend("http://127.0.0.1:8000/v1", dialect="vllm") as llm:
+    async with OpenAIBackend("http://127.0.0.1:8000/v1", dialect="vllm", stream=True) as llm:
         async with Engine(backends={"default": llm}) as engine:
             ...
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 import openai
 
@@ -20,23 +24,40 @@ from orchestrator import (
     BackendOverloadedError,
     BackendRequestError,
     BackendUnavailableError,
+    Clock,
     Hints,
     LLMRequest,
     LLMResponse,
+    Message,
     ToolCall,
     Usage,
     UsageError,
+    running_clock,
 )
 
 from ._dialects import DIALECTS, encode
+from ._load import LoadReport
+from ._simtext import render as render_prompt
+
+Api = Literal["chat", "completions"]
+APIS: tuple[Api, ...] = ("chat", "completions")
+
+# SGLang's /open_session requires `capacity_of_str_len` (older servers) but only stores it.
+SGLANG_SESSION_CAPACITY = 1 << 20
 
 
 class OpenAIBackend:
     """One OpenAI-compatible endpoint (vLLM, SGLang, Dynamo, llama.cpp, OpenAI, the simulator).
 
-    One HTTP connection pool per backend (the client's). The client does not retry on
-    its own (`max_retries=0`): retries are plait's, so they follow the scheduler and show as
-    events. `model` overrides the request's model name (servers serve one model each).
+    One HTTP connection pool per backend (the client's), also used for the probes. The client
+    does not retry on its own (`max_retries=0`): retries are plait's, so they follow the
+    scheduler and show as events. `model` overrides the request's model name (servers serve
+    one model each).
+
+    `api="completions"` sends `/v1/completions` with the messages rendered to one prompt by
+    `render` (give it the model's chat template). `stream=True` streams the answer and reads
+    the usage from its last chunk; the response then carries `first_token_s`, measured on
+    `clock` (the running loop's by default). `probe_timeout_s` bounds `check()` and `load()`.
     """
 
     def __init__(
@@ -49,9 +70,21 @@ class OpenAIBackend:
         name: str = "",
         timeout_s: float = 600.0,
         slots: int | None = None,
+        api: Api = "chat",
+        stream: bool = False,
+        render: Callable[[Sequence[Message]], str] = render_prompt,
+        probe_timeout_s: float = 5.0,
+        clock: Clock | None = None,
     ) -> None:
         if dialect not in DIALECTS:
             raise UsageError(f"unknown dialect {dialect!r}; choose one of {', '.join(DIALECTS)}")
+        if api not in APIS:
+            raise UsageError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
+        self.api = api
+        self.stream = stream
+        self.render = render
+        self.probe_timeout_s = probe_timeout_s
+        self._clock = clock
         self.base_url = base_url.rstrip("/")
         self.dialect = dialect
         self.model = model
@@ -62,6 +95,11 @@ class OpenAIBackend:
         self._client: openai.AsyncOpenAI | None = None
         self.last_load_report: str | None = None
         """vLLM's `endpoint-load-metrics` header of the latest answer, when it sends one."""
+        self.last_load: LoadReport | None = None
+        """`last_load_report` read into a `LoadReport`, when it could be."""
+        # SGLang sessions opened, by program; set once the open has been answered, so a
+        # program's concurrent calls wait for it instead of opening twice.
+        self._sessions: dict[str, asyncio.Event] = {}
 
     async def __aenter__(self) -> OpenAIBackend:
         # One client, so one connection pool, per backend, for as long as it is open.
@@ -87,15 +125,93 @@ class OpenAIBackend:
             )
         return self._client
 
+    @property
+    def root(self) -> str:
+        """The server's address without the API prefix: where `/health` and `/metrics` are."""
+        return self.base_url.removesuffix("/v1")
+
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
         client = self._require_client()
+        if self.api == "completions" and request.tools:
+            raise UsageError(
+                f"backend {self.name!r} sends /v1/completions, which has no tools; "
+                'use api="chat" for requests with tools'
+            )
         hinted = encode(self.dialect, hints, slots=self.slots)
+        kwargs = self._body(request)
+        kwargs["extra_body"] = hinted.body or None
+        kwargs["extra_headers"] = hinted.headers or None
+        if self.stream:
+            kwargs["stream"] = True
+            kwargs["stream_options"] = {"include_usage": True}
+        if self.dialect == "sglang":
+            await self._open_sglang_session(client, hints)
+        endpoint: Any = client.chat.completions if self.api == "chat" else client.completions
+        clock = self._clock or running_clock()
+        with self._translated():
+            started = clock.monotonic()
+            raw = await endpoint.with_raw_response.create(**kwargs)
+            self.last_load_report = raw.headers.get("endpoint-load-metrics")
+            self.last_load = LoadReport.from_header(self.last_load_report)
+            if self.stream:
+                assembly = _Assembly()
+                async with raw.parse() as chunks:
+                    async for chunk in chunks:
+                        assembly.add(chunk, clock.monotonic() - started)
+                response = assembly.response()
+            else:
+                response = _response(raw.parse())
+        if self.dialect == "sglang" and hints.last_call and hints.program_id:
+            await self._close_sglang_session(client, hints.program_id)
+        return response
+
+    async def check(self) -> None:
+        """Raise `BackendUnavailableError` unless the server answers its health probe.
+
+        GET `/health` (vLLM, SGLang, llama.cpp, Dynamo, the simulator), or `/v1/models` for
+        the `openai` dialect. Only no answer, or a 5xx one (llama.cpp's 503 while it loads the
+        model), fails: a 4xx still shows a live server.
+        """
+        client = self._require_client()
+        url = f"{self.base_url}/models" if self.dialect == "openai" else f"{self.root}/health"
+        try:
+            await client.get(url, cast_to=str, options={"timeout": self.probe_timeout_s})
+        except openai.APIStatusError as exc:
+            if exc.status_code >= 500:
+                raise BackendUnavailableError(
+                    f"backend {self.name!r} is unhealthy: {url} answered {exc.status_code}",
+                    backend=self.name,
+                    status=exc.status_code,
+                ) from exc
+        except openai.APIConnectionError as exc:
+            raise BackendUnavailableError(
+                f"backend {self.name!r} did not answer its health probe at {url}: {exc}",
+                backend=self.name,
+            ) from exc
+
+    async def load(self) -> LoadReport:
+        """The server's load from its Prometheus `/metrics` (vLLM, SGLang, llama.cpp names).
+
+        Raises `BackendUnavailableError` if it cannot be reached, and `BackendRequestError`
+        if it serves no metrics (llama.cpp needs `--metrics`).
+        """
+        client = self._require_client()
+        with self._translated(self.probe_timeout_s):
+            text = await client.get(
+                f"{self.root}/metrics", cast_to=str, options={"timeout": self.probe_timeout_s}
+            )
+        return LoadReport.from_metrics(text)
+
+    def _body(self, request: LLMRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": self.model or request.model,
-            "messages": [_message(m) for m in request.messages],
             "temperature": request.sampling.temperature,
             "top_p": request.sampling.top_p,
         }
+        if self.api == "chat":
+            kwargs["messages"] = [_message(m) for m in request.messages]
+        else:
+            kwargs["prompt"] = self.render(request.messages)
         if request.max_tokens is not None:
             kwargs["max_tokens"] = request.max_tokens
         if request.sampling.seed is not None:
@@ -114,16 +230,18 @@ class OpenAIBackend:
                 }
                 for t in request.tools
             ]
+        return kwargs
+
+    @contextlib.contextmanager
+    def _translated(self, timeout_s: float | None = None) -> Iterator[None]:
+        """Translate the client's errors, raised on sending or mid-stream, into plait's."""
         try:
-            raw = await client.chat.completions.with_raw_response.create(
-                **kwargs, extra_body=hinted.body or None, extra_headers=hinted.headers or None
-            )
-            completion = raw.parse()
+            yield
         except openai.APIStatusError as exc:
             raise self._status_error(exc) from exc
         except openai.APITimeoutError as exc:
             raise BackendUnavailableError(
-                f"backend {self.name!r} did not answer within {self._timeout:g} s",
+                f"backend {self.name!r} did not answer within {timeout_s or self._timeout:g} s",
                 backend=self.name,
             ) from exc
         except openai.APIConnectionError as exc:
@@ -131,10 +249,10 @@ class OpenAIBackend:
                 f"cannot reach backend {self.name!r} at {self.base_url}: {exc}",
                 backend=self.name,
             ) from exc
-        self.last_load_report = raw.headers.get("endpoint-load-metrics")
-        if self.dialect == "sglang" and hints.last_call and hints.program_id:
-            await self._close_sglang_session(client, hints.program_id)
-        return _response(completion)
+        except openai.APIError as exc:  # an error event in the middle of a stream
+            raise BackendError(
+                f"backend {self.name!r} failed while answering: {exc.message}", backend=self.name
+            ) from exc
 
     def _status_error(self, exc: openai.APIStatusError) -> BackendError:
         status = exc.status_code
@@ -149,11 +267,37 @@ class OpenAIBackend:
             return BackendRequestError(where, backend=self.name, status=status)
         return BackendError(where, backend=self.name, status=status)
 
+    async def _open_sglang_session(self, client: openai.AsyncOpenAI, hints: Hints) -> None:
+        # A program that will be back (it asks for keep-alive) gets an SGLang session, whose
+        # KV the server keeps for `timeout` idle seconds, once, before its first call.
+        program = hints.program_id
+        if not program or hints.keep_alive_s is None or hints.last_call:
+            return
+        opened = self._sessions.get(program)
+        if opened is not None:
+            await opened.wait()
+            return
+        self._sessions[program] = opened = asyncio.Event()
+        body = {
+            "capacity_of_str_len": SGLANG_SESSION_CAPACITY,
+            "session_id": program,
+            "timeout": hints.keep_alive_s,
+        }
+        try:
+            # Best effort, and tried once: without a session the call still runs, only its
+            # KV is not protected. A refusal (say, the session is still open) is no error.
+            with contextlib.suppress(openai.APIError):
+                await client.post(f"{self.root}/open_session", body=body, cast_to=object)
+        finally:
+            opened.set()
+
     async def _close_sglang_session(self, client: openai.AsyncOpenAI, session: str) -> None:
         # SGLang keeps a session's KV until it is closed; the program is done with it.
-        root = self.base_url.removesuffix("/v1")
+        self._sessions.pop(session, None)
         with contextlib.suppress(openai.APIError):  # best effort: it is evicted in time anyway
-            await client.post(f"{root}/close_session", body={"session_id": session}, cast_to=object)
+            await client.post(
+                f"{self.root}/close_session", body={"session_id": session}, cast_to=object
+            )
 
 
 def _message(message: Any) -> dict[str, Any]:
@@ -169,24 +313,73 @@ def _response(completion: Any) -> LLMResponse:
     if not completion.choices:
         raise BackendError("the backend answered with no choices")
     choice = completion.choices[0]
+    message = getattr(choice, "message", None)  # None: a text completion
     calls = tuple(
         ToolCall(call.id, call.function.name, call.function.arguments or "")
-        for call in (choice.message.tool_calls or ())
+        for call in ((message.tool_calls if message else None) or ())
         if getattr(call, "function", None) is not None
     )
-    usage = completion.usage
-    cached: int | None = None
-    if usage is not None and usage.prompt_tokens_details is not None:
-        cached = usage.prompt_tokens_details.cached_tokens
     return LLMResponse(
-        text=choice.message.content or "",
-        usage=Usage(
-            usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0, cached
-        ),
+        text=(message.content if message else choice.text) or "",
+        usage=_usage(completion.usage),
         finish_reason=choice.finish_reason or "stop",
         tool_calls=calls,
         model=completion.model,
     )
+
+
+def _usage(usage: Any) -> Usage:
+    if usage is None:
+        return Usage()
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = details.cached_tokens if details is not None else None
+    return Usage(usage.prompt_tokens, usage.completion_tokens, cached)
+
+
+@dataclass
+class _Assembly:
+    """A streamed answer put back together, chunk by chunk (chat deltas or text pieces)."""
+
+    text: list[str] = field(default_factory=list)
+    calls: dict[int, list[str]] = field(default_factory=dict)  # index -> [id, name, arguments]
+    finish_reason: str = "stop"
+    usage: Usage = field(default_factory=Usage)
+    model: str | None = None
+    first_token_s: float | None = None
+
+    def add(self, chunk: Any, elapsed_s: float) -> None:
+        if chunk.usage is not None:  # the last chunk, with `include_usage`
+            self.usage = _usage(chunk.usage)
+        self.model = chunk.model or self.model
+        for choice in chunk.choices:
+            if choice.index != 0:
+                continue
+            delta = getattr(choice, "delta", None)  # None: a text completion
+            piece = (delta.content if delta is not None else choice.text) or ""
+            self.text.append(piece)
+            tool_calls = (delta.tool_calls if delta is not None else None) or ()
+            for call in tool_calls:
+                # The id and name come in the call's first delta, the arguments in pieces.
+                parts = self.calls.setdefault(call.index, ["", "", ""])
+                parts[0] = call.id or parts[0]
+                if call.function is not None:
+                    parts[1] = call.function.name or parts[1]
+                    parts[2] += call.function.arguments or ""
+            # The first chunk often carries only the role: it is not a token.
+            if self.first_token_s is None and (piece or tool_calls):
+                self.first_token_s = elapsed_s
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
+
+    def response(self) -> LLMResponse:
+        return LLMResponse(
+            text="".join(self.text),
+            usage=self.usage,
+            finish_reason=self.finish_reason,
+            tool_calls=tuple(ToolCall(*self.calls[i]) for i in sorted(self.calls)),
+            model=self.model,
+            first_token_s=self.first_token_s,
+        )
 
 
 def _error_detail(exc: openai.APIStatusError) -> str:

@@ -2,8 +2,11 @@
 
     plait sim serve --profile h100-llama3-8b --port 8000
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /metrics
-(Prometheus text with vLLM's metric names), GET /health. Hints ride in the body as the
+Routes: POST /v1/chat/completions, POST /v1/completions (both also streamed as server-sent
+events with `stream`, the usage in a last chunk with `stream_options.include_usage`),
+GET /v1/models, GET /metrics (Prometheus text with vLLM's metric names), GET /health.
+A streamed answer starts once the simulated request has finished, so over HTTP its time to
+first token is its whole latency. Hints ride in the body as the
 `sim` dialect spells them: `priority` (lower runs sooner, as in vLLM), `session_id` (the
 program), `keep_alive_s` and `last_call`. Every bad request gets a 400 whose message names
 the field; nothing a client sends can crash the server.
@@ -22,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from orchestrator import BackendError, Hints, LLMRequest, Message, Sampling
 
 from ._sim import SimServer
+from ._simtext import CHARS_PER_TOKEN
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -32,6 +36,11 @@ class _ChatMessage(BaseModel):
     content: str | None = ""
 
 
+class _StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
 class _Hinted(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: str = ""
@@ -40,6 +49,7 @@ class _Hinted(BaseModel):
     temperature: float = Field(default=0.0, ge=0)
     seed: int | None = None
     stream: bool = False
+    stream_options: _StreamOptions | None = None
     priority: float = 0.0
     session_id: str | None = None
     keep_alive_s: float | None = Field(default=None, ge=0)
@@ -68,6 +78,15 @@ class _CompletionBody(_Hinted):
 def _error(status: int, message: str, param: str | None = None) -> web.Response:
     body = {"error": {"message": message, "type": "invalid_request_error", "param": param}}
     return web.json_response(body, status=status)
+
+
+def _event(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+def _pieces(text: str) -> list[str]:
+    """The text as it would stream: one piece per simulated token."""
+    return [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
 
 
 class SimHTTP:
@@ -103,10 +122,6 @@ class SimHTTP:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or None
             return _error(400, f"field {field!r}: {first['msg']}", field)
-        if body.stream:
-            return _error(
-                400, "streaming is not supported by the simulator; send stream=false", "stream"
-            )
         return body
 
     async def _run(self, request: LLMRequest, hints: Hints) -> dict[str, Any] | web.Response:
@@ -129,7 +144,28 @@ class SimHTTP:
             "_finish": response.finish_reason,
         }
 
-    async def chat(self, request: web.Request) -> web.Response:
+    async def _stream(
+        self,
+        request: web.Request,
+        body: _Hinted,
+        out: dict[str, Any],
+        chunks: list[dict[str, Any]],
+    ) -> web.StreamResponse:
+        """Send `chunks` as server-sent events, then the usage if asked for, then [DONE]."""
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
+        head = {k: out[k] for k in ("id", "object", "created", "model")}
+        for choice in chunks:
+            await response.write(_event({**head, "choices": [choice]}))
+        if body.stream_options is not None and body.stream_options.include_usage:
+            await response.write(_event({**head, "choices": [], "usage": out["usage"]}))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request, _ChatBody)
         if isinstance(body, web.Response):
             return body
@@ -145,6 +181,13 @@ class SimHTTP:
         if isinstance(out, web.Response):
             return out
         text, finish = out.pop("_text"), out.pop("_finish")
+        if body.stream:
+            out["object"] = "chat.completion.chunk"
+            deltas = [{"role": "assistant", "content": ""}]
+            deltas += [{"content": piece} for piece in _pieces(text)]
+            chunks = [{"index": 0, "delta": d, "finish_reason": None} for d in deltas]
+            chunks.append({"index": 0, "delta": {}, "finish_reason": finish})
+            return await self._stream(request, body, out, chunks)
         out["object"] = "chat.completion"
         out["choices"] = [
             {
@@ -155,7 +198,7 @@ class SimHTTP:
         ]
         return web.json_response(out)
 
-    async def completions(self, request: web.Request) -> web.Response:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request, _CompletionBody)
         if isinstance(body, web.Response):
             return body
@@ -169,6 +212,10 @@ class SimHTTP:
             return out
         text, finish = out.pop("_text"), out.pop("_finish")
         out["object"] = "text_completion"
+        if body.stream:
+            chunks = [{"index": 0, "text": p, "finish_reason": None} for p in _pieces(text)]
+            chunks.append({"index": 0, "text": "", "finish_reason": finish})
+            return await self._stream(request, body, out, chunks)
         out["choices"] = [{"index": 0, "text": text, "finish_reason": finish}]
         return web.json_response(out)
 

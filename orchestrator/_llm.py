@@ -106,6 +106,8 @@ class LLMResponse:
     finish_reason: str = "stop"
     tool_calls: tuple[ToolCall, ...] = ()
     model: str | None = None
+    first_token_s: float | None = None
+    """Seconds from sending the request to its first generated token, when it was streamed."""
 
 
 @runtime_checkable

@@ -4,10 +4,12 @@ guard), answers parsed, errors translated."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -28,7 +30,10 @@ from orchestrator import (
     Message,
     Retry,
     RunResult,
+    Sampling,
+    ToolCall,
     ToolSpec,
+    Usage,
     UsageError,
     VirtualClock,
     Workflow,
@@ -45,52 +50,150 @@ HINTS = Hints(
 )
 
 
+LOAD_HEADER = "TEXT named_metrics.kv_cache_usage_perc=0.25, named_metrics.num_requests_waiting=2.0"
+TOOL_CALL = {
+    "id": "call-1",
+    "type": "function",
+    "function": {"name": "search", "arguments": '{"q": "kv"}'},
+}
+USAGE = {
+    "prompt_tokens": 20,
+    "completion_tokens": 3,
+    "total_tokens": 23,
+    "prompt_tokens_details": {"cached_tokens": 16},
+}
+
+
 @dataclass
 class Recorder:
-    """A small OpenAI-compatible server that records what it is sent."""
+    """A small OpenAI-compatible server that records what it is sent.
+
+    Streamed answers send the role at once, the first token after `first_token_s` (virtual)
+    seconds, then the rest; `fail_stream` ends a stream after its first token, by dropping
+    the connection ("drop") or with an error event ("error")."""
 
     seen: list[tuple[str, dict[str, Any], dict[str, str]]] = field(default_factory=list)
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    health_status: int = 200
+    first_token_s: float = 0.5
+    fail_stream: str | None = None
 
-    async def chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
+    async def _record(self, request: web.Request) -> dict[str, Any]:
+        body = await request.json() if request.can_read_body else {}
         self.seen.append((request.path, body, dict(request.headers)))
+        return body
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
         if self.status != 200:
             error = {"error": {"message": f"nope ({self.status})", "type": "x"}}
             return web.json_response(error, status=self.status, headers=self.headers)
+        tools = bool(body.get("tools"))
+        if body.get("stream"):
+            return await self.stream(request, body, chat=True, tools=tools)
         message: dict[str, Any] = {"role": "assistant", "content": "hello back"}
-        if body.get("tools"):
-            message["tool_calls"] = [
-                {
-                    "id": "call-1",
-                    "type": "function",
-                    "function": {"name": "search", "arguments": '{"q": "kv"}'},
-                }
-            ]
+        if tools:
+            message["tool_calls"] = [TOOL_CALL]
         answer = {
             "id": "x",
             "object": "chat.completion",
             "created": 0,
             "model": body["model"],
             "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-            "usage": {
-                "prompt_tokens": 20,
-                "completion_tokens": 3,
-                "total_tokens": 23,
-                "prompt_tokens_details": {"cached_tokens": 16},
-            },
+            "usage": USAGE,
         }
-        return web.json_response(answer, headers={"endpoint-load-metrics": "running=1"})
+        return web.json_response(answer, headers={"endpoint-load-metrics": LOAD_HEADER})
 
-    async def close_session(self, request: web.Request) -> web.Response:
-        self.seen.append((request.path, await request.json(), dict(request.headers)))
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._record(request)
+        if body.get("stream"):
+            return await self.stream(request, body, chat=False, tools=False)
+        answer = {
+            "id": "x",
+            "object": "text_completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [{"index": 0, "text": "hello back", "finish_reason": "length"}],
+            "usage": USAGE,
+        }
+        return web.json_response(answer)
+
+    async def stream(
+        self, request: web.Request, body: dict[str, Any], *, chat: bool, tools: bool
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "endpoint-load-metrics": LOAD_HEADER}
+        )
+        await response.prepare(request)
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        async def send(choices: list[dict[str, Any]], **extra: Any) -> None:
+            chunk = {"id": "x", "object": kind, "created": 0, "model": body["model"]}
+            await response.write(
+                f"data: {json.dumps({**chunk, 'choices': choices, **extra})}\n\n".encode()
+            )
+
+        def piece(text: str, finish: str | None = None, **delta: Any) -> dict[str, Any]:
+            if chat:
+                content = {"content": text} if text else {}
+                return {"index": 0, "delta": {**content, **delta}, "finish_reason": finish}
+            return {"index": 0, "text": text, "finish_reason": finish}
+
+        if chat:
+            await send([piece("", role="assistant")])
+        await asyncio.sleep(self.first_token_s)
+        await send([piece("hello")])
+        if self.fail_stream == "drop":
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        if self.fail_stream == "error":
+            await send([], error={"message": "the engine died", "type": "internal"})
+            return response
+        await send([piece(" back")])
+        if tools:
+            call, function = TOOL_CALL, TOOL_CALL["function"]
+            await send(
+                [
+                    piece(
+                        "",
+                        tool_calls=[
+                            {
+                                "index": 0,
+                                "id": call["id"],
+                                "type": "function",
+                                "function": {"name": function["name"], "arguments": ""},
+                            }
+                        ],
+                    )
+                ]
+            )
+            for part in ('{"q": ', '"kv"}'):
+                await send([piece("", tool_calls=[{"index": 0, "function": {"arguments": part}}])])
+        await send([piece("", "stop" if chat else "length")])
+        if body.get("stream_options", {}).get("include_usage"):
+            await send([], usage=USAGE)
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def session(self, request: web.Request) -> web.Response:
+        await self._record(request)
         return web.json_response({"success": True})
+
+    async def health(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.Response(status=self.health_status, text="ok")
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.chat)
-        app.router.add_post("/close_session", self.close_session)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/open_session", self.session)
+        app.router.add_post("/close_session", self.session)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.health)
         return app
 
 
@@ -291,3 +394,204 @@ def test_hints_reach_the_simulated_server_over_http(clock: VirtualClock) -> None
     result = clock.run(main())
     assert result.ok
     assert pinned == [{"pinned"}, set()]
+
+
+# --- streaming, text completions, SGLang sessions, load header --------------------------------
+
+TOOLS_REQUEST = LLMRequest(
+    (Message("user", "find it"),),
+    "m",
+    tools=(ToolSpec("search", "Search the docs", {"type": "object"}),),
+)
+
+
+def test_a_streamed_answer_equals_the_whole_one(clock: VirtualClock) -> None:
+    whole, streamed = Recorder(), Recorder()
+    plain = call(clock, "vllm", whole)
+    answer = call(clock, "vllm", streamed, stream=True)
+    body = streamed.seen[0][1]
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert "stream" not in whole.seen[0][1]
+    assert plain.first_token_s is None
+    # The role arrives at once; the first token after the server's 0.5 s, on the virtual clock.
+    assert answer.first_token_s == 0.5
+    assert replace(answer, first_token_s=None) == plain
+    assert answer.usage.cached_prompt_tokens == 16
+
+
+def test_streamed_tool_call_deltas_are_assembled(clock: VirtualClock) -> None:
+    plain = call(clock, "vllm", Recorder(), request=TOOLS_REQUEST)
+    answer = call(clock, "vllm", Recorder(), request=TOOLS_REQUEST, stream=True)
+    assert answer.tool_calls == (ToolCall("call-1", "search", '{"q": "kv"}'),)
+    assert replace(answer, first_token_s=None) == plain
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_completions_api_sends_the_rendered_prompt(clock: VirtualClock, stream: bool) -> None:
+    recorder = Recorder()
+    request = replace(REQUEST, sampling=Sampling(seed=7, stop=("\n\n",)))
+    answer = call(
+        clock,
+        "sglang",
+        recorder,
+        hints=Hints(program_id="prog-7", urgency=1.0),
+        request=request,
+        api="completions",
+        stream=stream,
+        render=lambda messages: "|".join(m.content for m in messages),
+    )
+    path, body, _ = recorder.seen[0]
+    expected: dict[str, Any] = {
+        "model": "m",
+        "prompt": "sys|hi",
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "max_tokens": 8,
+        "seed": 7,
+        "stop": ["\n\n"],
+        "priority": 1000,
+        "session_id": "prog-7",
+    }
+    if stream:
+        expected |= {"stream": True, "stream_options": {"include_usage": True}}
+    assert path == "/v1/completions" and body == expected
+    assert answer.text == "hello back" and answer.finish_reason == "length"
+    assert answer.usage == Usage(20, 3, 16)
+    assert (answer.first_token_s == 0.5) if stream else (answer.first_token_s is None)
+
+
+def test_the_completions_api_renders_with_the_simulators_template_by_default(
+    clock: VirtualClock,
+) -> None:
+    recorder = Recorder()
+    call(clock, "openai", recorder, api="completions")
+    assert recorder.seen[0][1]["prompt"] == "<|system|>\nsys\n<|user|>\nhi\n<|assistant|>\n"
+
+
+def test_the_completions_api_refuses_tools_and_unknown_apis_are_refused(
+    clock: VirtualClock,
+) -> None:
+    with pytest.raises(UsageError, match='use api="chat"'):
+        call(clock, "vllm", Recorder(), request=TOOLS_REQUEST, api="completions")
+    with pytest.raises(UsageError, match="unknown api 'responses'"):
+        OpenAIBackend("http://x/v1", api="responses")  # type: ignore[arg-type]
+
+
+def test_a_connection_dropped_mid_stream_is_unavailable(clock: VirtualClock) -> None:
+    with pytest.raises(BackendUnavailableError, match="cannot reach backend"):
+        call(clock, "vllm", Recorder(fail_stream="drop"), stream=True)
+
+
+def test_an_error_event_mid_stream_is_a_retryable_backend_error(clock: VirtualClock) -> None:
+    with pytest.raises(BackendError, match="failed while answering: the engine died") as info:
+        call(clock, "vllm", Recorder(fail_stream="error"), stream=True)
+    assert type(info.value) is BackendError and info.value.retryable
+
+
+def test_sglang_opens_a_programs_session_once_before_its_first_call(clock: VirtualClock) -> None:
+    recorder = Recorder()
+    turns = [
+        Hints(program_id="prog-7", keep_alive_s=4.0),
+        Hints(program_id="prog-7", keep_alive_s=9.0),
+        Hints(program_id="prog-7", last_call=True),
+    ]
+
+    async def main() -> None:
+        async with recording(recorder) as url, OpenAIBackend(url, dialect="sglang") as llm:
+            # Two calls at once: the second waits for the first one's open, never opens again.
+            await asyncio.gather(*(llm.complete(REQUEST, hints) for hints in turns[:2]))
+            await llm.complete(REQUEST, turns[2])
+
+    clock.run(main())
+    paths = [p for p, _, _ in recorder.seen]
+    assert paths == [
+        "/open_session",
+        "/v1/chat/completions",
+        "/v1/chat/completions",
+        "/v1/chat/completions",
+        "/close_session",
+    ]
+    opened = recorder.seen[0][1]
+    assert opened == {"capacity_of_str_len": 1 << 20, "session_id": "prog-7", "timeout": 4.0}
+    assert recorder.seen[-1][1] == {"session_id": "prog-7"}
+
+
+def test_sglang_opens_no_session_for_a_program_that_will_not_be_back(clock: VirtualClock) -> None:
+    recorder = Recorder()
+    call(clock, "sglang", recorder, hints=Hints(program_id="p"))
+    assert [p for p, _, _ in recorder.seen] == ["/v1/chat/completions"]
+
+
+def test_vllms_load_header_is_kept_raw_and_read(clock: VirtualClock) -> None:
+    from executors import LoadReport
+
+    async def main(stream: bool) -> tuple[str | None, LoadReport | None]:
+        async with (
+            recording(Recorder()) as url,
+            OpenAIBackend(url, dialect="vllm", stream=stream) as llm,
+        ):
+            await llm.complete(REQUEST, HINTS)
+            return llm.last_load_report, llm.last_load
+
+    for stream in (False, True):
+        raw, load = clock.run(main(stream))
+        assert raw == LOAD_HEADER
+        assert load == LoadReport(waiting=2, kv_cache_usage=0.25)
+
+
+# --- health probe -----------------------------------------------------------------------------
+
+
+def probe(clock: VirtualClock, url: str, dialect: str = "vllm") -> None:
+    async def main() -> None:
+        async with OpenAIBackend(url, dialect=dialect) as llm:
+            await llm.check()
+
+    clock.run(main())
+
+
+def probe_recorder(clock: VirtualClock, recorder: Recorder, dialect: str = "vllm") -> None:
+    async def main() -> None:
+        async with recording(recorder) as url, OpenAIBackend(url, dialect=dialect) as llm:
+            await llm.check()
+
+    clock.run(main())
+
+
+def test_check_gets_health_or_the_model_list(clock: VirtualClock) -> None:
+    for dialect, path in (("vllm", "/health"), ("sglang", "/health"), ("openai", "/v1/models")):
+        recorder = Recorder()
+        probe_recorder(clock, recorder, dialect)
+        assert [p for p, _, _ in recorder.seen] == [path]
+
+
+def test_check_fails_on_a_closed_port(clock: VirtualClock) -> None:
+    with pytest.raises(BackendUnavailableError, match="did not answer its health probe"):
+        probe(clock, "http://127.0.0.1:9/v1")
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_check_fails_on_a_5xx(clock: VirtualClock, status: int) -> None:
+    with pytest.raises(BackendUnavailableError, match=f"/health answered {status}") as info:
+        probe_recorder(clock, Recorder(health_status=status))
+    assert info.value.status == status
+
+
+def test_check_passes_on_a_4xx_a_live_server_answers(clock: VirtualClock) -> None:
+    probe_recorder(clock, Recorder(health_status=404))
+
+
+def test_load_fails_clearly_without_metrics_or_a_server(clock: VirtualClock) -> None:
+    async def main() -> None:
+        async with recording(Recorder()) as url, OpenAIBackend(url, dialect="llamacpp") as llm:
+            await llm.load()
+
+    with pytest.raises(BackendRequestError, match="answered 404"):
+        clock.run(main())
+
+    async def closed() -> None:
+        async with OpenAIBackend("http://127.0.0.1:9/v1", dialect="vllm") as llm:
+            await llm.load()
+
+    with pytest.raises(BackendUnavailableError, match="cannot reach backend"):
+        clock.run(closed())

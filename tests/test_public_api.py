@@ -36,6 +36,7 @@ EXPECTED = {
         "Profile", "RecordedCall", "ReplicaStats", "RequestTooLongError", "Router", "SimHTTP",
         "SimServer", "SimStats", "approx_tokens", "echo", "get_profile",
         "GroupingStats", "PrefixGrouper",
+        "LoadReport",
     },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
     "memory": set(),

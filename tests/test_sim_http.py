@@ -112,7 +112,7 @@ def test_bad_requests_get_400_with_the_field_and_the_server_goes_on(clock: Virtu
             {"messages": []},
             {"messages": [{"role": "wizard", "content": "x"}]},
             {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
-            {"messages": [{"role": "user", "content": "x"}], "stream": True},
+            {"messages": [{"role": "user", "content": "x"}], "stream": "please"},
             {"messages": [{"role": "user", "content": "x" * 600_000}]},
         ]
         out = []
@@ -135,7 +135,7 @@ def test_bad_requests_get_400_with_the_field_and_the_server_goes_on(clock: Virtu
     assert "field 'messages'" in messages[2]
     assert "messages.0.role" in messages[3]
     assert "field 'max_tokens'" in messages[4]
-    assert "streaming is not supported" in messages[5]
+    assert "field 'stream'" in messages[5]
     assert "more than the model's context" in messages[6]
 
 
