@@ -3,17 +3,22 @@
 Each request goes where its prompt's longest known prefix already sits (`PrefixRouter`),
 so replicas reuse their KV caches instead of recomputing what another replica holds. A
 backend that cannot be reached is ejected at once, its prefixes forgotten, and the request
-fails over to another; it is tried again after `readmit_after_s`.
+fails over to another; a backend that says it is busy (429, 503) keeps its place, and only
+this request goes elsewhere. Backends with an `async def check()` are probed every
+`health_interval_s`: a failed probe ejects, a passing one re-admits. Backends without one are
+tried again after `readmit_after_s`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
 from orchestrator import (
+    BackendOverloadedError,
     BackendUnavailableError,
     Clock,
     Hints,
@@ -24,7 +29,7 @@ from orchestrator import (
     running_clock,
 )
 
-from ._prefix import prompt_hashes
+from ._prefix import Tokenize, prompt_hashes
 from ._routing import PrefixRouter
 
 
@@ -35,13 +40,21 @@ class ReplicaStats:
     in_flight: int
     requests: int
     failures: int
+    """Calls that found it unreachable (each ejected it)."""
+    overloaded: int = 0
+    """Calls it turned away as busy (each went to another replica)."""
+    ejections: int = 0
+    """Times it was taken out of the rotation, by a failed call or a failed health check."""
+    checks_failed: int = 0
 
 
 class Router:
     """Routes each call to one of `backends` by prompt prefix and load.
 
     `block_tokens`: the prefix granularity (prompts are hashed in blocks of that many
-    4-character tokens; match the servers' KV block size where you can).
+    tokens: of `tokenize`'s when given, else of four characters; match the servers' KV block
+    size where you can). `health_interval_s`: how often to probe the backends that have a
+    `check()` (None: never); a probe that does not finish in `health_timeout_s` fails.
     """
 
     def __init__(
@@ -51,31 +64,63 @@ class Router:
         block_tokens: int = 16,
         max_imbalance: float = 1.5,
         readmit_after_s: float = 30.0,
+        health_interval_s: float | None = 10.0,
+        health_timeout_s: float = 5.0,
+        tokenize: Tokenize | None = None,
         clock: Clock | None = None,
     ) -> None:
         if not backends:
             raise UsageError("a Router needs at least one backend")
+        if health_interval_s is not None and health_interval_s <= 0:
+            raise UsageError(
+                f"Router(health_interval_s={health_interval_s}) must be positive, "
+                "or None for no health checks"
+            )
         self.names = list(backends)
         self.backends = list(backends.values())
         self.block_tokens = block_tokens
         self.readmit_after_s = readmit_after_s
+        self.health_interval_s = health_interval_s
+        self.health_timeout_s = health_timeout_s
+        self.tokenize = tokenize
         self.policy = PrefixRouter(len(self.backends), max_imbalance=max_imbalance)
         self._clock = clock
         n = len(self.backends)
+        self._checks: list[Callable[[], Awaitable[None]] | None] = [
+            getattr(backend, "check", None) for backend in self.backends
+        ]
         self._in_flight = [0] * n
         self._healthy = [True] * n
         self._ejected_at = [0.0] * n
         self._requests = [0] * n
         self._failures = [0] * n
+        self._overloaded = [0] * n
+        self._ejections = [0] * n
+        self._checks_failed = [0] * n
         self._stack: contextlib.AsyncExitStack | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._health: asyncio.Task[None] | None = None
+
+    @property
+    def _probing(self) -> bool:
+        return self.health_interval_s is not None and any(self._checks)
 
     async def __aenter__(self) -> Router:
         self._clock = self._clock or running_clock()
-        self._stack = contextlib.AsyncExitStack()
-        await self._stack.__aenter__()
-        for backend in self.backends:
-            if isinstance(backend, contextlib.AbstractAsyncContextManager):
-                await self._stack.enter_async_context(backend)
+        stack = contextlib.AsyncExitStack()
+        await stack.__aenter__()
+        try:
+            for backend in self.backends:
+                if isinstance(backend, contextlib.AbstractAsyncContextManager):
+                    await stack.enter_async_context(backend)
+        except BaseException as exc:
+            await stack.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._stack = stack
+        if self._probing:
+            self._tg = asyncio.TaskGroup()
+            await self._tg.__aenter__()
+            self._health = self._tg.create_task(self._health_loop(), name="plait-router-health")
         return self
 
     async def __aexit__(
@@ -84,6 +129,13 @@ class Router:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._tg is not None:
+            assert self._health is not None
+            self._health.cancel()
+            tg, self._tg, self._health = self._tg, None, None
+            # The health loop is the group's only task and it is cancelled: exiting waits
+            # for it; the caller's own exception stays the caller's (not an ExceptionGroup).
+            await tg.__aexit__(None, None, None)
         if self._stack is not None:
             stack, self._stack = self._stack, None
             await stack.__aexit__(exc_type, exc, tb)
@@ -93,27 +145,72 @@ class Router:
             self._clock = running_clock()
         return self._clock.monotonic()
 
+    # --- health ------------------------------------------------------------------------------
+
+    async def _health_loop(self) -> None:
+        assert self._clock is not None and self.health_interval_s is not None
+        while True:
+            await self._clock.sleep(self.health_interval_s)
+            await self.check_health()
+
+    async def check_health(self) -> list[bool | None]:
+        """Probe every backend that has a `check()` once, at the same time: eject those that
+        fail, re-admit those that pass. Says per backend whether it passed (None: no probe)."""
+        probed = [i for i, check in enumerate(self._checks) if check is not None]
+        passed = await asyncio.gather(*(self._probe(i) for i in probed))
+        out: list[bool | None] = [None] * len(self.backends)
+        for i, ok in zip(probed, passed, strict=True):
+            out[i] = ok
+            if ok:
+                self._healthy[i] = True
+            else:
+                self._checks_failed[i] += 1
+                if self._healthy[i]:
+                    self._eject(i)
+        return out
+
+    async def _probe(self, replica: int) -> bool:
+        check = self._checks[replica]
+        assert check is not None
+        try:
+            async with asyncio.timeout(self.health_timeout_s):
+                await check()
+        except Exception:  # whatever stops a probe (a refused connection, a bug) fails it
+            return False
+        return True
+
     def _readmit(self) -> None:
         now = self._now()
+        probing = self._probing
         for i, healthy in enumerate(self._healthy):
-            if not healthy and now - self._ejected_at[i] >= self.readmit_after_s:
+            if healthy or (probing and self._checks[i] is not None):
+                continue  # a backend that can be probed comes back when a probe passes
+            if now - self._ejected_at[i] >= self.readmit_after_s:
                 self._healthy[i] = True  # on probation: one more failure ejects it again
 
     def _eject(self, replica: int) -> None:
         self._healthy[replica] = False
         self._ejected_at[replica] = self._now()
+        self._ejections[replica] += 1
         self.policy.forget_replica(replica)
 
+    # --- calls -------------------------------------------------------------------------------
+
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
-        hashes = prompt_hashes(request, self.block_tokens)
-        last_error: BackendUnavailableError | None = None
-        for _ in range(len(self.backends)):
+        hashes = prompt_hashes(request, self.block_tokens, self.tokenize)
+        n = len(self.backends)
+        tried = [False] * n
+        unavailable: BackendUnavailableError | None = None
+        busy: list[BackendOverloadedError] = []
+        for _ in range(n):
             self._readmit()
+            allowed = [h and not t for h, t in zip(self._healthy, tried, strict=True)]
             try:
-                choice = self.policy.choose(hashes, self._in_flight, self._healthy)
+                choice = self.policy.choose(hashes, self._in_flight, allowed)
             except LookupError:
                 break
             i = choice.replica
+            tried[i] = True
             self.policy.record(hashes, i)
             self._in_flight[i] += 1
             self._requests[i] += 1
@@ -121,14 +218,27 @@ class Router:
                 return await self.backends[i].complete(request, hints)
             except BackendUnavailableError as exc:
                 self._failures[i] += 1
-                self._eject(i)
-                last_error = exc  # fail over to another replica
+                if self._healthy[i]:
+                    self._eject(i)
+                unavailable = exc  # fail over to another replica
+            except BackendOverloadedError as exc:
+                # Busy, not broken: it keeps its place; this call tries another replica.
+                self._overloaded[i] += 1
+                busy.append(exc)
             finally:
                 self._in_flight[i] -= 1
+        if busy:
+            waits = [e.retry_after for e in busy if e.retry_after is not None]
+            raise BackendOverloadedError(
+                f"every replica this router could try is busy ({len(busy)} said so); "
+                f"last: {busy[-1]}",
+                status=busy[-1].status,
+                retry_after=min(waits) if waits else None,
+            ) from busy[-1]
         raise BackendUnavailableError(
-            f"no backend of this router could serve the call ({len(self.backends)} tried or "
-            f"ejected); last error: {last_error}",
-        ) from last_error
+            f"no backend of this router could serve the call ({n} tried or ejected); "
+            f"last error: {unavailable}",
+        ) from unavailable
 
     def stats(self) -> list[ReplicaStats]:
         return [
@@ -138,6 +248,9 @@ class Router:
                 self._in_flight[i],
                 self._requests[i],
                 self._failures[i],
+                self._overloaded[i],
+                self._ejections[i],
+                self._checks_failed[i],
             )
             for i in range(len(self.backends))
         ]

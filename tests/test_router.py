@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import pytest
 
 from executors import FunctionLLM
 from executors._router import Router
 from orchestrator import (
+    BackendOverloadedError,
     BackendUnavailableError,
     Hints,
     LLMRequest,
@@ -93,3 +97,160 @@ def test_when_every_backend_is_down_the_error_says_so(clock: VirtualClock) -> No
         assert "no backend of this router could serve the call" in str(exc)
     else:
         raise AssertionError("expected BackendUnavailableError")
+
+
+class Replica:
+    """A small backend that can be taken down or made busy, with a health probe."""
+
+    def __init__(self, name: str, *, retry_after: float | None = None) -> None:
+        self.name = name
+        self.up = True
+        self.busy = False
+        self.retry_after = retry_after
+        self.served: list[str] = []
+        self.probed: list[float] = []
+
+    async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
+        if not self.up:
+            raise BackendUnavailableError("connection refused", backend=self.name)
+        if self.busy:
+            raise BackendOverloadedError(
+                "busy", backend=self.name, status=429, retry_after=self.retry_after
+            )
+        await asyncio.sleep(1)
+        self.served.append(request.messages[-1].content)
+        return LLMResponse(text=self.name)
+
+    async def check(self) -> None:
+        self.probed.append(asyncio.get_running_loop().time())
+        if not self.up:
+            raise BackendUnavailableError("connection refused", backend=self.name)
+
+
+def test_health_checks_eject_a_failing_backend_and_readmit_it_when_it_passes(
+    clock: VirtualClock,
+) -> None:
+    replicas = {name: Replica(name) for name in ("a", "b")}
+
+    async def main() -> list[tuple[float, list[bool]]]:
+        seen = []
+        async with Router(replicas, health_interval_s=5.0, readmit_after_s=1.0) as router:
+            replicas["a"].up = False
+            for t in (4.0, 6.0, 41.0):  # checks run at 5, 10, 15, ...
+                await asyncio.sleep(t - clock.monotonic())
+                seen.append((t, [s.healthy for s in router.stats()]))
+            replicas["a"].up = True
+            await asyncio.sleep(46.0 - clock.monotonic())
+            seen.append((46.0, [s.healthy for s in router.stats()]))
+            stats = router.stats()
+            assert stats[0].ejections == 1 and stats[0].checks_failed == 8
+        return seen
+
+    seen = clock.run(main())
+    # Ejected by the probe at 5 without a single failed call; kept out by the probes (not
+    # let back after readmit_after_s, as a backend without probes would be), back at 45.
+    assert seen == [
+        (4.0, [True, True]),
+        (6.0, [False, True]),
+        (41.0, [False, True]),
+        (46.0, [True, True]),
+    ]
+    assert replicas["a"].probed == [5.0 * k for k in range(1, 10)]
+    assert replicas["a"].served == [] and replicas["b"].served == []
+
+
+def test_an_ejected_backend_gets_no_calls_until_a_probe_passes(clock: VirtualClock) -> None:
+    replicas = {name: Replica(name) for name in ("a", "b", "c")}
+
+    async def main() -> None:
+        async with Router(replicas, health_interval_s=10.0) as router:
+            replicas["b"].up = False
+            await asyncio.sleep(10.5)  # the probe at 10 ejects b
+            await asyncio.gather(
+                *(router.complete(conversation(f"c{c}", 1)[0], Hints("p")) for c in range(12))
+            )
+            assert replicas["b"].served == []
+            replicas["b"].up = True
+            await asyncio.sleep(20.5 - clock.monotonic())  # the probe at 20 passes
+            await asyncio.gather(
+                *(router.complete(conversation(f"d{c}", 1)[0], Hints("p")) for c in range(12))
+            )
+            assert replicas["b"].served  # back in the rotation
+
+    clock.run(main())
+
+
+def test_the_health_loop_ends_with_the_router(clock: VirtualClock) -> None:
+    replica = Replica("a")
+
+    async def main() -> None:
+        async with Router({"a": replica}, health_interval_s=1.0):
+            await asyncio.sleep(3.5)
+        await asyncio.sleep(10)
+        current = asyncio.current_task()
+        assert [t for t in asyncio.all_tasks() if t is not current] == []
+
+    clock.run(main())
+    assert replica.probed == [1.0, 2.0, 3.0]
+
+
+def test_a_busy_replica_keeps_its_place_and_the_call_goes_elsewhere(clock: VirtualClock) -> None:
+    replicas = {name: Replica(name) for name in ("a", "b")}
+    request = conversation("x", 1)[0]
+
+    async def main() -> tuple[str, str, list[bool], list[int]]:
+        async with Router(replicas, health_interval_s=None) as router:
+            first = (await router.complete(request, Hints("p"))).text
+            replicas[first].busy = True
+            second = (await router.complete(request, Hints("p"))).text
+            stats = router.stats()
+            return first, second, [s.healthy for s in stats], [s.overloaded for s in stats]
+
+    first, second, healthy, overloaded = clock.run(main())
+    assert second != first
+    assert healthy == [True, True]
+    assert overloaded == [1 if name == first else 0 for name in ("a", "b")]
+
+
+def test_when_every_replica_is_busy_the_call_gets_the_shortest_retry_after(
+    clock: VirtualClock,
+) -> None:
+    replicas = {"a": Replica("a", retry_after=9.0), "b": Replica("b", retry_after=4.0)}
+    for replica in replicas.values():
+        replica.busy = True
+
+    async def main() -> None:
+        async with Router(replicas, health_interval_s=None) as router:
+            await router.complete(conversation("x", 1)[0], Hints("p"))
+
+    with pytest.raises(BackendOverloadedError, match="every replica this router") as info:
+        clock.run(main())
+    assert info.value.retry_after == 4.0
+
+
+def test_prefixes_are_hashed_on_the_given_tokenizer(clock: VirtualClock) -> None:
+    """Prompts with nothing in common spread over the replicas; a tokenizer that sees them
+    all as the same tokens makes them one prefix, held by one replica."""
+    prompts = [
+        LLMRequest((Message("user", f"{i} " + "unrelated words " * 20),), "m") for i in range(8)
+    ]
+    tokenized: list[str] = []
+
+    def same_tokens(text: str) -> list[int]:
+        tokenized.append(text)
+        return [7] * 64
+
+    def spread(tokenize: Any) -> int:
+        llms = {f"r{i}": FunctionLLM(lambda r, h: "ok") for i in range(4)}
+
+        async def main() -> None:
+            async with Router(llms, tokenize=tokenize) as router:
+                for request in prompts:  # one after another: load never decides
+                    await router.complete(request, Hints("p"))
+
+        clock.run(main())
+        return sum(1 for llm in llms.values() if llm.calls)
+
+    assert spread(None) >= 2
+    assert spread(same_tokens) == 1
+    assert len(tokenized) == len(prompts)
