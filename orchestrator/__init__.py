@@ -53,6 +53,7 @@ from ._events import (
     WorkflowStarted,
     WorkflowStatus,
 )
+from ._keepalive import KeepAlive, PausePredictor
 from ._llm import (
     Hints,
     LLMBackend,
@@ -130,10 +131,12 @@ __all__ = [
     "LLMRequest",
     "LLMResponse",
     "Las",
+    "KeepAlive",
     "Limits",
     "Message",
     "OverloadedError",
     "PlaitError",
+    "PausePredictor",
     "Policy",
     "PriorityClass",
     "ProgramView",

@@ -39,7 +39,8 @@ from ._errors import (
     WorkflowStateError,
 )
 from ._events import Event, TaskRetrying, TaskStarted, WorkflowStarted
-from ._llm import Hints, LLMBackend, Usage
+from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive, PausePredictor
+from ._llm import Hints, LLMBackend, LLMRequest, Usage
 from ._resilience import (
     DEFAULT_BREAKER,
     DEFAULT_CALL_RETRY,
@@ -49,7 +50,7 @@ from ._resilience import (
 )
 from ._run import Run, RunResult
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, urgency
-from ._task import Task, check_serializable
+from ._task import LLMCall, Task, check_serializable
 from ._workflow import Workflow
 
 
@@ -143,10 +144,12 @@ class Engine:
         max_workflows: int = 10_000,
         default_estimate: float = 1.0,
         threads: int = 64,
+        keep_alive: KeepAlive | None = DEFAULT_KEEP_ALIVE,
         call_retry: CallRetry = DEFAULT_CALL_RETRY,
         breaker: Breaker | None = DEFAULT_BREAKER,
     ) -> None:
         self.backends: dict[str, LLMBackend] = dict(backends or {})
+        self.pauses = PausePredictor(keep_alive) if keep_alive is not None else None
         self.policy = get_policy(policy)
         self._clock = clock
         merged = dict(DEFAULT_LIMITS)
@@ -285,6 +288,8 @@ class Engine:
         task.handle = None
         run.running -= 1
         run.record(outcome.elapsed, outcome.llm_calls, outcome.usage)
+        if self.pauses is not None and outcome.state == "done" and not outcome.llm_calls:
+            self.pauses.observe(task.action.label, outcome.elapsed)  # a tool's pause
         if task.state in ("running", "waiting"):
             if outcome.state == "cancelled":
                 reason = task.cancel_reason or run.cancelling or "cancelled"
@@ -447,6 +452,31 @@ class Engine:
             priority_class=run.priority_class,
             deadline_s=None if run.deadline is None else run.deadline - now,
             **fields,
+        )
+
+    def keep_alive_for(self, run: Run, task_id: str, request: LLMRequest) -> float | None:
+        """The pause expected after this call: that of the tools the task's dependents run,
+        else of the tools the request offers the model (an agent loop inside one task)."""
+        if self.pauses is None:
+            return None
+        wf = run.workflow
+        tools = [
+            wf._tasks[d].action.label
+            for d in wf.dependents(task_id)
+            if wf._tasks[d].resource not in self.backends
+        ]
+        if not tools:
+            tools = [f"tool {t.name}" for t in request.tools]
+        return self.pauses.predict(tools)
+
+    def is_last_call(self, run: Run, task_id: str) -> bool:
+        """A one-call LLM task with nothing left after it in its run: the program's last call."""
+        task = run.workflow._tasks.get(task_id)
+        return (
+            task is not None
+            and isinstance(task.action, LLMCall)
+            and run.unfinished == 1
+            and not run.workflow.dependents(task_id)
         )
 
     def circuit(self, backend: str) -> CircuitBreaker | None:

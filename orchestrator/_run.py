@@ -329,6 +329,9 @@ class Run:
         every send passes the backend's circuit breaker."""
         engine = self.engine
         llm = engine.backend(backend)
+        if keep_alive_s is None:
+            keep_alive_s = engine.keep_alive_for(self, ctx.task_id, request)
+        last_call = last_call or engine.is_last_call(self, ctx.task_id)
         circuit = engine.circuit(backend)
         clock = engine.clock
 

@@ -28,6 +28,7 @@ EXPECTED = {
         "VirtualClock", "Workflow", "WorkflowFailedError", "WorkflowFinished", "WorkflowStarted",
         "WorkflowStateError", "WorkflowStatus", "get_policy", "order", "order_programs",
         "remaining_critical_path", "run_sync", "running_clock", "urgency",
+        "KeepAlive", "PausePredictor",
         "Breaker", "CallRetry", "CallRetrying", "CircuitBreaker", "CircuitOpenError",
         "CircuitState",
     },
