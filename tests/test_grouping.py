@@ -30,7 +30,9 @@ def question(i: int, document: str = DOCUMENT) -> LLMRequest:
 
 
 async def ask_all(backend: SimServer | PrefixGrouper, n: int) -> list[LLMResponse]:
-    return list(await asyncio.gather(*(backend.complete(question(i), Hints("p")) for i in range(n))))
+    return list(
+        await asyncio.gather(*(backend.complete(question(i), Hints("p")) for i in range(n)))
+    )
 
 
 def computed_prompt_tokens(grouped: bool, n: int = 10) -> tuple[int, int]:
