@@ -8,6 +8,7 @@
   (`check()`) and load (`load()`, a `LoadReport`) from the server's own endpoints.
 """
 
+from ._config import backends_from_config
 from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._grouping import GroupingStats, PrefixGrouper
@@ -38,6 +39,7 @@ __all__ = [
     "SimServer",
     "SimStats",
     "approx_tokens",
+    "backends_from_config",
     "echo",
     "get_profile",
 ]

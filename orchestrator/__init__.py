@@ -6,6 +6,7 @@ This package owns the loop and the protocols (LLM backend, clock, actions); `exe
 
 from ._admission import Limits, ResourceStats
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
+from ._config import BackendKind, Config, ConfigSection, load_config
 from ._context import TaskContext
 from ._engine import Engine, EngineStats, RunHandle
 from ._errors import (
@@ -104,6 +105,7 @@ __all__ = [
     "FINAL_STATES",
     "Action",
     "BackendError",
+    "BackendKind",
     "BackendOverloadedError",
     "BackendRequestError",
     "BackendUnavailableError",
@@ -115,6 +117,8 @@ __all__ = [
     "CircuitState",
     "Clock",
     "ClockMismatchError",
+    "Config",
+    "ConfigSection",
     "CycleError",
     "DeadlockError",
     "DuplicateTaskError",
@@ -182,6 +186,7 @@ __all__ = [
     "WorkflowStateError",
     "WorkflowStatus",
     "get_policy",
+    "load_config",
     "order",
     "order_programs",
     "remaining_critical_path",

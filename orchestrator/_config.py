@@ -1,0 +1,311 @@
+"""Configuration from a file: engine settings, backends by name, and their limits.
+
+    [engine]
+    policy = "slack"
+    clock = "virtual"
+
+    [backends.default]
+    kind = "sim"
+    profile = "h100-llama3-8b"
+    limits = { max_in_flight = 64 }
+
+The file is a trust boundary, so every table is a strict pydantic model that rejects unknown
+keys, and every mistake becomes one `UsageError` naming the file, the key path and what is
+allowed. What a backend's table may hold depends on its `kind`; the kinds live in the
+packages that implement backends (`executors`) and announce themselves through the
+`plait.backends` entry point group, so this module never imports them.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import model_validator as _model_validator
+from pydantic_core import ErrorDetails
+
+from ._admission import Limits
+from ._clock import Clock
+from ._errors import UsageError
+from ._llm import LLMBackend
+from ._scheduler import POLICIES
+
+SUFFIXES = (".toml", ".yaml", ".yml")
+
+
+class ConfigSection(BaseModel):
+    """Base of every table in a config file: strict types, no unknown keys, immutable.
+
+    Strict: `"8"` is not a number and `1` is not a string, so a typo in the file is an
+    error rather than a guess.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    @_model_validator(mode="before")
+    @classmethod
+    def _known_keys_only(cls, data: Any) -> Any:
+        # pydantic's own "extra" error names the key but not what is allowed; say both.
+        if isinstance(data, Mapping):
+            unknown = [key for key in data if key not in cls.model_fields]
+            if unknown:
+                keys = ", ".join(repr(k) for k in unknown)
+                raise ValueError(
+                    f"unknown key{'s' if len(unknown) > 1 else ''} {keys}; "
+                    f"allowed: {', '.join(cls.model_fields)}"
+                )
+        return data
+
+
+class EngineSettings(ConfigSection):
+    """The `[engine]` table."""
+
+    policy: str = "fcfs"
+    """Scheduling policy: fcfs, las or slack."""
+    clock: Literal["system", "virtual"] | None = None
+    """`virtual`: simulated latencies cost no wall time. Unset: the workflow module's CLOCK."""
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"unknown policy {value!r}; choose one of {', '.join(POLICIES)}")
+        return value
+
+
+_DEFAULT_LIMITS = Limits()
+
+
+class LimitsSettings(ConfigSection):
+    """A `limits` table: the bounds of one resource (a backend, `local`, `tools`)."""
+
+    max_in_flight: int = Field(default=_DEFAULT_LIMITS.max_in_flight, ge=1)
+    max_waiting: int = Field(default=_DEFAULT_LIMITS.max_waiting, ge=1)
+
+    def to_limits(self) -> Limits:
+        return Limits(max_in_flight=self.max_in_flight, max_waiting=self.max_waiting)
+
+
+class _File(ConfigSection):
+    engine: EngineSettings = EngineSettings()
+    backends: dict[str, dict[str, Any]] = {}
+    limits: dict[str, LimitsSettings] = {}
+
+
+S = TypeVar("S", bound=ConfigSection)
+
+
+@dataclass(frozen=True, slots=True)
+class BackendKind(Generic[S]):
+    """A kind of backend that a config file names with `kind = "..."`: the model of its
+    table, how to build one and how to describe one without connecting to it.
+
+    Packages that implement backends list theirs under the `plait.backends` entry point
+    group (in their pyproject.toml), so `load_config` finds them without importing them.
+    """
+
+    name: str
+    settings: type[S]
+    build: Callable[[str, S, Clock | None], LLMBackend]
+    """(backend name, settings, clock) -> an unopened backend; UsageError when it cannot."""
+    describe: Callable[[S], str]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendConfig:
+    """One backend of a config: its kind, its validated settings, its limits if set."""
+
+    name: str
+    kind: BackendKind[Any]
+    settings: ConfigSection
+    limits: Limits | None
+    source: str
+
+    def build(self, clock: Clock | None = None) -> LLMBackend:
+        """The backend object, not opened: nothing is connected or started yet."""
+        try:
+            return self.kind.build(self.name, self.settings, clock)
+        except UsageError as exc:
+            raise UsageError(f"{self.source}: backends.{self.name}: {exc}") from exc
+
+    def describe(self) -> str:
+        return self.kind.describe(self.settings)
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A validated configuration; `load_config` makes one."""
+
+    source: str
+    """The file it was read from, or `<dict>`."""
+    engine: EngineSettings
+    backends: Mapping[str, BackendConfig]
+    limits: Mapping[str, Limits]
+    """The limits set in the file, by resource: each backend's and the `[limits]` table's."""
+
+    def build_backends(self, clock: Clock | None = None) -> dict[str, LLMBackend]:
+        """The configured backends by name, not opened (open each with `async with`)."""
+        return {name: backend.build(clock) for name, backend in self.backends.items()}
+
+
+def backend_kinds() -> dict[str, BackendKind[Any]]:
+    """The backend kinds installed packages register under `plait.backends`."""
+    found: dict[str, BackendKind[Any]] = {}
+    for entry in entry_points(group="plait.backends"):
+        kind = entry.load()
+        if not isinstance(kind, BackendKind):
+            raise UsageError(
+                f"entry point {entry.name} = {entry.value!r} (group plait.backends) is not "
+                "an orchestrator.BackendKind; fix the package that registers it"
+            )
+        found[kind.name] = kind
+    return found
+
+
+def load_config(
+    source: str | os.PathLike[str] | Mapping[str, Any],
+    *,
+    kinds: Mapping[str, BackendKind[Any]] | None = None,
+) -> Config:
+    """Read and check a config: a `.toml`, `.yaml` or `.yml` file, or its contents as a dict.
+
+    `kinds`: the backend kinds allowed (default: those registered under `plait.backends`).
+    Raises `UsageError` naming the file, the key path and what is allowed.
+    """
+    if isinstance(source, Mapping):
+        name, data = "<dict>", dict(source)
+    else:
+        name, data = str(source), read_config_file(source)
+    kinds = backend_kinds() if kinds is None else kinds
+    problems: list[str] = []
+    try:
+        top = _File.model_validate(data)
+    except ValidationError as exc:
+        raise UsageError(_report(name, [_problem(e) for e in exc.errors()])) from None
+    backends: dict[str, BackendConfig] = {}
+    limits = {resource: lim.to_limits() for resource, lim in top.limits.items()}
+    for backend, table in top.backends.items():
+        where = ("backends", backend)
+        if backend in top.limits:
+            problems.append(
+                f"limits.{backend}: backend {backend!r} has its own limits table; "
+                f"set them once, in backends.{backend}.limits"
+            )
+        table = dict(table)
+        kind_name = table.pop("kind", None)
+        raw_limits = table.pop("limits", None)
+        kind = kinds.get(kind_name) if isinstance(kind_name, str) else None
+        settings: ConfigSection | None = None
+        if kind is None:
+            known = ", ".join(kinds) or "none (is plait installed? run `pip install -e .`)"
+            said = "missing" if kind_name is None else f"unknown backend kind {kind_name!r}"
+            problems.append(f"{_path((*where, 'kind'))}: {said}; choose one of {known}")
+        else:
+            try:
+                settings = kind.settings.model_validate(table)
+            except ValidationError as exc:
+                problems.extend(_problem(e, where) for e in exc.errors())
+        backend_limits: Limits | None = None
+        if raw_limits is not None:
+            try:
+                backend_limits = LimitsSettings.model_validate(raw_limits).to_limits()
+            except ValidationError as exc:
+                problems.extend(_problem(e, (*where, "limits")) for e in exc.errors())
+        if kind is not None and settings is not None:
+            backends[backend] = BackendConfig(backend, kind, settings, backend_limits, name)
+            if backend_limits is not None:
+                limits[backend] = backend_limits
+    if problems:
+        raise UsageError(_report(name, problems))
+    return Config(source=name, engine=top.engine, backends=backends, limits=limits)
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The contents of a `.toml`, `.yaml` or `.yml` file, unchecked; `UsageError` if it
+    cannot be read or parsed (with the line, when the parser says where)."""
+    file = Path(path)
+    suffix = file.suffix.lower()
+    if suffix not in SUFFIXES:
+        raise UsageError(
+            f"{path}: unknown config file type {suffix or '(no extension)'!r}; "
+            "use a .toml, .yaml or .yml file"
+        )
+    if not file.is_file():
+        raise UsageError(f"no config file at {str(path)!r}; check the path")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read it: {exc}") from exc
+    data: Any
+    if suffix == ".toml":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise UsageError(f"{path}: not valid TOML: {exc}") from exc
+    else:
+        try:
+            data = yaml.load(text, Loader=_YAMLLoader)
+        except yaml.YAMLError as exc:
+            raise UsageError(f"{path}: not valid YAML: {_yaml_problem(exc)}") from exc
+    if data is None:  # an empty YAML file
+        return {}
+    if not isinstance(data, dict):
+        raise UsageError(
+            f"{path}: the top level must be a mapping with the keys engine, backends, "
+            f"limits; found a {type(data).__name__}"
+        )
+    return data
+
+
+class _YAMLLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice is an error (as in TOML), not
+    silently the last one."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    if mark is None:
+        return str(problem)
+    return f"{problem} (at line {mark.line + 1}, column {mark.column + 1})"
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _problem(error: ErrorDetails, prefix: tuple[int | str, ...] = ()) -> str:
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "missing":
+        message = "missing; this key is required"
+    elif error["type"] != "value_error" and not isinstance(error.get("input"), Mapping | list):
+        message += f" (got {error['input']!r})"  # our own messages quote the value already
+    loc = (*prefix, *error["loc"])
+    return f"{_path(loc)}: {message}" if loc else message
+
+
+def _report(source: str, problems: list[str]) -> str:
+    if len(problems) == 1:
+        return f"{source}: {problems[0]}"
+    return f"{source}: {len(problems)} problems:\n" + "\n".join(f"  {p}" for p in problems)
