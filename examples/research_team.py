@@ -3,11 +3,13 @@ per topic runs in parallel, and a writer waits for all of them.
 
     plait run examples/research_team.py
 
-By default the team runs on the simulated H100 serving Llama-3.1-8B, in virtual time: the
-timings, batching and prefix caching are those of the simulated GPU, and the run takes a
-fraction of a second. The simulator's text is noise, so the planner's answer is read as a
-list of topic words when it is not JSON. `fake_backends()` answers with readable text
-instead (the tests use it); point `backends()` at a real server to use a real model.
+By default the team runs on the simulated H100 serving Llama-3.1-8B, in virtual time, as
+plait.toml beside this file says (`CONFIG`): the timings, batching and prefix caching are
+those of the simulated GPU, and the run takes a fraction of a second. The simulator's text
+is noise, so the planner's answer is read as a list of topic words when it is not JSON.
+`fake_backends()` answers with readable text instead (the tests use it); to use a real model,
+point a config file at a real server (plait.toml shows a vLLM router) and pass it with
+`plait run examples/research_team.py --config my.toml`.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from __future__ import annotations
 import json
 
 from agents import Agent
-from executors import FunctionLLM, SimServer
+from executors import FunctionLLM
 from orchestrator import Clock, Hints, LLMBackend, LLMRequest, TaskContext, Workflow
 
 CLOCK = "virtual"
+CONFIG = "plait.toml"  # the backends and limits; `plait run --config` picks another
 
 planner = Agent(
     "planner",
@@ -41,10 +44,6 @@ QUESTIONS = [
     "When does prefix-aware routing beat round-robin over replicas?",
     "How long should a server keep a paused agent's KV cache?",
 ]
-
-
-def backends(clock: Clock) -> dict[str, LLMBackend]:
-    return {"default": SimServer("h100-llama3-8b", clock=clock)}
 
 
 def fake_reply(request: LLMRequest, hints: Hints) -> str:

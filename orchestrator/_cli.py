@@ -1,8 +1,10 @@
 """`plait`: run a workflow module from the command line with a live progress view.
 
 A workflow module defines `workflows()` returning a Workflow or a list of them, and may
-define `backends(clock)` returning the LLM backends by name and `CLOCK = "virtual"` to run
-on virtual time (simulated latencies without waiting for them).
+define `backends(clock)` returning the LLM backends by name, `CLOCK = "virtual"` to run
+on virtual time (simulated latencies without waiting for them) and `CONFIG = "plait.toml"`
+(a config file beside it, used when `--config` is not given). A config file defines
+backends, their limits and engine settings; `plait config check FILE` validates one.
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
+from ._admission import Limits
 from ._clock import Clock, SystemClock, VirtualClock
+from ._config import Config, load_config
 from ._engine import Engine
 from ._errors import PlaitError, UsageError
 from ._events import Event
+from ._llm import LLMBackend
 from ._scheduler import POLICIES
 from ._workflow import Workflow
 
@@ -158,11 +163,62 @@ def workflows_of(module: ModuleType) -> list[Workflow]:
     return found
 
 
-async def run_module(
-    module: ModuleType, clock: Clock, policy: str, progress: Progress
-) -> Mapping[str, str]:
+def config_of(module: ModuleType, path: str | None) -> Config | None:
+    """The config named by `--config`, else by the module's CONFIG (beside the module)."""
+    if path is None:
+        own = getattr(module, "CONFIG", None)
+        if own is None:
+            return None
+        path = str(Path(module.__file__ or ".").parent / own)
+    return load_config(path)
+
+
+def backends_of(module: ModuleType, config: Config | None, clock: Clock) -> dict[str, LLMBackend]:
+    """The module's `backends(clock)` and the config's, which must not share a name."""
     make_backends = getattr(module, "backends", None)
-    backends = make_backends(clock) if callable(make_backends) else {}
+    backends = dict(make_backends(clock)) if callable(make_backends) else {}
+    if config is not None:
+        from_file = config.build_backends(clock)
+        twice = sorted(backends.keys() & from_file.keys())
+        if twice:
+            raise UsageError(
+                f"backend {twice[0]!r} is defined twice: by backends() in {module.__file__} "
+                f"and in {config.source}; rename or remove one of them"
+            )
+        backends.update(from_file)
+    return backends
+
+
+def limits_of(
+    backends: Iterable[str],
+    config: Config | None,
+    max_in_flight: int | None = None,
+    max_waiting: int | None = None,
+) -> dict[str, Limits]:
+    """The config's limits, with the command line's bounds laid over every LLM backend's."""
+    limits = dict(config.limits) if config is not None else {}
+    if max_in_flight is not None or max_waiting is not None:
+        for name in backends:
+            base = limits.get(name, Limits())
+            limits[name] = Limits(
+                max_in_flight=base.max_in_flight if max_in_flight is None else max_in_flight,
+                max_waiting=base.max_waiting if max_waiting is None else max_waiting,
+            )
+    return limits
+
+
+async def run_module(
+    module: ModuleType,
+    clock: Clock,
+    policy: str,
+    progress: Progress,
+    *,
+    config: Config | None = None,
+    max_in_flight: int | None = None,
+    max_waiting: int | None = None,
+) -> Mapping[str, str]:
+    backends = backends_of(module, config, clock)
+    limits = limits_of(backends, config, max_in_flight, max_waiting)
     flows: Iterable[Workflow] = workflows_of(module)
     statuses: dict[str, str] = {}
     async with contextlib.AsyncExitStack() as stack:
@@ -171,7 +227,7 @@ async def run_module(
             # pool) are async context managers; they live as long as the run.
             if isinstance(backend, contextlib.AbstractAsyncContextManager):
                 await stack.enter_async_context(backend)
-        async with Engine(backends=backends, clock=clock, policy=policy) as engine:
+        async with Engine(backends=backends, clock=clock, policy=policy, limits=limits) as engine:
             async for event in engine.iter(*flows):
                 progress.apply(event)
                 if event.kind == "workflow_finished":
@@ -183,33 +239,98 @@ async def run_module(
     return statuses
 
 
+def check_config(path: str, out: TextIO) -> None:
+    """Validate a config file and print what it defines; builds the backends (so missing
+    environment variables show) but connects to nothing and starts nothing."""
+    config = load_config(path)
+    config.build_backends()
+    engine = config.engine
+    clock = engine.clock or "the module's CLOCK"
+    out.write(f"{config.source}: valid\nengine: policy {engine.policy}, clock {clock}\n")
+    for name, backend in config.backends.items():
+        out.write(f"backend {name!r} ({backend.kind.name}): {backend.describe()}\n")
+        if backend.limits is not None:
+            out.write(f"  limits: {_limits_text(backend.limits)}\n")
+    if not config.backends:
+        out.write("no backends defined\n")
+    for name, limits in config.limits.items():
+        if name not in config.backends:
+            out.write(f"resource {name!r}: {_limits_text(limits)}\n")
+
+
+def _limits_text(limits: Limits) -> str:
+    return f"at most {limits.max_in_flight} in flight, {limits.max_waiting} waiting"
+
+
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     parser = argparse.ArgumentParser(prog="plait", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the workflows of a Python module")
     run.add_argument("path", help="a .py file defining workflows()")
-    run.add_argument("--policy", choices=sorted(POLICIES), default="fcfs")
+    run.add_argument("--policy", choices=sorted(POLICIES), help="default: the config's, else fcfs")
     run.add_argument(
         "--clock",
         choices=["virtual", "system"],
-        help="virtual: simulated latencies cost no wall time (default: the module's CLOCK)",
+        help="virtual: simulated latencies cost no wall time "
+        "(default: the config's, else the module's CLOCK)",
     )
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        help="a .toml/.yaml file of backends, limits and engine settings "
+        "(default: the module's CONFIG, if it names one)",
+    )
+    run.add_argument(
+        "--max-in-flight",
+        type=int,
+        metavar="N",
+        help="calls in flight per LLM backend (overrides the config)",
+    )
+    run.add_argument(
+        "--max-waiting",
+        type=int,
+        metavar="N",
+        help="calls allowed to wait per LLM backend (overrides the config)",
+    )
+    config = sub.add_parser("config", help="configuration files")
+    verbs = config.add_subparsers(dest="config_command", required=True)
+    check = verbs.add_parser(
+        "check", help="validate a config file and print its backends, without connecting"
+    )
+    check.add_argument("path", help="a .toml, .yaml or .yml file")
     # Other packages add commands (`plait sim ...`) without this one importing them.
     for entry in entry_points(group="plait.cli"):
         entry.load()(sub)
     args = parser.parse_args(argv)
-    if args.command != "run":
+    if args.command not in ("run", "config"):
         code: int = args.handler(args)
         return code
     try:
+        if args.command == "config":
+            check_config(args.path, out)
+            return 0
         module = load_module(args.path)
-        clock_name = args.clock or getattr(module, "CLOCK", "system")
+        settings = config_of(module, args.config)
+        engine = settings.engine if settings is not None else None
+        from_file = engine.clock if engine is not None else None
+        clock_name = str(args.clock or from_file or getattr(module, "CLOCK", "system"))
+        policy = args.policy or (engine.policy if engine is not None else "fcfs")
         clock: Clock = VirtualClock() if clock_name == "virtual" else SystemClock()
         progress = Progress(out, live=out.isatty())
         started = time.perf_counter()
         with asyncio.Runner(loop_factory=clock.new_event_loop) as runner:
-            statuses = runner.run(run_module(module, clock, args.policy, progress))
+            statuses = runner.run(
+                run_module(
+                    module,
+                    clock,
+                    policy,
+                    progress,
+                    config=settings,
+                    max_in_flight=args.max_in_flight,
+                    max_waiting=args.max_waiting,
+                )
+            )
         if progress.live:
             out.write("\n")
         out.write(progress.summary(time.perf_counter() - started, clock_name) + "\n")

@@ -1,0 +1,604 @@
+"""Config files: TOML and YAML read to the same checked model, every mistake is a UsageError
+that names the file and the key, backends are built as configured, and the CLI runs from one."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from executors import OpenAIBackend, Router, SimServer, backends_from_config
+from orchestrator import (
+    Config,
+    Hints,
+    LLMRequest,
+    Message,
+    UsageError,
+    VirtualClock,
+    load_config,
+)
+from orchestrator._cli import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+RESEARCH = str(EXAMPLES / "research_team.py")
+
+FULL_TOML = """
+[engine]
+policy = "slack"
+clock = "virtual"
+
+[backends.gpu]
+kind = "openai"
+url = "http://gpu0:8000/v1"
+dialect = "vllm"
+model = "llama"
+api_key_env = "PLAIT_TEST_KEY"
+timeout_s = 30
+slots = 4
+limits = { max_in_flight = 8, max_waiting = 100 }
+
+[backends.pool]
+kind = "router"
+dialect = "sglang"
+model = "llama"
+block_tokens = 32
+max_imbalance = 2.0
+readmit_after_s = 5
+health_interval_s = 0
+
+[[backends.pool.endpoints]]
+url = "http://gpu1:8000/v1"
+name = "one"
+
+[[backends.pool.endpoints]]
+url = "http://gpu2:8000/v1"
+name = "two"
+dialect = "vllm"
+timeout_s = 10
+
+[backends.sim]
+kind = "sim"
+profile = "cpu-tiny"
+seed = 7
+replicas = 3
+
+[limits.tools]
+max_in_flight = 2
+"""
+
+FULL_YAML = """
+engine: {policy: slack, clock: virtual}
+backends:
+  gpu:
+    kind: openai
+    url: http://gpu0:8000/v1
+    dialect: vllm
+    model: llama
+    api_key_env: PLAIT_TEST_KEY
+    timeout_s: 30
+    slots: 4
+    limits: {max_in_flight: 8, max_waiting: 100}
+  pool:
+    kind: router
+    dialect: sglang
+    model: llama
+    block_tokens: 32
+    max_imbalance: 2.0
+    readmit_after_s: 5
+    health_interval_s: 0
+    endpoints:
+      - {url: "http://gpu1:8000/v1", name: one}
+      - {url: "http://gpu2:8000/v1", name: two, dialect: vllm, timeout_s: 10}
+  sim: {kind: sim, profile: cpu-tiny, seed: 7, replicas: 3}
+limits:
+  tools: {max_in_flight: 2}
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def comparable(config: Config) -> Any:
+    backends = {name: (b.kind.name, b.settings, b.limits) for name, b in config.backends.items()}
+    return config.engine, backends, dict(config.limits)
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+
+def test_toml_and_yaml_read_to_the_same_config(tmp_path: Path) -> None:
+    toml = load_config(write(tmp_path, "p.toml", FULL_TOML))
+    yaml = load_config(write(tmp_path, "p.yml", FULL_YAML))
+    assert comparable(toml) == comparable(yaml)
+    assert toml.source.endswith("p.toml")
+    assert toml.engine.policy == "slack" and toml.engine.clock == "virtual"
+    assert [b.kind.name for b in toml.backends.values()] == ["openai", "router", "sim"]
+    assert toml.limits["gpu"].max_in_flight == 8 and toml.limits["gpu"].max_waiting == 100
+    assert toml.limits["tools"].max_in_flight == 2
+    assert "pool" not in toml.limits  # no limits given: the engine's defaults apply
+
+
+def test_the_shipped_examples_agree() -> None:
+    toml = load_config(EXAMPLES / "plait.toml")
+    yaml = load_config(EXAMPLES / "plait.yaml")
+    assert comparable(toml) == comparable(yaml)
+    assert toml.engine.clock == "virtual"
+    assert toml.backends["default"].kind.name == "sim"
+
+
+def commented_router(text: str) -> tuple[str, str]:
+    """The documented-only router at the end of examples/plait.toml, uncommented: once with
+    `urls` and once with `endpoints` (the two ways it shows; `##` marks its prose)."""
+    tail = text[text.index("# [backends.default]") :]
+    lines = [ln.removeprefix("# ") for ln in tail.splitlines() if not ln.startswith("##")]
+    both = "\n".join("" if ln == "#" else ln for ln in lines)
+    first_member = both.index("[[backends.default.endpoints]]")
+    with_urls = both[:first_member]
+    with_endpoints = re.sub(r"^urls = .*$", "", both, flags=re.M)
+    return with_urls, with_endpoints
+
+
+def test_the_commented_vllm_router_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VLLM_API_KEY", "k")
+    for variant in commented_router((EXAMPLES / "plait.toml").read_text()):
+        [router] = backends_from_config(_toml_dict(variant)).values()
+        assert isinstance(router, Router)
+        assert [b.base_url for b in router.backends] == [  # type: ignore[attr-defined]
+            "http://gpu1:8000/v1",
+            "http://gpu2:8000/v1",
+        ]
+        assert {b.dialect for b in router.backends} == {"vllm"}  # type: ignore[attr-defined]
+
+
+def _toml_dict(text: str) -> dict[str, Any]:
+    import tomllib
+
+    return tomllib.loads(text)
+
+
+# --- every mistake names the file and the key ------------------------------------------------
+
+
+def error_of(tmp_path: Path, name: str, text: str) -> str:
+    path = write(tmp_path, name, text)
+    with pytest.raises(UsageError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert str(path) in message
+    return message
+
+
+def test_an_unknown_extension_is_refused(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "plait.ini", "[engine]\n")
+    assert "unknown config file type '.ini'; use a .toml, .yaml or .yml file" in message
+
+
+def test_a_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match=r"no config file at '.*nope\.toml'"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_malformed_toml_says_where(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "p.toml", '[engine]\npolicy = "las"\nclock = \n')
+    assert "not valid TOML" in message and "line 3" in message
+
+
+def test_malformed_yaml_says_where(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "p.yaml", "engine:\n  policy: las\n clock: [virtual\n")
+    assert "not valid YAML" in message and re.search(r"line [23], column", message)
+
+
+def test_a_yaml_key_given_twice_is_an_error_as_in_toml(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "p.yaml", "engine:\n  policy: las\n  policy: fcfs\n")
+    assert "duplicate key 'policy' (at line 3, column 3)" in message
+
+
+def test_a_yaml_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
+    message = error_of(tmp_path, "p.yaml", "- engine\n- backends\n")
+    assert "the top level must be a mapping with the keys engine, backends, limits" in message
+
+
+def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "p.yaml", ""))
+    assert config.backends == {} and config.engine.policy == "fcfs"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '[backends.gpu]\nkind = "openai"\nurl = "http://x/v1"\ndialect = "vlm"\n',
+            "backends.gpu.dialect: unknown dialect 'vlm'; choose one of vllm, vllm-continuum, "
+            "sglang, dynamo, llamacpp, openai, sim",
+        ),
+        (
+            '[backends.s]\nkind = "sim"\nprofile = "a100"\n',
+            "backends.s.profile: unknown simulator profile 'a100'; choose one of h100-llama3-8b,",
+        ),
+        (
+            '[backends.gpu]\nkind = "openai"\nurl = "http://x/v1"\ndialekt = "vllm"\n',
+            "backends.gpu: unknown key 'dialekt'; allowed: url, dialect, model, api_key, "
+            "api_key_env, timeout_s, slots",
+        ),
+        (
+            '[engine]\npolicy = "lifo"\n',
+            "engine.policy: unknown policy 'lifo'; choose one of fcfs, las, slack",
+        ),
+        (
+            '[engine]\nclock = "wall"\n',
+            "engine.clock: Input should be 'system' or 'virtual' (got 'wall')",
+        ),
+        (
+            '[backends.s]\nkind = "sim"\nseed = "7"\n',
+            "backends.s.seed: Input should be a valid integer (got '7')",
+        ),
+        ('[backends.gpu]\nurl = "http://x/v1"\n', "backends.gpu.kind: missing; choose one of"),
+        ('[backends.gpu]\nkind = "gpu"\n', "backends.gpu.kind: unknown backend kind 'gpu'"),
+        (
+            '[backends.gpu]\nkind = "openai"\n',
+            "backends.gpu.url: missing; this key is required",
+        ),
+        (
+            '[backends.gpu]\nkind = "openai"\nurl = "u"\napi_key = "k"\napi_key_env = "K"\n',
+            "backends.gpu: give api_key or api_key_env, not both",
+        ),
+        (
+            '[backends.r]\nkind = "router"\n',
+            "backends.r: give the members as either urls or endpoints (exactly one)",
+        ),
+        (
+            '[backends.r]\nkind = "router"\nurls = []\n',
+            "backends.r: a router needs at least one endpoint",
+        ),
+        (
+            '[backends.r]\nkind = "router"\nurls = ["http://a/v1", "http://a/v1"]\n',
+            "backends.r: endpoint 'http://a/v1' is listed twice",
+        ),
+        (
+            '[backends.r]\nkind = "router"\nendpoints = [{url = "u", dialect = "x"}]\n',
+            "backends.r.endpoints[0].dialect: unknown dialect 'x'",
+        ),
+        (
+            '[backends.s]\nkind = "sim"\nlimits = { max_in_flight = 0 }\n',
+            "backends.s.limits.max_in_flight: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            '[backends.s]\nkind = "sim"\n[limits.s]\nmax_in_flight = 2\n',
+            "limits.s: backend 's' has its own limits table; set them once, in backends.s.limits",
+        ),
+        ("[backend.s]\n", "unknown key 'backend'; allowed: engine, backends, limits"),
+        ("backends = 3\n", "backends: Input should be a valid dictionary (got 3)"),
+    ],
+)
+def test_each_mistake_names_the_key_and_what_is_allowed(
+    tmp_path: Path, text: str, expected: str
+) -> None:
+    assert expected in error_of(tmp_path, "p.toml", text)
+
+
+def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
+    message = error_of(
+        tmp_path,
+        "p.toml",
+        '[backends.a]\nkind = "sim"\nprofile = "x"\n[backends.b]\nkind = "nope"\n',
+    )
+    assert "2 problems" in message
+    assert "backends.a.profile" in message and "backends.b.kind" in message
+
+
+# --- building ----------------------------------------------------------------------------------
+
+
+def test_backends_are_built_as_configured(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PLAIT_TEST_KEY", "secret")
+    clock = VirtualClock()
+    built = backends_from_config(write(tmp_path, "p.toml", FULL_TOML), clock)
+    assert list(built) == ["gpu", "pool", "sim"]
+
+    gpu = built["gpu"]
+    assert isinstance(gpu, OpenAIBackend)
+    assert (gpu.base_url, gpu.dialect, gpu.model, gpu.name, gpu.slots) == (
+        "http://gpu0:8000/v1",
+        "vllm",
+        "llama",
+        "gpu",
+        4,
+    )
+
+    pool = built["pool"]
+    assert isinstance(pool, Router)
+    assert pool.names == ["one", "two"]
+    assert pool.block_tokens == 32 and pool.readmit_after_s == 5
+    assert pool.policy.max_imbalance == 2.0
+    assert pool.health_interval_s is None  # 0 in the file: no probes
+    assert pool.tokenize is None
+    one, two = pool.backends
+    assert isinstance(one, OpenAIBackend) and isinstance(two, OpenAIBackend)
+    # What a member leaves out it takes from the router's table.
+    assert (one.base_url, one.dialect, one.model) == ("http://gpu1:8000/v1", "sglang", "llama")
+    assert (two.base_url, two.dialect, two.model) == ("http://gpu2:8000/v1", "vllm", "llama")
+    assert one.name == "pool/one"
+
+    sims = built["sim"]
+    assert isinstance(sims, Router)
+    assert sims.names == ["sim-0", "sim-1", "sim-2"]
+    assert all(isinstance(s, SimServer) for s in sims.backends)
+    assert [s.seed for s in sims.backends] == [7, 8, 9]  # type: ignore[attr-defined]
+    assert {s.profile.name for s in sims.backends} == {"cpu-tiny"}  # type: ignore[attr-defined]
+    assert sims.block_tokens == sims.backends[0].profile.block_size  # type: ignore[attr-defined]
+
+
+def test_one_simulated_server_is_not_wrapped_in_a_router() -> None:
+    [sim] = backends_from_config({"backends": {"d": {"kind": "sim", "seed": 3}}}).values()
+    assert isinstance(sim, SimServer)
+    assert sim.profile.name == "h100-llama3-8b" and sim.seed == 3
+
+
+def test_a_missing_key_variable_is_named_when_building(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PLAIT_TEST_KEY", raising=False)
+    path = write(tmp_path, "p.toml", FULL_TOML)
+    config = load_config(path)  # reading does not need the secret
+    with pytest.raises(UsageError) as caught:
+        config.build_backends()
+    assert str(caught.value) == (
+        f"{path}: backends.gpu: api_key_env: the environment variable PLAIT_TEST_KEY is not "
+        "set; export it before running, or remove api_key_env for a server without keys"
+    )
+
+
+def test_a_tokenizer_needs_transformers() -> None:
+    if importlib.util.find_spec("transformers") is not None:
+        pytest.skip("transformers is installed here")
+    source = {"backends": {"r": {"kind": "router", "urls": ["u"], "tokenizer": "gpt2"}}}
+    with pytest.raises(UsageError, match="'gpt2' needs the transformers package"):
+        backends_from_config(source)
+
+
+@asynccontextmanager
+async def key_recorder(seen: list[dict[str, Any]]) -> AsyncIterator[str]:
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        seen.append({"auth": request.headers.get("Authorization"), **body})
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "ok"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        )
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield str(server.make_url("/v1"))
+    finally:
+        await server.close()
+
+
+def test_a_built_endpoint_sends_the_key_from_the_environment_and_its_dialect(
+    clock: VirtualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAIT_TEST_KEY", "s3cret")
+    seen: list[dict[str, Any]] = []
+    request = LLMRequest((Message("user", "hi"),), "asked-for", max_tokens=4)
+
+    async def go() -> str:
+        async with key_recorder(seen) as url:
+            source = {
+                "backends": {
+                    "gpu": {
+                        "kind": "openai",
+                        "url": url,
+                        "dialect": "vllm",
+                        "model": "served",
+                        "api_key_env": "PLAIT_TEST_KEY",
+                    }
+                }
+            }
+            backend = backends_from_config(source)["gpu"]
+            assert isinstance(backend, OpenAIBackend)
+            async with backend:
+                return (await backend.complete(request, Hints(program_id="p1"))).text
+
+    assert clock.run(go()) == "ok"
+    [body] = seen
+    assert body["auth"] == "Bearer s3cret"
+    assert body["model"] == "served"
+    assert body["session_id"] == "p1" and "priority" in body  # the vllm dialect's fields
+
+
+# --- the CLI -----------------------------------------------------------------------------------
+
+
+def mean_completion(text: str) -> float:
+    found = re.search(r"mean completion ([0-9.]+) s on the (\w+) clock", text)
+    assert found, text
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("name", ["plait.toml", "plait.yaml"])
+def test_cli_runs_the_research_team_from_a_config(name: str) -> None:
+    out = io.StringIO()
+    assert main(["run", RESEARCH, "--config", str(EXAMPLES / name)], out=out) == 0
+    text = out.getvalue()
+    assert "4 workflow(s), 4 succeeded" in text
+    assert "on the virtual clock" in text
+    assert "backend 'default': simulated h100-llama3-8b" in text
+
+
+def test_command_line_limits_override_the_file(tmp_path: Path) -> None:
+    config = str(EXAMPLES / "plait.toml")
+    wide, narrow, from_file = io.StringIO(), io.StringIO(), io.StringIO()
+    assert main(["run", RESEARCH, "--config", config], out=wide) == 0
+    assert main(["run", RESEARCH, "--config", config, "--max-in-flight", "1"], out=narrow) == 0
+    one_at_a_time = write(
+        tmp_path,
+        "one.toml",
+        (EXAMPLES / "plait.toml").read_text().replace("max_in_flight = 32", "max_in_flight = 1"),
+    )
+    assert main(["run", RESEARCH, "--config", str(one_at_a_time)], out=from_file) == 0
+    # One call at a time on the simulated GPU: no batching, so every program finishes later;
+    # the same bound from the file or from the command line gives the same virtual times.
+    assert mean_completion(narrow.getvalue()) > 2 * mean_completion(wide.getvalue())
+    assert mean_completion(narrow.getvalue()) == mean_completion(from_file.getvalue())
+
+
+def test_the_clock_comes_from_the_file_unless_the_command_line_says(tmp_path: Path) -> None:
+    flow = write(
+        tmp_path,
+        "flow.py",
+        "from orchestrator import Workflow\n"
+        "def workflows():\n"
+        "    wf = Workflow('one')\n"
+        "    wf.add('a', lambda: 1)\n"
+        "    return wf\n",
+    )
+    config = write(tmp_path, "p.toml", '[engine]\nclock = "virtual"\npolicy = "las"\n')
+    out = io.StringIO()
+    assert main(["run", str(flow), "--config", str(config)], out=out) == 0
+    assert "on the virtual clock" in out.getvalue()
+    out = io.StringIO()
+    assert main(["run", str(flow), "--config", str(config), "--clock", "system"], out=out) == 0
+    assert "on the system clock" in out.getvalue()
+
+
+def test_a_backend_defined_by_the_module_and_the_file_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flow = write(
+        tmp_path,
+        "flow.py",
+        "from executors import echo, FunctionLLM\n"
+        "from orchestrator import Workflow\n"
+        "def backends(clock):\n"
+        "    return {'default': FunctionLLM(echo)}\n"
+        "def workflows():\n"
+        "    return Workflow('w')\n",
+    )
+    config = write(tmp_path, "p.toml", '[backends.default]\nkind = "sim"\n')
+    assert main(["run", str(flow), "--config", str(config)], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "backend 'default' is defined twice: by backends() in" in err
+    assert f"and in {config}; rename or remove one of them" in err
+
+
+def test_a_module_and_a_file_with_different_backends_are_merged(tmp_path: Path) -> None:
+    flow = write(
+        tmp_path,
+        "flow.py",
+        "from agents import Agent\n"
+        "from executors import echo, FunctionLLM\n"
+        "from orchestrator import Workflow\n"
+        "CLOCK = 'virtual'\n"
+        "def backends(clock):\n"
+        "    return {'fake': FunctionLLM(echo, clock=clock)}\n"
+        "def workflows():\n"
+        "    wf = Workflow('w')\n"
+        "    wf.add('a', Agent('a', 'sys', backend='fake').ask('hi'))\n"
+        "    wf.add('b', Agent('b', 'sys').ask('hi', max_tokens=4))\n"
+        "    return wf\n",
+    )
+    config = write(tmp_path, "p.toml", '[backends.default]\nkind = "sim"\n')
+    out = io.StringIO()
+    assert main(["run", str(flow), "--config", str(config)], out=out) == 0
+    assert "backend 'default': simulated h100-llama3-8b: 1 requests" in out.getvalue()
+
+
+def test_a_bad_config_stops_the_run_with_its_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write(tmp_path, "p.toml", '[backends.default]\nkind = "sim"\nprofile = "a100"\n')
+    assert main(["run", RESEARCH, "--config", str(config)], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"plait: error: {config}: backends.default.profile: unknown")
+    assert "Traceback" not in err
+
+
+def test_config_check_prints_the_resolved_backends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAIT_TEST_KEY", "secret")
+    path = write(tmp_path, "p.toml", FULL_TOML)
+    out = io.StringIO()
+    assert main(["config", "check", str(path)], out=out) == 0
+    text = out.getvalue()
+    assert text.splitlines()[:2] == [f"{path}: valid", "engine: policy slack, clock virtual"]
+    assert (
+        "backend 'gpu' (openai): vllm endpoint http://gpu0:8000/v1, model llama, "
+        "key from $PLAIT_TEST_KEY (set), timeout 30 s, 4 slots\n"
+        "  limits: at most 8 in flight, 100 waiting\n"
+    ) in text
+    assert "backend 'pool' (router): router over 2 endpoint(s), blocks of 32 tokens" in text
+    assert "  two: vllm endpoint http://gpu2:8000/v1, model llama, no key, timeout 10 s" in text
+    assert "backend 'sim' (sim): simulated cpu-tiny" in text and "3 replicas" in text
+    assert "resource 'tools': at most 2 in flight" in text
+    assert "secret" not in text  # never print a key
+
+
+def test_config_check_refuses_a_bad_file_and_a_missing_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = write(tmp_path, "bad.yaml", "engine:\n  policy: lifo\n")
+    assert main(["config", "check", str(bad)], out=io.StringIO()) == 2
+    assert "engine.policy: unknown policy 'lifo'" in capsys.readouterr().err
+    monkeypatch.delenv("PLAIT_TEST_KEY", raising=False)
+    secret = write(tmp_path, "p.toml", FULL_TOML)
+    assert main(["config", "check", str(secret)], out=io.StringIO()) == 2
+    assert "PLAIT_TEST_KEY is not set" in capsys.readouterr().err
+
+
+def test_load_config_takes_a_dict_too() -> None:
+    config = load_config({"engine": {"policy": "las"}})
+    assert config.source == "<dict>" and config.engine.policy == "las"
+    with pytest.raises(UsageError, match=r"^<dict>: engine.policy: unknown policy"):
+        load_config({"engine": {"policy": "lifo"}})
+
+
+def test_python_api_runs_a_workflow_on_configured_backends(clock: VirtualClock) -> None:
+    from agents import Agent
+    from orchestrator import Engine, RunResult, Workflow
+
+    source = EXAMPLES / "plait.toml"
+    config = load_config(source)
+
+    async def go() -> RunResult:
+        backends = backends_from_config(source)
+        async with contextlib.AsyncExitStack() as stack:
+            for backend in backends.values():
+                if isinstance(backend, contextlib.AbstractAsyncContextManager):
+                    await stack.enter_async_context(backend)
+            async with Engine(
+                backends=backends, policy=config.engine.policy, limits=config.limits
+            ) as engine:
+                wf = Workflow("w")
+                wf.add("a", Agent("a", "sys").ask("hi", max_tokens=5))
+                return await engine.run(wf)
+
+    result = clock.run(go())
+    assert result.ok and result.llm_calls == 1
+    assert result.duration > 0  # the simulated GPU took (virtual) time to answer
