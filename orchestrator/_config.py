@@ -27,8 +27,14 @@ from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic import model_validator as _model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from ._admission import Limits
@@ -49,7 +55,7 @@ class ConfigSection(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    @_model_validator(mode="before")
+    @model_validator(mode="before")
     @classmethod
     def _known_keys_only(cls, data: Any) -> Any:
         # pydantic's own "extra" error names the key but not what is allowed; say both.
