@@ -17,13 +17,14 @@ from ._openai import OpenAIBackend
 from ._router import ReplicaStats, Router
 from ._routing import Choice, PrefixRouter
 from ._sim import RequestTooLongError, SimServer, SimStats
-from ._simhttp import SimHTTP
+from ._simhttp import Faults, SimHTTP
 from ._simprofile import PROFILES, Profile, get_profile
 
 __all__ = [
     "DIALECTS",
     "PROFILES",
     "Choice",
+    "Faults",
     "FunctionLLM",
     "GroupingStats",
     "LoadReport",

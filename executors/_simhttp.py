@@ -15,14 +15,16 @@ the field; nothing a client sends can crash the server.
 from __future__ import annotations
 
 import json
+import random
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator import BackendError, Hints, LLMRequest, Message, Sampling
+from orchestrator import BackendError, Hints, LLMRequest, Message, Sampling, UsageError
 
 from ._sim import SimServer
 from ._simtext import CHARS_PER_TOKEN
@@ -89,12 +91,56 @@ def _pieces(text: str) -> list[str]:
     return [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
 
 
-class SimHTTP:
-    """Serves one `SimServer`. Build the app with `app()`; run it with aiohttp."""
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """Failures to inject into completions (chat and text; never /health or /metrics).
 
-    def __init__(self, server: SimServer) -> None:
+    Each request draws once from a `random.Random(seed)`: with probability `error_rate` it
+    gets a 500, with `timeout_rate` the server holds it for `hold_s` seconds of its clock
+    (past any sane client timeout) and then answers 504.
+    """
+
+    error_rate: float = 0.0
+    timeout_rate: float = 0.0
+    hold_s: float = 3600.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.error_rate < 0 or self.timeout_rate < 0:
+            raise UsageError(f"{self}: rates must not be negative")
+        if self.error_rate + self.timeout_rate > 1:
+            raise UsageError(f"{self}: error_rate + timeout_rate must be at most 1")
+
+
+class SimHTTP:
+    """Serves one `SimServer`. Build the app with `app()`; run it with aiohttp.
+
+    `faults` makes it fail on purpose (`injected_errors`, `injected_timeouts` count them).
+    """
+
+    def __init__(self, server: SimServer, *, faults: Faults | None = None) -> None:
         self.server = server
         self.model = server.profile.model
+        self.faults = faults
+        self._dice = random.Random(faults.seed if faults else 0)
+        self.injected_errors = 0
+        self.injected_timeouts = 0
+
+    async def _inject(self) -> web.Response | None:
+        """The fault this request draws, if any."""
+        if self.faults is None:
+            return None
+        draw = self._dice.random()
+        if draw < self.faults.error_rate:
+            self.injected_errors += 1
+            body = {"error": {"message": "injected fault: internal error", "type": "server_error"}}
+            return web.json_response(body, status=500)
+        if draw < self.faults.error_rate + self.faults.timeout_rate:
+            self.injected_timeouts += 1
+            await self.server.clock.sleep(self.faults.hold_s)
+            body = {"error": {"message": "injected fault: held too long", "type": "timeout"}}
+            return web.json_response(body, status=504)
+        return None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -125,6 +171,9 @@ class SimHTTP:
         return body
 
     async def _run(self, request: LLMRequest, hints: Hints) -> dict[str, Any] | web.Response:
+        fault = await self._inject()
+        if fault is not None:
+            return fault
         try:
             response = await self.server.complete(request, hints)
         except BackendError as exc:

@@ -40,6 +40,7 @@ EXPECTED = {
         "backends_from_config",
         "GroupingStats", "PrefixGrouper",
         "LoadReport",
+        "Faults",
     },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
     "memory": set(),
