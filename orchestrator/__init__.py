@@ -54,7 +54,7 @@ from ._events import (
     WorkflowStarted,
     WorkflowStatus,
 )
-from ._keepalive import KeepAlive, PausePredictor
+from ._keepalive import CacheBudget, KeepAlive, PausePredictor
 from ._llm import (
     Hints,
     LLMBackend,
@@ -109,6 +109,7 @@ __all__ = [
     "BackendOverloadedError",
     "BackendRequestError",
     "BackendUnavailableError",
+    "CacheBudget",
     "Breaker",
     "CallRetry",
     "CallRetrying",

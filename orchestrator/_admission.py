@@ -19,10 +19,17 @@ from ._task import DEFAULT_FUNCTION_RESOURCE, DEFAULT_TOOL_RESOURCE, Task
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Bounds of one resource: calls running at once, and ready tasks allowed to wait."""
+    """Bounds of one resource: calls running at once, and ready tasks allowed to wait.
+
+    `kv_tokens` (LLM backends without a keep-alive control, optional): the KV cache the
+    server has, in tokens. Then a program's first call waits while the programs already on
+    this backend, running or paused within their keep-alive, fill it: admitting it would
+    evict a paused program's cache, which its next call would have to recompute.
+    """
 
     max_in_flight: int = 32
     max_waiting: int = 100_000
+    kv_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1 or self.max_waiting < 1:
@@ -30,6 +37,8 @@ class Limits:
                 f"Limits(max_in_flight={self.max_in_flight}, max_waiting={self.max_waiting}): "
                 "both must be at least 1"
             )
+        if self.kv_tokens is not None and self.kv_tokens < 1:
+            raise UsageError(f"Limits(kv_tokens={self.kv_tokens}) must be at least 1 or None")
 
 
 DEFAULT_LIMITS: Mapping[str, Limits] = {
@@ -96,12 +105,17 @@ class Admission:
     """Per-resource wait queues and in-flight counters; no I/O, no clock."""
 
     def __init__(
-        self, limits: Mapping[str, Limits], static_key: Callable[[Any], Any] | None = None
+        self,
+        limits: Mapping[str, Limits],
+        static_key: Callable[[Any], Any] | None = None,
+        held: Callable[[Any, str], bool] | None = None,
     ) -> None:
         """`static_key`, if given, ranks programs once and for all (lower first); otherwise
-        `admit` ranks the waiting programs every time with the key it is given."""
+        `admit` ranks the waiting programs every time with the key it is given. `held`
+        says whether a program must wait for a resource with `kv_tokens` (hold-back)."""
         self._resources = {name: _Resource(name, lim) for name, lim in limits.items()}
         self._static_key = static_key
+        self._held = held
         self._pending = False  # some resource may have both free slots and waiting work
 
     def knows(self, resource: str) -> bool:
@@ -138,6 +152,10 @@ class Admission:
         self._resources[resource].in_flight -= 1
         self._pending = True
 
+    def look_again(self) -> None:
+        """Something outside the counters changed (a held-back program may go now)."""
+        self._pending = True
+
     def admit(self, key: Callable[[Any], Any]) -> list[tuple[Any, Queued]]:
         """Take as much waiting work as free slots allow, best program first."""
         if not self._pending:
@@ -148,24 +166,39 @@ class Admission:
             free = res.limits.max_in_flight - res.in_flight
             if free <= 0 or res.waiting == 0:
                 continue
+            held = self._held if res.limits.kv_tokens is not None else None
             if self._static_key is not None:
-                self._admit_static(res, free, admitted)
+                self._admit_static(res, free, admitted, held)
                 continue
             queues = res.queues
             programs = sorted(queues, key=key) if len(queues) > 1 else list(queues)
             for program in programs:
+                if held is not None and held(program, res.name):
+                    continue
                 free = self._take(res, program, free, admitted)
                 if free == 0:
                     break
         return admitted
 
-    def _admit_static(self, res: _Resource, free: int, admitted: list[tuple[Any, Queued]]) -> None:
+    def _admit_static(
+        self,
+        res: _Resource,
+        free: int,
+        admitted: list[tuple[Any, Queued]],
+        held: Callable[[Any, str], bool] | None,
+    ) -> None:
         heap = res.heap
+        skipped = []
         while heap and free > 0:
             program = heap[0][1]
+            if held is not None and held(program, res.name):
+                skipped.append(heapq.heappop(heap))
+                continue
             free = self._take(res, program, free, admitted)
             if program not in res.queues:
                 heapq.heappop(heap)
+        for entry in skipped:
+            heapq.heappush(heap, entry)
 
     @staticmethod
     def _take(res: _Resource, program: Any, free: int, admitted: list[tuple[Any, Queued]]) -> int:

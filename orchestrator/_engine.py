@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import functools
+import math
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -39,7 +40,7 @@ from ._errors import (
     WorkflowStateError,
 )
 from ._events import Event, TaskRetrying, TaskStarted, WorkflowStarted
-from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive, PausePredictor
+from ._keepalive import DEFAULT_KEEP_ALIVE, CacheBudget, KeepAlive, PausePredictor
 from ._llm import Hints, LLMBackend, LLMRequest, Usage
 from ._resilience import (
     DEFAULT_BREAKER,
@@ -157,7 +158,12 @@ class Engine:
             merged.setdefault(name, Limits())
         merged.update(limits or {})
         static = self._static_key if self.policy.static else None
-        self.admission = Admission(merged, static_key=static)
+        self.admission = Admission(merged, static_key=static, held=self._held_back)
+        self._budgets = {
+            name: CacheBudget(lim.kv_tokens)
+            for name, lim in merged.items()
+            if lim.kv_tokens is not None
+        }
         self.max_workflows = max_workflows
         self.default_estimate = default_estimate
         if threads < 1:
@@ -469,6 +475,29 @@ class Engine:
             tools = [f"tool {t.name}" for t in request.tools]
         return self.pauses.predict(tools)
 
+    def _held_back(self, run: Run, resource: str) -> bool:
+        return self._budgets[resource].holds_back(run.id, self.clock.monotonic())
+
+    def cache_in_use(self, run: Run, backend: str, tokens: int, keep_s: float | None) -> None:
+        """Note the KV cache `run` holds on `backend` (hold-back): `keep_s` None while its
+        call runs, else how long it stays after the call (0 once the program is done)."""
+        budget = self._budgets.get(backend)
+        if budget is None:
+            return
+        now = self.clock.monotonic()
+        if keep_s is None:
+            budget.note(run.id, tokens, math.inf)
+            return
+        budget.note(run.id, tokens, now + keep_s)
+        self.admission.look_again()
+        self.wake()
+        if keep_s > 0:
+            asyncio.get_running_loop().call_later(keep_s * 1.0001, self._cache_expired)
+
+    def _cache_expired(self) -> None:
+        self.admission.look_again()
+        self.wake()
+
     def is_last_call(self, run: Run, task_id: str) -> bool:
         """A one-call LLM task with nothing left after it in its run: the program's last call."""
         task = run.workflow._tasks.get(task_id)
@@ -654,6 +683,10 @@ class Engine:
         self._runs.pop(run.id, None)
         self._finished += 1
         self.admission.forget(run)
+        for budget in self._budgets.values():
+            budget.drop(run.id)
+        if self._budgets:
+            self.admission.look_again()
         run.workflow._detach()
         run.done.set_result(result)
 

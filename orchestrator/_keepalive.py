@@ -76,3 +76,40 @@ class PausePredictor:
 
 
 DEFAULT_KEEP_ALIVE = KeepAlive()
+
+
+class CacheBudget:
+    """The KV cache one backend's programs hold, for client-side hold-back (`Limits.kv_tokens`).
+
+    A program holds its context's tokens while its call runs and, after it, until its
+    keep-alive runs out (its expected pause). A program that holds nothing yet (its first
+    call) is held back while the others fill the budget. Pure: the caller says the time.
+    """
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+        self._held: dict[str, tuple[int, float]] = {}
+
+    def note(self, program: str, tokens: int, until: float) -> None:
+        self._held[program] = (tokens, until)
+
+    def drop(self, program: str) -> None:
+        self._held.pop(program, None)
+
+    def used(self, now: float) -> int:
+        expired = [p for p, (_, until) in self._held.items() if until < now]
+        for program in expired:
+            del self._held[program]
+        return sum(tokens for tokens, _ in self._held.values())
+
+    def holds_back(self, program: str, now: float) -> bool:
+        """Whether `program` must wait; a program let in is counted at once (at the mean
+        size of the others) so one admission pass cannot let in more than fits."""
+        if program in self._held:
+            return False
+        used = self.used(now)
+        if used >= self.tokens:
+            return True
+        mean = used // len(self._held) if self._held else 0
+        self._held[program] = (mean, math.inf)
+        return False

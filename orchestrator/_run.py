@@ -391,9 +391,19 @@ class Run:
             )
             engine.wake()
 
-        return await call_with_retries(
-            attempt, engine.call_retry, sleep=clock.sleep, on_retry=retrying
-        )
+        context = sum(len(m.content) for m in request.messages) // 4  # ~4 characters a token
+        engine.cache_in_use(self, backend, context, None)
+        try:
+            response = await call_with_retries(
+                attempt, engine.call_retry, sleep=clock.sleep, on_retry=retrying
+            )
+        except BaseException:
+            engine.cache_in_use(self, backend, context, 0.0)
+            raise
+        usage = response.usage
+        held = usage.prompt_tokens + usage.completion_tokens or context
+        engine.cache_in_use(self, backend, held, 0.0 if last_call else keep_alive_s or 0.0)
+        return response
 
     def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
         return self.engine.to_thread(fn, *args, **kwargs)

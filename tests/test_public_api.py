@@ -29,7 +29,7 @@ EXPECTED = {
         "WorkflowStateError", "WorkflowStatus", "get_policy", "order", "order_programs",
         "remaining_critical_path", "run_sync", "running_clock", "urgency",
         "BackendKind", "Config", "ConfigSection", "load_config",
-        "KeepAlive", "PausePredictor",
+        "KeepAlive", "PausePredictor", "CacheBudget",
         "Breaker", "CallRetry", "CallRetrying", "CircuitBreaker", "CircuitOpenError",
         "CircuitState",
     },
