@@ -203,6 +203,7 @@ def limits_of(
             limits[name] = Limits(
                 max_in_flight=base.max_in_flight if max_in_flight is None else max_in_flight,
                 max_waiting=base.max_waiting if max_waiting is None else max_waiting,
+                kv_tokens=base.kv_tokens,
             )
     return limits
 
@@ -259,7 +260,10 @@ def check_config(path: str, out: TextIO) -> None:
 
 
 def _limits_text(limits: Limits) -> str:
-    return f"at most {limits.max_in_flight} in flight, {limits.max_waiting} waiting"
+    text = f"at most {limits.max_in_flight} in flight, {limits.max_waiting} waiting"
+    if limits.kv_tokens is not None:
+        text += f", new programs held back past {limits.kv_tokens} KV tokens"
+    return text
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:

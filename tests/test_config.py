@@ -44,7 +44,7 @@ model = "llama"
 api_key_env = "PLAIT_TEST_KEY"
 timeout_s = 30
 slots = 4
-limits = { max_in_flight = 8, max_waiting = 100 }
+limits = { max_in_flight = 8, max_waiting = 100, kv_tokens = 50000 }
 
 [backends.pool]
 kind = "router"
@@ -86,7 +86,7 @@ backends:
     api_key_env: PLAIT_TEST_KEY
     timeout_s: 30
     slots: 4
-    limits: {max_in_flight: 8, max_waiting: 100}
+    limits: {max_in_flight: 8, max_waiting: 100, kv_tokens: 50000}
   pool:
     kind: router
     dialect: sglang
@@ -126,6 +126,7 @@ def test_toml_and_yaml_read_to_the_same_config(tmp_path: Path) -> None:
     assert toml.engine.policy == "slack" and toml.engine.clock == "virtual"
     assert [b.kind.name for b in toml.backends.values()] == ["openai", "router", "sim"]
     assert toml.limits["gpu"].max_in_flight == 8 and toml.limits["gpu"].max_waiting == 100
+    assert toml.limits["gpu"].kv_tokens == 50000 and toml.limits["tools"].kv_tokens is None
     assert toml.limits["tools"].max_in_flight == 2
     assert "pool" not in toml.limits  # no limits given: the engine's defaults apply
 
