@@ -552,7 +552,7 @@ def test_config_check_prints_the_resolved_backends(
     assert (
         "backend 'gpu' (openai): vllm endpoint http://gpu0:8000/v1, model llama, "
         "key from $PLAIT_TEST_KEY (set), timeout 30 s, 4 slots\n"
-        "  limits: at most 8 in flight, 100 waiting\n"
+        "  limits: at most 8 in flight, 100 waiting, new programs held back past 50000 KV tokens\n"
     ) in text
     assert "backend 'pool' (router): router over 2 endpoint(s), blocks of 32 tokens" in text
     assert "  two: vllm endpoint http://gpu2:8000/v1, model llama, no key, timeout 10 s" in text
