@@ -18,30 +18,43 @@ from ._program import Build, LLMStep, Program, Step, ToolStep, filler, poisson_a
 SYSTEM_PROMPTS = 3  # a few agent types share their system prompts
 
 
-def tool_pause(rng: random.Random) -> float:
+def tool_pause(rng: random.Random, max_pause: float = 60.0) -> float:
     if rng.random() < 0.9:
-        return min(rng.lognormvariate(-1.2, 0.8), 5.0)  # median 0.3 s
-    return min(0.5 * rng.paretovariate(1.3), 60.0)  # the tail: tests, builds, installs
+        return min(rng.lognormvariate(-1.2, 0.8), 5.0, max_pause)  # median 0.3 s
+    return min(0.5 * rng.paretovariate(1.3), max_pause)  # the tail: tests, builds, installs
 
 
 def agent_programs(
-    n: int, *, rate: float, seed: int = 0, min_turns: int = 10, max_turns: int = 40
+    n: int,
+    *,
+    rate: float,
+    seed: int = 0,
+    min_turns: int = 10,
+    max_turns: int = 40,
+    system_tokens: tuple[int, int] = (1000, 2000),
+    task_tokens: tuple[int, int] = (150, 600),
+    reply_tokens: tuple[int, int] = (60, 400),
+    result_tokens: tuple[int, int] = (200, 2500),
+    max_pause: float = 60.0,
 ) -> list[Program]:
+    """`n` agents arriving at `rate` a second. Sizes are in the filler's nominal tokens
+    (4 characters each); the defaults are the full-size workload, smaller ones fit small
+    servers (a real tokenizer may count more tokens than that: check against its limit)."""
     rng = random.Random(seed)
     systems = [
         "You are a software engineering agent. Use the tools to inspect, edit and test code. "
-        + filler(random.Random(1000 + k), rng.randint(1000, 2000), f"system-{k}")
+        + filler(random.Random(1000 + k), rng.randint(*system_tokens), f"system-{k}")
         for k in range(SYSTEM_PROMPTS)
     ]
     arrivals = poisson_arrivals(rng, rate, n)
     programs = []
     for i, arrival in enumerate(arrivals):
         system = systems[rng.randrange(SYSTEM_PROMPTS)]
-        task = filler(rng, rng.randint(150, 600), f"issue-{seed}-{i}")
+        task = filler(rng, rng.randint(*task_tokens), f"issue-{seed}-{i}")
         turns = rng.randint(min_turns, max_turns)
         steps: list[Step] = []
-        replies = [rng.randint(60, 400) for _ in range(turns)]
-        results = [filler(rng, rng.randint(200, 2500), f"tool-{i}-{t}") for t in range(turns)]
+        replies = [rng.randint(*reply_tokens) for _ in range(turns)]
+        results = [filler(rng, rng.randint(*result_tokens), f"tool-{i}-{t}") for t in range(turns)]
         for t in range(turns):
             after = (f"tool{t - 1}",) if t else ()
             steps.append(
@@ -54,7 +67,7 @@ def agent_programs(
                 )
             )
             if t < turns - 1:
-                steps.append(ToolStep(f"tool{t}", tool_pause(rng), after=(f"turn{t}",)))
+                steps.append(ToolStep(f"tool{t}", tool_pause(rng, max_pause), after=(f"turn{t}",)))
         programs.append(Program(f"agent{i}", "agents", arrival, tuple(steps)))
     return programs
 

@@ -24,10 +24,14 @@ def batch_programs(
     seed: int = 0,
     doc_tokens: tuple[int, int] = (1500, 4000),
     answer_tokens: int = 60,
+    instruction_tokens: int = 800,
+    question_tokens: tuple[int, int] = (20, 60),
 ) -> list[Program]:
+    """Sizes are in the filler's nominal tokens (4 characters each); the defaults are the
+    full-size job."""
     rng = random.Random(seed)
-    instructions = filler(random.Random(4000), 800, "analyst-instructions")
-    asked = [filler(rng, rng.randint(20, 60), f"question-{q}") for q in range(questions)]
+    instructions = filler(random.Random(4000), instruction_tokens, "analyst-instructions")
+    asked = [filler(rng, rng.randint(*question_tokens), f"question-{q}") for q in range(questions)]
     programs = []
     for d in range(documents):
         document = filler(rng, rng.randint(*doc_tokens), f"document-{seed}-{d}")
