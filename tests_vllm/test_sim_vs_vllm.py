@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
-from conftest import VLLMServer
+from _vllm_server import VLLMServer
 
 from executors import SimServer, get_profile
 from orchestrator import VirtualClock
