@@ -18,16 +18,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from executors import Profile, SimServer, SimStats
+from executors import PrefixGrouper, Profile, Router, SimServer, SimStats
 from executors._routing import PrefixRouter
 from executors._simengine import SimRequest
 from orchestrator import (
     Clock,
     Engine,
     Hints,
+    KeepAlive,
     Limits,
     LLMBackend,
     LLMRequest,
+    LLMResponse,
     TaskContext,
     VirtualClock,
     Workflow,
@@ -344,16 +346,94 @@ def _call(step: LLMStep, replies: dict[str, str]) -> Callable[[TaskContext], Awa
     return call
 
 
-def plait_runner(policy: str = "fcfs", max_in_flight: int = 256) -> Runner:
+class RoundRobin:
+    """Calls spread over backends in turn: replicas without prefix routing (an ablation)."""
+
+    def __init__(self, backends: Sequence[LLMBackend]) -> None:
+        self._turn = itertools.cycle(backends)
+
+    async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
+        return await next(self._turn).complete(request, hints)
+
+
+HOLD_BACK_SHARE = 0.8
+"""Share of the servers' KV cache the hold-back budget counts on (running contexts grow)."""
+
+
+class NoKeepAlive:
+    """A backend that never hears the keep-alive hint (a server without one: upstream vLLM)."""
+
+    def __init__(self, backend: LLMBackend) -> None:
+        self.backend = backend
+
+    async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
+        return await self.backend.complete(request, dataclasses.replace(hints, keep_alive_s=None))
+
+
+def plait_backend(
+    servers: Sequence[LLMBackend], *, route: bool, group: bool, block_tokens: int
+) -> LLMBackend:
+    """The one backend plait's engine sees: replicas behind a prefix router (or round-robin),
+    wrapped in prefix grouping. Nothing is entered: the servers are the caller's."""
+    backend: LLMBackend
+    if len(servers) == 1:
+        backend = servers[0]
+    elif route:
+        backend = Router(
+            {f"replica{i}": s for i, s in enumerate(servers)}, block_tokens=block_tokens
+        )
+    else:
+        backend = RoundRobin(servers)
+    if group:
+        backend = PrefixGrouper(backend, block_tokens=block_tokens)
+    return backend
+
+
+def plait_runner(
+    policy: str = "fcfs",
+    max_in_flight: int = 256,
+    *,
+    route: bool = True,
+    group: bool = True,
+    keep_alive: bool = True,
+    hold_back: bool = False,
+    block_tokens: int | None = None,
+) -> Runner:
+    """plait: program-first scheduling, plus (each can be switched off for an ablation)
+    prefix routing over replicas, prefix grouping and learned keep-alive hints.
+    `hold_back`: the servers do not hear the keep-alive hint; plait holds new programs back
+    instead while paused ones fill the KV cache (`Limits.kv_tokens`, simulated servers only).
+    `block_tokens` is the prefix-hashing block (default: a simulated server's block size)."""
+
     async def run_plait(
         programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
     ) -> list[Outcome]:
-        if len(servers) != 1:
-            raise NotImplementedError("routing over replicas arrives with the router")
+        block = block_tokens or (
+            servers[0].profile.block_size if isinstance(servers[0], SimServer) else 16
+        )
+        backend = plait_backend(servers, route=route, group=group, block_tokens=block)
+        kv_tokens = None
+        if hold_back:
+            backend = NoKeepAlive(backend)
+            kv_tokens = int(
+                HOLD_BACK_SHARE
+                * sum(
+                    s.profile.num_blocks * s.profile.block_size
+                    for s in servers
+                    if isinstance(s, SimServer)
+                )
+            )
         outcomes: list[Outcome] = []
-        limits = {"default": Limits(max_in_flight=max_in_flight), "tools": Limits(100_000)}
+        limits = {
+            "default": Limits(max_in_flight=max_in_flight * len(servers), kv_tokens=kv_tokens),
+            "tools": Limits(100_000),
+        }
         async with Engine(
-            backends={"default": servers[0]}, policy=policy, clock=clock, limits=limits
+            backends={"default": backend},
+            policy=policy,
+            clock=clock,
+            limits=limits,
+            keep_alive=KeepAlive() if keep_alive or hold_back else None,
         ) as engine:
 
             async def one(program: Program) -> None:

@@ -84,6 +84,88 @@ def at_load(
     return naive, plait
 
 
+FULL_REPLICAS = 4
+
+# Each plait feature alone and together, on top of program-first scheduling (an ablation).
+ABLATIONS = {
+    "program-first": {"route": False, "group": False, "keep_alive": False},
+    "+routing": {"route": True, "group": False, "keep_alive": False},
+    "+routing+keep-alive": {"route": True, "group": False, "keep_alive": True},
+    "full": {"route": True, "group": True, "keep_alive": True},
+}
+
+
+def agents_full(
+    rates: Sequence[float], n: int, seed: int
+) -> tuple[float, float, dict[str, Report], list[tuple[float, Report, Report]]]:
+    """Agents over 4 replicas: naive (round-robin, no hints) against all of plait.
+
+    Returns the capacity (the highest steady throughput any mode sustained, in the sweep or
+    with every program queued at once), the rate at load 0.8 of it, the reports at that
+    rate (naive and every ablation), and the sweep."""
+    rows = []
+    for rate in rates:
+        programs = agent_programs(n, rate=rate, seed=seed)
+        started = time.perf_counter()
+        naive = simulate(
+            programs, run_naive, profile=PROFILE, replicas=FULL_REPLICAS, seed=seed, mode="naive"
+        )
+        plait = simulate(
+            programs,
+            plait_runner("fcfs"),
+            profile=PROFILE,
+            replicas=FULL_REPLICAS,
+            seed=seed,
+            mode="full",
+        )
+        log(
+            f"  agents x{FULL_REPLICAS} rate {rate:.3f}/s: naive mean {naive.mean_jct:7.1f} s "
+            f"p95 {naive.p95_jct:7.1f} s thr {naive.throughput:.3f}/s hit "
+            f"{naive.cache_hit_share:.2f} | plait mean {plait.mean_jct:7.1f} s p95 "
+            f"{plait.p95_jct:7.1f} s thr {plait.throughput:.3f}/s hit "
+            f"{plait.cache_hit_share:.2f} ({time.perf_counter() - started:.1f} s)"
+        )
+        rows.append((rate, naive, plait))
+    # With every program queued at once each mode runs at its saturation throughput; in a
+    # short sweep a mode that never saturates shows only the arrival rate it was given.
+    burst = agent_programs(n, rate=1000.0, seed=seed)
+    saturated = [
+        simulate(burst, runner, profile=PROFILE, replicas=FULL_REPLICAS, seed=seed, mode=mode)
+        for mode, runner in (("naive", run_naive), ("full", plait_runner("fcfs")))
+    ]
+    capacity = max(
+        max(max(n.throughput, p.throughput) for _, n, p in rows),
+        max(r.throughput for r in saturated),
+    )
+    log(
+        f"  saturation throughput: naive {saturated[0].throughput:.3f}/s, plait "
+        f"{saturated[1].throughput:.3f}/s; capacity {capacity:.3f}/s"
+    )
+    rate = round(0.8 * capacity, 4)
+    programs = agent_programs(n, rate=rate, seed=seed)
+    reports = {
+        "naive": simulate(
+            programs, run_naive, profile=PROFILE, replicas=FULL_REPLICAS, seed=seed, mode="naive"
+        )
+    }
+    for name, switches in ABLATIONS.items():
+        reports[name] = simulate(
+            programs,
+            plait_runner("fcfs", **switches),
+            profile=PROFILE,
+            replicas=FULL_REPLICAS,
+            seed=seed,
+            mode=name,
+        )
+    for name, report in reports.items():
+        log(
+            f"  load 0.8 = {rate:.3f}/s, {name:<20} mean {report.mean_jct:7.1f} s p95 "
+            f"{report.p95_jct:7.1f} s hit {report.cache_hit_share:.3f} "
+            f"imbalance {report.load_imbalance:.2f}"
+        )
+    return capacity, rate, reports, rows
+
+
 def hour_replay(rate: float, seed: int) -> tuple[float, float]:
     """Wall seconds to simulate an hour of agent arrivals, and the simulated span."""
     n = max(1, int(rate * 3600))
@@ -91,6 +173,11 @@ def hour_replay(rate: float, seed: int) -> tuple[float, float]:
     started = time.perf_counter()
     report = simulate(programs, run_naive, profile=PROFILE, seed=seed, mode="naive")
     return time.perf_counter() - started, report.makespan
+
+
+def overload_rate(rows: Sequence[tuple[float, Report, Report]]) -> float:
+    """The sweep's rate where plait gains most over naive (the cache is under pressure)."""
+    return max(rows, key=lambda row: row[1].mean_jct / row[2].mean_jct)[0]
 
 
 def plot(path: Path, agents: list[tuple[float, Report, Report]], head: tuple[Report, Report],
@@ -169,6 +256,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     head = at_load(agent_programs, head_rate, n_agents, args.seed, "fcfs")
 
+    log(f"agents over {FULL_REPLICAS} replicas: naive round-robin vs plait (all features):")
+    full_rates = (
+        (0.1, 0.2, 0.3, 0.4)
+        if args.quick
+        else (0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6)
+    )
+    full_capacity, full_rate, full, full_sweep = agents_full(full_rates, n_agents, args.seed)
+    # Keep-alive on one replica where the cache is under pressure: off, heard by the server
+    # (it pins paused programs' blocks), or not heard (upstream vLLM) with plait holding new
+    # programs back instead (Limits.kv_tokens).
+    ka_rate = overload_rate(agents)
+    ka_programs = agent_programs(n_agents, rate=ka_rate, seed=args.seed)
+    keep_alive_on = next(p for r, _, p in agents if r == ka_rate)
+    keep_alive_off = simulate(
+        ka_programs, plait_runner("fcfs", keep_alive=False), profile=PROFILE, mode="no-ka"
+    )
+    hold_back = simulate(
+        ka_programs, plait_runner("fcfs", hold_back=True), profile=PROFILE, mode="hold-back"
+    )
+    log(
+        f"  keep-alive on one replica at {ka_rate}/s: off mean {keep_alive_off.mean_jct:.1f} s "
+        f"hit {keep_alive_off.cache_hit_share:.3f} | server keep-alive mean "
+        f"{keep_alive_on.mean_jct:.1f} s hit {keep_alive_on.cache_hit_share:.3f} | client "
+        f"hold-back mean {hold_back.mean_jct:.1f} s hit {hold_back.cache_hit_share:.3f}"
+    )
+
     log("text-to-SQL (4 stages, deadlines), plait policy slack:")
     sql = sweep("sql", sql_programs, sql_rates, n_sql, args.seed, "slack")
     stressed = [(r, n, p) for r, n, p in sql if n.deadline_attainment < 0.7]
@@ -181,10 +294,15 @@ def main(argv: list[str] | None = None) -> int:
     batch_plait = simulate(
         batch, plait_runner("fcfs"), profile=PROFILE, seed=args.seed, mode="fcfs"
     )
+    batch_ungrouped = simulate(
+        batch, plait_runner("fcfs", group=False), profile=PROFILE, seed=args.seed, mode="ungrouped"
+    )
     log(
         f"  naive makespan {batch_naive.makespan:.1f} s, cache {batch_naive.cache_hit_share:.2f}"
         f" | plait makespan {batch_plait.makespan:.1f} s, cache "
-        f"{batch_plait.cache_hit_share:.2f} (ideal {batch_plait.ideal_hit_share:.2f})"
+        f"{batch_plait.cache_hit_share:.2f} (ideal {batch_plait.ideal_hit_share:.2f}) | "
+        f"without grouping {batch_ungrouped.makespan:.1f} s, cache "
+        f"{batch_ungrouped.cache_hit_share:.2f}"
     )
 
     log("Mooncake traces over 4 replicas of 940 blocks of 512 tokens, round-robin / routed:")
@@ -226,8 +344,40 @@ def main(argv: list[str] | None = None) -> int:
             f"{report.p95_jct:>9.1f} {report.throughput:>7.3f} "
             f"{report.deadline_attainment:>6.2f} {report.cache_hit_share:>9.3f}"
         )
-    overload = max(agents, key=lambda row: row[1].mean_jct / row[2].mean_jct)
+    overload = next(row for row in agents if row[0] == overload_rate(agents))
+    full_naive, full_plait = full["naive"], full["full"]
     figures = {
+        # Agents over 4 replicas at load 0.8 (of the best mode's capacity): naive round-robin
+        # without hints against program-first + prefix routing + grouping + keep-alive.
+        "agents_full_mean_jct_ratio": round(full_naive.mean_jct / full_plait.mean_jct, 3),
+        "agents_full_p95_jct_ratio": round(full_naive.p95_jct / full_plait.p95_jct, 3),
+        "agents_full_rate_per_s": full_rate,
+        "agents_full_capacity_per_s": round(full_capacity, 4),
+        "agents_full_naive_peak_throughput_per_s": round(
+            max(n.throughput for _, n, _ in full_sweep), 4
+        ),
+        "agents_full_ablation": {
+            name: {
+                "mean_jct_s": round(r.mean_jct, 2),
+                "p95_jct_s": round(r.p95_jct, 2),
+                "cache_hit_share": round(r.cache_hit_share, 4),
+                "load_imbalance": round(r.load_imbalance, 3),
+            }
+            for name, r in full.items()
+        },
+        "agents_keep_alive_rate_per_s": ka_rate,
+        "agents_keep_alive_mean_jct_s": {
+            "off": round(keep_alive_off.mean_jct, 2),
+            "on": round(keep_alive_on.mean_jct, 2),
+            "hold_back": round(hold_back.mean_jct, 2),
+        },
+        "agents_keep_alive_cache_hit": {
+            "off": round(keep_alive_off.cache_hit_share, 4),
+            "on": round(keep_alive_on.cache_hit_share, 4),
+            "hold_back": round(hold_back.cache_hit_share, 4),
+        },
+        "batch_makespan_ungrouped_s": round(batch_ungrouped.makespan, 2),
+        "batch_cache_hit_ungrouped": round(batch_ungrouped.cache_hit_share, 4),
         "agents_load_rate_per_s": round(head_rate, 4),
         "agents_capacity_per_s": round(peak, 4),
         "agents_naive_peak_throughput_per_s": round(naive_peak, 4),
@@ -269,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
         "sweep": {
             "agents": [{"rate": r, "naive": n.row(), "plait": p.row()} for r, n, p in agents],
             "sql": [{"rate": r, "naive": n.row(), "plait": p.row()} for r, n, p in sql],
+            "agents_full": [
+                {"rate": r, "naive": n.row(), "plait": p.row()} for r, n, p in full_sweep
+            ],
         },
         "quick": args.quick,
         "seed": args.seed,
