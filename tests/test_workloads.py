@@ -130,3 +130,26 @@ def test_the_cache_model_reproduces_the_published_mooncake_lru_figures() -> None
     four = simulate(programs, run_naive, profile=profile, replicas=4)
     assert four.cache_hit_share == pytest.approx(0.068, rel=0.1)
     assert four.ideal_hit_share == pytest.approx(0.651, rel=0.02)
+
+
+def test_plait_over_replicas_keeps_each_agent_on_the_replica_holding_its_context() -> None:
+    from workloads import agent_programs
+
+    programs = agent_programs(8, rate=0.5, seed=4, min_turns=4, max_turns=6)
+    naive = simulate(programs, run_naive, replicas=2, mode="naive")
+    routed = simulate(programs, plait_runner("fcfs"), replicas=2, mode="full")
+    spread = simulate(programs, plait_runner("fcfs", route=False), replicas=2, mode="rr")
+    assert routed.programs == naive.programs == len(programs)
+    # Round-robin sends each turn to the other replica, which lacks the conversation so far.
+    assert routed.cache_hit_share > 0.9 * routed.ideal_hit_share
+    assert spread.cache_hit_share < routed.cache_hit_share
+    assert naive.cache_hit_share < routed.cache_hit_share
+
+
+def test_grouping_brings_batch_prompt_tokens_to_the_bound() -> None:
+    programs = batch_programs(20, 6, seed=5)
+    grouped = simulate(programs, plait_runner("fcfs"), mode="grouped")
+    ungrouped = simulate(programs, plait_runner("fcfs", group=False), mode="ungrouped")
+    bound = 1 - grouped.ideal_hit_share  # the least share any cache has to compute
+    assert (1 - grouped.cache_hit_share) <= 1.05 * bound
+    assert (1 - ungrouped.cache_hit_share) > 1.2 * bound
