@@ -42,6 +42,7 @@ class _Row:
     skipped: int = 0
     cancelled: int = 0
     llm_calls: int = 0
+    call_retries: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     started: float = 0.0
@@ -85,6 +86,12 @@ class Progress:
                 row.skipped += 1
             case "task_cancelled":
                 row.cancelled += 1
+            case "call_retrying":
+                row.call_retries += 1
+                self._say(
+                    f"  ~ {event.workflow}/{event.task}: call to {event.backend!r} failed on "
+                    f"attempt {event.attempt} ({event.error}); again in {event.delay:.1f} s"
+                )
             case "workflow_finished":
                 row.status = event.status
                 row.duration = event.duration
@@ -133,6 +140,9 @@ class Progress:
             f"{len(self.rows)} workflow(s), {ok} succeeded; mean completion {mean:.2f} s "
             f"on the {clock_name} clock; wall time {wall:.2f} s"
         )
+        retries = sum(r.call_retries for r in self.rows.values())
+        if retries:
+            lines.append(f"{retries} LLM call(s) retried after a backend error")
         lines.extend(self.notes)
         return "\n".join(lines)
 

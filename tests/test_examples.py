@@ -111,3 +111,31 @@ def test_cli_exits_nonzero_when_a_workflow_fails(tmp_path: Path) -> None:
     out = io.StringIO()
     assert main(["run", str(flow)], out=out) == 1
     assert "failing/boom failed: disk full" in out.getvalue()
+
+
+def test_cli_shows_call_retries(tmp_path: Path) -> None:
+    flow = tmp_path / "flaky.py"
+    flow.write_text(
+        "from agents import Agent\n"
+        "from orchestrator import BackendOverloadedError, LLMResponse, Usage, Workflow\n"
+        "CLOCK = 'virtual'\n"
+        "class Flaky:\n"
+        "    def __init__(self):\n"
+        "        self.calls = 0\n"
+        "    async def complete(self, request, hints):\n"
+        "        self.calls += 1\n"
+        "        if self.calls == 1:\n"
+        "            raise BackendOverloadedError('busy', status=429, retry_after=2.0)\n"
+        "        return LLMResponse('fine', Usage(prompt_tokens=3, completion_tokens=1))\n"
+        "def backends(clock):\n"
+        "    return {'default': Flaky()}\n"
+        "def workflows():\n"
+        "    wf = Workflow('flaky')\n"
+        "    wf.add('ask', Agent('a', 'be brief').ask('hi'))\n"
+        "    return wf\n"
+    )
+    out = io.StringIO()
+    assert main(["run", str(flow)], out=out) == 0
+    text = out.getvalue()
+    assert "flaky/ask: call to 'default' failed on attempt 1" in text
+    assert "1 LLM call(s) retried after a backend error" in text
