@@ -30,6 +30,7 @@ from orchestrator import (
 )
 
 from ._dialects import DIALECTS
+from ._grouping import PrefixGrouper
 from ._openai import OpenAIBackend
 from ._prefix import Tokenize
 from ._router import Router
@@ -120,6 +121,10 @@ class RouterSettings(ConfigSection):
     health_timeout_s: float = Field(default=5.0, gt=0)
     tokenizer: str | None = None
     """A Hugging Face tokenizer name: hash prompts on its tokens (needs `transformers`)."""
+    group_prefixes: bool = True
+    """Hold calls sharing an uncomputed prefix with one in flight until it is computed."""
+    min_shared_blocks: int = Field(default=8, ge=1)
+    """How many shared blocks make calls siblings (with `group_prefixes`)."""
 
     @model_validator(mode="after")
     def _members(self) -> RouterSettings:
@@ -205,7 +210,7 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         for resolved in [settings.resolved(member)]
     }
     tokenize = None if settings.tokenizer is None else _tokenizer(settings.tokenizer)
-    return Router(
+    router = Router(
         members,
         block_tokens=settings.block_tokens,
         max_imbalance=settings.max_imbalance,
@@ -214,6 +219,14 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         health_timeout_s=settings.health_timeout_s,
         tokenize=tokenize,
         clock=clock,
+    )
+    if not settings.group_prefixes:
+        return router
+    return PrefixGrouper(
+        router,
+        block_tokens=settings.block_tokens,
+        min_shared_blocks=settings.min_shared_blocks,
+        tokenize=tokenize,
     )
 
 
@@ -279,6 +292,11 @@ def describe_router(settings: RouterSettings) -> str:
             else "no health probes"
         )
         + (f", tokenizer {settings.tokenizer}" if settings.tokenizer else "")
+        + (
+            f", prefix grouping from {settings.min_shared_blocks} shared blocks"
+            if settings.group_prefixes
+            else ""
+        )
     ]
     for member in members:
         lines.append(f"  {member.name or member.url}: {describe_openai(settings.resolved(member))}")

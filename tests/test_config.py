@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from executors import OpenAIBackend, Router, SimServer, backends_from_config
+from executors import OpenAIBackend, PrefixGrouper, Router, SimServer, backends_from_config
 from orchestrator import (
     Config,
     Hints,
@@ -154,7 +154,9 @@ def commented_router(text: str) -> tuple[str, str]:
 def test_the_commented_vllm_router_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_API_KEY", "k")
     for variant in commented_router((EXAMPLES / "plait.toml").read_text()):
-        [router] = backends_from_config(_toml_dict(variant)).values()
+        [grouper] = backends_from_config(_toml_dict(variant)).values()
+        assert isinstance(grouper, PrefixGrouper)
+        router = grouper.backend
         assert isinstance(router, Router)
         assert [b.base_url for b in router.backends] == [  # type: ignore[attr-defined]
             "http://gpu1:8000/v1",
@@ -318,7 +320,10 @@ def test_backends_are_built_as_configured(tmp_path: Path, monkeypatch: pytest.Mo
         4,
     )
 
-    pool = built["pool"]
+    grouper = built["pool"]
+    assert isinstance(grouper, PrefixGrouper)  # group_prefixes is on by default
+    assert grouper.block_tokens == 32 and grouper.min_shared_blocks == 8
+    pool = grouper.backend
     assert isinstance(pool, Router)
     assert pool.names == ["one", "two"]
     assert pool.block_tokens == 32 and pool.readmit_after_s == 5
