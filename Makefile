@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-vllm lint bench clean
+.PHONY: demo test test-vllm bench-vllm lint bench clean
 
 $(BIN)/.installed-dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,11 @@ $(VLLM_BIN)/.installed-plait: pyproject.toml bench/vllm/setup.sh
 
 test-vllm: $(VLLM_BIN)/.installed-plait
 	$(VLLM_BIN)/python -m pytest tests_vllm -p no:cacheprovider -o testpaths=tests_vllm -s
+
+# plait against the naive baseline on two real vLLM servers it starts itself;
+# `make bench-vllm BENCH_ARGS=--quick` for the short run (a few minutes).
+bench-vllm: $(VLLM_BIN)/.installed-plait
+	$(VLLM_BIN)/python bench/vllm_cpu.py $(BENCH_ARGS)
 
 bench: $(BIN)/.installed-bench
 	$(BIN)/python bench/overhead.py $(BENCH_ARGS)
