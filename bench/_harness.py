@@ -273,22 +273,36 @@ def trace_request(server: SimServer, step: TraceStep, hints: Hints | None) -> Si
     )
 
 
-def routed_runner(max_imbalance: float = 1.5) -> Runner:
-    """Trace replay with plait's prefix-aware router instead of round-robin."""
+def routed_runner(max_imbalance: float = 1.5, *, cache_size_known: bool = True) -> Runner:
+    """Trace replay with plait's prefix-aware router instead of round-robin.
+    `cache_size_known`: the router is told the replicas' KV cache size in blocks (their
+    configuration, as an operator would give it; never their cache contents)."""
 
     async def run(
         programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
     ) -> list[Outcome]:
         sims = [s for s in servers if isinstance(s, SimServer)]
-        return await _replay(programs, sims, clock, max_imbalance)
+        blocks = sims[0].profile.num_blocks if cache_size_known and sims else None
+        return await _replay(programs, sims, clock, max_imbalance, blocks)
 
     return run
 
 
 async def _replay(
-    programs: Sequence[Program], servers: Sequence[SimServer], clock: Clock, max_imbalance: float
+    programs: Sequence[Program],
+    servers: Sequence[SimServer],
+    clock: Clock,
+    max_imbalance: float,
+    blocks_per_replica: int | None = None,
 ) -> list[Outcome]:
-    router = PrefixRouter(len(servers), max_imbalance=max_imbalance)
+    # A slack of 4 in-flight requests: at a few requests per replica, Poisson jitter alone
+    # would otherwise break affinity (see PrefixRouter).
+    router = PrefixRouter(
+        len(servers),
+        max_imbalance=max_imbalance,
+        blocks_per_replica=blocks_per_replica,
+        load_slack=4.0,
+    )
     in_flight = [0] * len(servers)
     healthy = [True] * len(servers)
     outcomes: list[Outcome] = []

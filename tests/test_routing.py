@@ -35,14 +35,24 @@ def test_new_prefixes_spread_over_replicas_and_stay_put() -> None:
     assert chosen == [router.choose([7, 1000 + i], IDLE, ALL).replica for i in range(200)]
 
 
-def test_an_overloaded_holder_loses_the_request_to_a_less_loaded_candidate() -> None:
-    router = PrefixRouter(4, max_imbalance=1.25)
+def test_an_overloaded_holder_loses_the_request_to_a_less_loaded_replica() -> None:
+    router = PrefixRouter(4, max_imbalance=1.25, load_slack=1.0)
     router.record([5, 6], 1)
     loads = [1.0, 20.0, 1.0, 1.0]
     choice = router.choose([5, 6, 7], loads, ALL)
-    assert choice.replica != 1 and choice.reason == "two-choices"
-    first, second = two_candidates(7, [0, 1, 2, 3])
-    assert choice.replica == min((first, second), key=lambda r: loads[r])
+    assert choice.replica != 1 and choice.reason == "least-loaded"
+    assert choice.matched_blocks == 0
+
+
+def test_a_few_more_requests_in_flight_do_not_break_affinity() -> None:
+    router = PrefixRouter(4, max_imbalance=1.5, load_slack=4.0)
+    router.record([5, 6], 1)
+    # Mean 1.25: the limit is 1.5 x 1.25 + 4 = 5.875 requests in flight (with 7: 6.625).
+    assert router.choose([5, 6, 7], [0.0, 5.0, 0.0, 0.0], ALL).replica == 1
+    assert router.choose([5, 6, 7], [0.0, 7.0, 0.0, 0.0], ALL).replica != 1
+    strict = PrefixRouter(4, max_imbalance=1.5, load_slack=1.0)
+    strict.record([5, 6], 1)
+    assert strict.choose([5, 6, 7], [0.0, 5.0, 0.0, 0.0], ALL).replica != 1
 
 
 def test_unhealthy_replicas_are_skipped_and_forgotten() -> None:
@@ -56,8 +66,80 @@ def test_unhealthy_replicas_are_skipped_and_forgotten() -> None:
         router.choose([1], [0.0, 0.0, 0.0], [False, False, False])
 
 
-def test_memory_is_bounded() -> None:
+def test_memory_is_bounded_and_a_prefix_outlives_its_tail() -> None:
     router = PrefixRouter(2, capacity=3)
     router.record([1, 2, 3, 4, 5], 1)
-    assert router.choose([1], [0.0, 0.0], [True, True]).matched_blocks == 0  # forgotten
-    assert router.choose([1, 2, 3, 4, 5], [0.0, 0.0], [True, True]).matched_blocks == 5
+    assert router.held_prefix([1, 2, 3, 4, 5], 1) == 3  # the tail was forgotten first
+    assert router.choose([1, 2, 3, 4, 5], [0.0, 0.0], [True, True]).matched_blocks == 3
+    router.forget_replica(1)
+    router.record([7, 8], 0)
+    assert router.held_prefix([7, 8], 0) == 2  # forgetting gave the room back
+
+
+def test_a_replica_forgets_what_its_cache_could_not_have_kept() -> None:
+    # A replica of 4 blocks cannot still hold an old 3-block prompt after a newer one.
+    router = PrefixRouter(2, blocks_per_replica=4)
+    router.record([1, 2, 3], 0)
+    router.record([20, 21, 22], 0)
+    assert router.held_prefix([1, 2, 3, 4], 0) == 1
+    assert router.held_prefix([20, 21, 22], 0) == 3
+    # Without the cache size the router would still believe in the whole old prompt.
+    unbounded = PrefixRouter(2)
+    unbounded.record([1, 2, 3], 0)
+    unbounded.record([20, 21, 22], 0)
+    assert unbounded.held_prefix([1, 2, 3, 4], 0) == 3
+
+
+def test_work_counts_only_the_blocks_a_replica_had_to_compute() -> None:
+    router = PrefixRouter(2, half_life=1e9)
+    router.record([1, 2, 3], 0)
+    router.record([1, 2, 3, 4], 0)  # three blocks were a hit
+    router.record([1, 2], 1)
+    assert router.work() == pytest.approx([4.0, 2.0])
+
+
+def test_of_several_holders_the_least_worked_gets_the_request() -> None:
+    router = PrefixRouter(4)
+    router.record([1, 2], 0)
+    router.record([1, 2], 3)
+    router.record([50, 51, 52], 0)  # replica 0 has done more since
+    choice = router.choose([1, 2, 9], IDLE, ALL)
+    assert (choice.replica, choice.matched_blocks, choice.reason) == (3, 2, "prefix")
+
+
+def test_a_hot_prefix_spills_once_its_holder_has_done_too_much() -> None:
+    router = PrefixRouter(4, max_work_imbalance=1.25, half_life=1e9)
+    router.record([1, 2], 0)
+    for i in range(10):  # replica 0 computes ten 4-block suffixes of the hot prefix
+        router.record([1, 2, 100 + 4 * i, 101 + 4 * i, 102 + 4 * i, 103 + 4 * i], 0)
+    router.record([200], 1)
+    choice = router.choose([1, 2, 999], IDLE, ALL)
+    # Replica 0 did 42 blocks against a mean of 10.75: the request goes where nobody
+    # did anything, and that replica becomes a second holder of the prefix.
+    assert choice.reason == "least-loaded" and choice.replica in (2, 3)
+    router.record([1, 2, 999], choice.replica)
+    assert router.choose([1, 2, 998], IDLE, ALL).replica == choice.replica
+
+
+def test_new_prefixes_go_to_the_least_worked_replica() -> None:
+    router = PrefixRouter(3, half_life=1e9)
+    router.record([1, 2, 3], 0)
+    router.record([4, 5], 1)
+    choice = router.choose([9, 10], [0.0, 0.0, 0.0], [True, True, True])
+    assert (choice.replica, choice.reason) == (2, "least-loaded")
+
+
+def test_two_candidates_are_distinct_and_stable() -> None:
+    first, second = two_candidates(7, [0, 1, 2, 3])
+    assert first != second
+    assert two_candidates(7, [3, 2, 1, 0]) == (first, second)
+    assert two_candidates(7, [first]) == (first, first)
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError):
+        PrefixRouter(0)
+    with pytest.raises(ValueError):
+        PrefixRouter(2, blocks_per_replica=0)
+    with pytest.raises(ValueError):
+        PrefixRouter(2, half_life=0)
