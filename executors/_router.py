@@ -55,6 +55,9 @@ class Router:
     tokens: of `tokenize`'s when given, else of four characters; match the servers' KV block
     size where you can). `health_interval_s`: how often to probe the backends that have a
     `check()` (None: never); a probe that does not finish in `health_timeout_s` fails.
+    `cache_blocks`: each server's KV cache in such blocks, if known (vLLM logs its size at
+    start-up): the router then models each server's LRU eviction instead of assuming that
+    what it sent somewhere stays there.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class Router:
         health_interval_s: float | None = 10.0,
         health_timeout_s: float = 5.0,
         tokenize: Tokenize | None = None,
+        cache_blocks: int | None = None,
         clock: Clock | None = None,
     ) -> None:
         if not backends:
@@ -83,7 +87,11 @@ class Router:
         self.health_interval_s = health_interval_s
         self.health_timeout_s = health_timeout_s
         self.tokenize = tokenize
-        self.policy = PrefixRouter(len(self.backends), max_imbalance=max_imbalance)
+        if cache_blocks is not None and cache_blocks < 1:
+            raise UsageError(f"Router(cache_blocks={cache_blocks}) must be positive or None")
+        self.policy = PrefixRouter(
+            len(self.backends), max_imbalance=max_imbalance, blocks_per_replica=cache_blocks
+        )
         self._clock = clock
         n = len(self.backends)
         self._checks: list[Callable[[], Awaitable[None]] | None] = [

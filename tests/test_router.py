@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from executors import FunctionLLM
+from executors._prefix import prompt_hashes
 from executors._router import Router
 from orchestrator import (
     BackendOverloadedError,
@@ -16,6 +17,7 @@ from orchestrator import (
     LLMRequest,
     LLMResponse,
     Message,
+    UsageError,
     VirtualClock,
 )
 
@@ -254,3 +256,30 @@ def test_prefixes_are_hashed_on_the_given_tokenizer(clock: VirtualClock) -> None
     assert spread(None) >= 2
     assert spread(same_tokens) == 1
     assert len(tokenized) == len(prompts)
+
+
+def test_a_router_that_knows_the_cache_size_stops_trusting_evicted_prefixes(
+    clock: VirtualClock,
+) -> None:
+    """With `cache_blocks`, a prefix pushed out of a replica's modelled cache no longer pins
+    calls to that replica; without it, the router believes the replica holds it forever."""
+    first = LLMRequest((Message("system", SYSTEM), Message("user", "first")), "m")
+    flood = [LLMRequest((Message("system", f"other prompt {i} " * 60),), "m") for i in range(16)]
+
+    def holder_of_first(cache_blocks: int | None) -> int:
+        llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok") for i in range(2)}
+
+        async def main() -> int:
+            async with Router(llms, health_interval_s=None, cache_blocks=cache_blocks) as router:
+                await router.complete(first, Hints(program_id="a"))
+                for request in flood:
+                    await router.complete(request, Hints(program_id="b"))
+                hashes = prompt_hashes(first, router.block_tokens)
+                return max(router.policy.held_prefix(hashes, r) for r in range(2))
+
+        return clock.run(main())
+
+    assert holder_of_first(None) > 0
+    assert holder_of_first(32) == 0
+    with pytest.raises(UsageError, match="cache_blocks"):
+        Router({"r": FunctionLLM(lambda req, hints: "ok")}, cache_blocks=0)
