@@ -121,6 +121,9 @@ class RouterSettings(ConfigSection):
     health_timeout_s: float = Field(default=5.0, gt=0)
     tokenizer: str | None = None
     """A Hugging Face tokenizer name: hash prompts on its tokens (needs `transformers`)."""
+    cache_blocks: int | None = Field(default=None, ge=1)
+    """Each server's KV cache in `block_tokens` blocks, if known: the router models its
+    eviction (vLLM logs its cache size in tokens at start-up; divide by block_tokens)."""
     group_prefixes: bool = True
     """Hold calls sharing an uncomputed prefix with one in flight until it is computed."""
     min_shared_blocks: int = Field(default=8, ge=1)
@@ -218,6 +221,7 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         health_interval_s=settings.health_interval_s or None,
         health_timeout_s=settings.health_timeout_s,
         tokenize=tokenize,
+        cache_blocks=settings.cache_blocks,
         clock=clock,
     )
     if not settings.group_prefixes:

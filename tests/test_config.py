@@ -54,6 +54,7 @@ block_tokens = 32
 max_imbalance = 2.0
 readmit_after_s = 5
 health_interval_s = 0
+cache_blocks = 4096
 
 [[backends.pool.endpoints]]
 url = "http://gpu1:8000/v1"
@@ -95,6 +96,7 @@ backends:
     max_imbalance: 2.0
     readmit_after_s: 5
     health_interval_s: 0
+    cache_blocks: 4096
     endpoints:
       - {url: "http://gpu1:8000/v1", name: one}
       - {url: "http://gpu2:8000/v1", name: two, dialect: vllm, timeout_s: 10}
@@ -330,6 +332,7 @@ def test_backends_are_built_as_configured(tmp_path: Path, monkeypatch: pytest.Mo
     assert pool.policy.max_imbalance == 2.0
     assert pool.health_interval_s is None  # 0 in the file: no probes
     assert pool.tokenize is None
+    assert pool.policy.blocks_per_replica == 4096
     one, two = pool.backends
     assert isinstance(one, OpenAIBackend) and isinstance(two, OpenAIBackend)
     # What a member leaves out it takes from the router's table.
