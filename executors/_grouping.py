@@ -55,6 +55,11 @@ class PrefixGrouper:
         self._calls = 0
         self._held = 0
 
+    @property
+    def isolates_failures(self) -> bool:
+        """As the backend it wraps (a `Router` does)."""
+        return bool(getattr(self.backend, "isolates_failures", False))
+
     async def __aenter__(self) -> PrefixGrouper:
         if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
             await self.backend.__aenter__()

@@ -60,6 +60,10 @@ class Router:
     what it sent somewhere stays there.
     """
 
+    isolates_failures = True
+    """Failing replicas are ejected here, one by one: the engine puts no circuit breaker over
+    the whole router (it would stop every replica for one replica's faults)."""
+
     def __init__(
         self,
         backends: Mapping[str, LLMBackend],

@@ -509,8 +509,10 @@ class Engine:
         )
 
     def circuit(self, backend: str) -> CircuitBreaker | None:
-        """The circuit breaker of backend `backend` (None if `Engine(breaker=None)`)."""
-        if self.breaker is None:
+        """The circuit breaker of backend `backend`: None if `Engine(breaker=None)`, or if
+        the backend isolates failures itself (`isolates_failures`: a router over replicas
+        ejects the failing one; one breaker over all of them would stop the healthy too)."""
+        if self.breaker is None or getattr(self.backends.get(backend), "isolates_failures", False):
             return None
         circuit = self._circuits.get(backend)
         if circuit is None:

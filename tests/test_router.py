@@ -283,3 +283,20 @@ def test_a_router_that_knows_the_cache_size_stops_trusting_evicted_prefixes(
     assert holder_of_first(32) == 0
     with pytest.raises(UsageError, match="cache_blocks"):
         Router({"r": FunctionLLM(lambda req, hints: "ok")}, cache_blocks=0)
+
+
+def test_the_engine_puts_no_circuit_breaker_over_a_router(clock: VirtualClock) -> None:
+    """The router ejects a failing replica itself; one engine breaker over all replicas
+    would stop the healthy ones too. A plain backend keeps its breaker."""
+    from executors import PrefixGrouper
+    from orchestrator import Engine
+
+    plain = FunctionLLM(lambda req, hints: "ok")
+    router = Router({"r": FunctionLLM(lambda req, hints: "ok")}, health_interval_s=None)
+    engine = Engine(
+        backends={"plain": plain, "routed": router, "grouped": PrefixGrouper(router)},
+        clock=clock,
+    )
+    assert engine.circuit("plain") is not None
+    assert engine.circuit("routed") is None
+    assert engine.circuit("grouped") is None
