@@ -412,13 +412,14 @@ def plait_runner(
     max_in_flight: int = 256,
     *,
     route: bool = True,
-    group: bool = True,
+    group: bool = False,
     keep_alive: bool = True,
     hold_back: bool = False,
     block_tokens: int | None = None,
 ) -> Runner:
-    """plait: program-first scheduling, plus (each can be switched off for an ablation)
-    prefix routing over replicas, prefix grouping and learned keep-alive hints.
+    """plait: program-first scheduling, plus (each can be switched for an ablation) prefix
+    routing over replicas and learned keep-alive hints; prefix grouping is off by default:
+    the simulator, like vLLM, shares a prefix between siblings scheduled in one step.
     `hold_back`: the servers do not hear the keep-alive hint; plait holds new programs back
     instead while paused ones fill the KV cache (`Limits.kv_tokens`, simulated servers only).
     `block_tokens` is the prefix-hashing block (default: a simulated server's block size)."""

@@ -124,8 +124,9 @@ class RouterSettings(ConfigSection):
     cache_blocks: int | None = Field(default=None, ge=1)
     """Each server's KV cache in `block_tokens` blocks, if known: the router models its
     eviction (vLLM logs its cache size in tokens at start-up; divide by block_tokens)."""
-    group_prefixes: bool = True
-    """Hold calls sharing an uncomputed prefix with one in flight until it is computed."""
+    group_prefixes: bool = False
+    """Hold calls sharing an uncomputed prefix with one in flight until it is computed (for
+    servers that reuse a prefix only once computed; vLLM shares it within a step)."""
     min_shared_blocks: int = Field(default=8, ge=1)
     """How many shared blocks make calls siblings (with `group_prefixes`)."""
 

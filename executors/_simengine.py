@@ -135,6 +135,7 @@ class SimEngine:
             if new is None:
                 continue  # this request was preempted; the next one moved up to index i
             req.blocks.extend(new)
+            self._register(req, req.computed + n)
             work.append((req, n))
             scheduled.add(req.id)
             budget -= n
@@ -150,6 +151,7 @@ class SimEngine:
                 break
             heapq.heappop(self.waiting)
             n = min(req.num_tokens - req.computed, budget)
+            self._register(req, req.computed + n)
             work.append((req, n))
             budget -= n
         if not work:
@@ -244,7 +246,7 @@ class SimEngine:
         """Carry out the first `steps` steps of `plan`, ending at `now`; returns the
         requests that finished."""
         finished: list[SimRequest] = []
-        pool, size = self.pool, self.profile.block_size
+        pool = self.pool
         self.steps += steps
         self.busy_s += sum(plan.durations[:steps])
         for req, n in plan.work:
@@ -263,16 +265,23 @@ class SimEngine:
             else:
                 req.computed += steps
                 req.generated += steps
-            full = min(req.computed // size, len(req.hashes))
-            while req.registered < full:
-                pool.register(req.blocks[req.registered], req.hashes[req.registered])
-                req.registered += 1
+            self._register(req, req.computed)
             if req.generated and req.first_token_at is None:
                 req.first_token_at = now
             if req.generated >= req.output_tokens:
                 self._finish(req, now)
                 finished.append(req)
         return finished
+
+    def _register(self, req: SimRequest, tokens: int) -> None:
+        """Offer `req`'s blocks that are full once its first `tokens` are computed for reuse.
+        Called when the step that computes them is scheduled, as vLLM does: a request
+        scheduled later in the same step already hits them (its attention reads them in
+        the same forward pass, after they are written)."""
+        full = min(tokens // self.profile.block_size, len(req.hashes))
+        while req.registered < full:
+            self.pool.register(req.blocks[req.registered], req.hashes[req.registered])
+            req.registered += 1
 
     def _finish(self, req: SimRequest, now: float) -> None:
         self.running.remove(req)

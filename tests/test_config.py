@@ -55,6 +55,7 @@ max_imbalance = 2.0
 readmit_after_s = 5
 health_interval_s = 0
 cache_blocks = 4096
+group_prefixes = true
 
 [[backends.pool.endpoints]]
 url = "http://gpu1:8000/v1"
@@ -97,6 +98,7 @@ backends:
     readmit_after_s: 5
     health_interval_s: 0
     cache_blocks: 4096
+    group_prefixes: true
     endpoints:
       - {url: "http://gpu1:8000/v1", name: one}
       - {url: "http://gpu2:8000/v1", name: two, dialect: vllm, timeout_s: 10}
@@ -156,10 +158,8 @@ def commented_router(text: str) -> tuple[str, str]:
 def test_the_commented_vllm_router_example_is_valid(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_API_KEY", "k")
     for variant in commented_router((EXAMPLES / "plait.toml").read_text()):
-        [grouper] = backends_from_config(_toml_dict(variant)).values()
-        assert isinstance(grouper, PrefixGrouper)
-        router = grouper.backend
-        assert isinstance(router, Router)
+        [router] = backends_from_config(_toml_dict(variant)).values()
+        assert isinstance(router, Router)  # no prefix grouping unless asked for
         assert [b.base_url for b in router.backends] == [  # type: ignore[attr-defined]
             "http://gpu1:8000/v1",
             "http://gpu2:8000/v1",
@@ -323,7 +323,7 @@ def test_backends_are_built_as_configured(tmp_path: Path, monkeypatch: pytest.Mo
     )
 
     grouper = built["pool"]
-    assert isinstance(grouper, PrefixGrouper)  # group_prefixes is on by default
+    assert isinstance(grouper, PrefixGrouper)  # group_prefixes = true
     assert grouper.block_tokens == 32 and grouper.min_shared_blocks == 8
     pool = grouper.backend
     assert isinstance(pool, Router)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from executors import PrefixGrouper, SimServer
+from executors._prefix import prompt_hashes
 from orchestrator import (
     BackendError,
     Hints,
@@ -51,14 +52,51 @@ def computed_prompt_tokens(grouped: bool, n: int = 10) -> tuple[int, int]:
     return clock.run(main())
 
 
-def test_siblings_sent_together_recompute_the_prefix_grouped_ones_do_not() -> None:
+def test_siblings_scheduled_together_share_the_prefix_on_a_vllm_like_server() -> None:
+    """vLLM registers a prompt's blocks when the step computing them is scheduled, and so
+    does the simulator: siblings in the same step hit them. Grouping adds nothing there."""
     alone, alone_cached = computed_prompt_tokens(grouped=False)
     grouped, grouped_cached = computed_prompt_tokens(grouped=True)
     one_prompt = len(DOCUMENT) // 4
-    assert alone >= 4 * one_prompt  # scheduled in the same steps, before blocks were cached
-    assert grouped < 1.3 * one_prompt  # the document once, then only each question's tail
-    assert grouped_cached >= 9 * (one_prompt - 64)
-    assert alone_cached < grouped_cached
+    assert alone < 1.3 * one_prompt  # the document once, then each question's tail
+    assert grouped == alone and grouped_cached == alone_cached
+
+
+class FinishedPrefixServer:
+    """A server that can reuse a prompt's blocks only once the call computing them has
+    finished (a cache filled after prefill): siblings sent together each compute it."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self.clock = clock
+        self.cached: set[int] = set()
+        self.computed = 0
+
+    async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
+        hashes = prompt_hashes(request, 16)
+        hit = 0
+        while hit < len(hashes) and hashes[hit] in self.cached:
+            hit += 1
+        self.computed += len(hashes) - hit
+        await self.clock.sleep(0.001 * (len(hashes) - hit) + 0.1)
+        self.cached.update(hashes)
+        return LLMResponse("ok", Usage(prompt_tokens=16 * len(hashes)))
+
+
+def test_grouping_computes_a_shared_prefix_once_where_only_finished_prefixes_are_cached() -> None:
+    def computed_blocks(grouped: bool) -> int:
+        clock = VirtualClock()
+        server = FinishedPrefixServer(clock)
+        backend = PrefixGrouper(server, block_tokens=16) if grouped else server
+
+        async def main() -> None:
+            await asyncio.gather(*(backend.complete(question(i), Hints("p")) for i in range(10)))
+
+        clock.run(main())
+        return server.computed
+
+    one_prompt_blocks = len(prompt_hashes(question(0), 16))
+    assert computed_blocks(grouped=False) >= 9 * one_prompt_blocks
+    assert computed_blocks(grouped=True) <= one_prompt_blocks + 10
 
 
 class Gate:
