@@ -415,13 +415,15 @@ def plait_runner(
     group: bool = False,
     keep_alive: bool = True,
     hold_back: bool = False,
+    kv_tokens: int | None = None,
     block_tokens: int | None = None,
 ) -> Runner:
     """plait: program-first scheduling, plus (each can be switched for an ablation) prefix
     routing over replicas and learned keep-alive hints; prefix grouping is off by default:
     the simulator, like vLLM, shares a prefix between siblings scheduled in one step.
     `hold_back`: the servers do not hear the keep-alive hint; plait holds new programs back
-    instead while paused ones fill the KV cache (`Limits.kv_tokens`, simulated servers only).
+    instead while paused ones fill the KV cache (`Limits.kv_tokens`: `kv_tokens`, the
+    servers' KV cache in tokens all together, or a simulated server's size).
     `block_tokens` is the prefix-hashing block (default: a simulated server's block size)."""
 
     async def run_plait(
@@ -431,20 +433,18 @@ def plait_runner(
             servers[0].profile.block_size if isinstance(servers[0], SimServer) else 16
         )
         backend = plait_backend(servers, route=route, group=group, block_tokens=block)
-        kv_tokens = None
+        budget = None
         if hold_back:
             backend = NoKeepAlive(backend)
-            kv_tokens = int(
-                HOLD_BACK_SHARE
-                * sum(
-                    s.profile.num_blocks * s.profile.block_size
-                    for s in servers
-                    if isinstance(s, SimServer)
-                )
+            total = kv_tokens or sum(
+                s.profile.num_blocks * s.profile.block_size
+                for s in servers
+                if isinstance(s, SimServer)
             )
+            budget = int(HOLD_BACK_SHARE * total)
         outcomes: list[Outcome] = []
         limits = {
-            "default": Limits(max_in_flight=max_in_flight * len(servers), kv_tokens=kv_tokens),
+            "default": Limits(max_in_flight=max_in_flight * len(servers), kv_tokens=budget),
             "tools": Limits(100_000),
         }
         async with Engine(

@@ -7,8 +7,10 @@ clock, with one server and with two:
 - naive: every call sent as soon as it is ready, in the input's order, no hints,
   round-robin over the servers (`run_naive`);
 - plait: the same programs through plait's engine (`plait_runner`): program-first
-  priorities sent as vLLM's `priority`, prefix routing over the servers, prefix grouping;
-- ablations (full run): plait with priorities only, then with routing or grouping alone.
+  priorities sent as vLLM's `priority`, prefix routing over the servers, and (vLLM has no
+  keep-alive control) hold-back of new programs while paused ones fill the KV caches;
+- ablations (full run): plait with priorities only, then with routing, hold-back or
+  prefix grouping alone.
 
 Fairness: every mode starts on an empty prefix cache (the servers run with
 VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache), the order of the modes alternates from
@@ -147,23 +149,36 @@ class Row:
         )
 
 
-def modes(servers: int, ablations: bool) -> dict[str, Callable[[], AnyRunner]]:
-    """Runner factories by mode name; every plait mode keeps program-first priorities."""
+def kv_tokens_of(kv_gib: float) -> int:
+    """The tiny model's KV cache in tokens: 16 KiB a token (bench/vllm/serve.sh)."""
+    return int(kv_gib * 2**30 / (16 * 1024))
 
-    def plait(route: bool, group: bool) -> Callable[[], AnyRunner]:
+
+def modes(servers: int, ablations: bool, kv_tokens: int) -> dict[str, Callable[[], AnyRunner]]:
+    """Runner factories by mode name; every plait mode keeps program-first priorities.
+    vLLM has no keep-alive control, so plait holds new agents back instead while paused
+    ones' contexts fill the servers' caches (`kv_tokens` each)."""
+
+    def plait(route: bool, group: bool, hold_back: bool) -> Callable[[], AnyRunner]:
         return lambda: plait_runner(
-            route=route, group=group, keep_alive=False, block_tokens=ROUTE_BLOCK_TOKENS
+            route=route,
+            group=group,
+            keep_alive=False,
+            hold_back=hold_back,
+            kv_tokens=kv_tokens * servers,
+            block_tokens=ROUTE_BLOCK_TOKENS,
         )
 
     out: dict[str, Callable[[], AnyRunner]] = {
         "naive": lambda: run_naive,
-        "plait": plait(True, True),
+        "plait": plait(True, False, True),
     }
     if ablations:
-        out["plait: priorities only"] = plait(False, False)
+        out["plait: priorities only"] = plait(False, False, False)
         if servers > 1:
-            out["plait: +routing"] = plait(True, False)
-        out["plait: +grouping"] = plait(False, True)
+            out["plait: +routing"] = plait(True, False, False)
+        out["plait: +hold-back"] = plait(False, False, True)
+        out["plait: +grouping"] = plait(False, True, False)
     return out
 
 
@@ -225,6 +240,7 @@ async def measure(
     repeats: int,
     ablations: bool,
     only: str | None = None,
+    kv_tokens: int = kv_tokens_of(0.125),
 ) -> dict[tuple[str, int, str], Row]:
     workloads = {"agents": agents(sizes, seed), "batch": batch(sizes, seed)}
     if only:
@@ -234,7 +250,7 @@ async def measure(
     for repeat in range(repeats):
         for n in (1, 2):
             for name, programs in workloads.items():
-                order = list(modes(n, ablations).items())
+                order = list(modes(n, ablations, kv_tokens).items())
                 if flip:  # alternate which mode goes first, so none always runs warm
                     order.reverse()
                 flip = not flip
@@ -292,7 +308,17 @@ def main(argv: list[str] | None = None) -> int:
     def go(urls: Sequence[str]) -> dict[tuple[str, int, str], Row]:
         print(f"[vllm-cpu] servers {', '.join(urls)}", file=sys.stderr)
         ablations = args.ablations or not args.quick
-        return asyncio.run(measure(urls, sizes, args.seed, repeats, ablations, only=args.only))
+        return asyncio.run(
+            measure(
+                urls,
+                sizes,
+                args.seed,
+                repeats,
+                ablations,
+                only=args.only,
+                kv_tokens=kv_tokens_of(args.kv_gib),
+            )
+        )
 
     if args.urls:
         rows = go(args.urls.split(","))
