@@ -236,6 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plots", type=Path, help="directory for PNG plots")
     args = parser.parse_args(argv)
+    if args.plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plots needs matplotlib: `make .venv/bin/.installed-bench` or "
+                         "`pip install -e '.[bench]'`")  # fmt: skip
     started = time.perf_counter()
     n_agents, n_sql = (60, 120) if args.quick else (150, 300)
     agent_rates = (
