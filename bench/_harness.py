@@ -363,6 +363,8 @@ def _call(step: LLMStep, replies: dict[str, str]) -> Callable[[TaskContext], Awa
 class RoundRobin:
     """Calls spread over backends in turn: replicas without prefix routing (an ablation)."""
 
+    isolates_failures = True  # as a Router: one failing replica must not stop the others
+
     def __init__(self, backends: Sequence[LLMBackend]) -> None:
         self._turn = itertools.cycle(backends)
 
@@ -379,6 +381,8 @@ class NoKeepAlive:
 
     def __init__(self, backend: LLMBackend) -> None:
         self.backend = backend
+        # A Router under it ejects failing replicas itself: keep the engine's breaker off.
+        self.isolates_failures = bool(getattr(backend, "isolates_failures", False))
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
         return await self.backend.complete(request, dataclasses.replace(hints, keep_alive_s=None))
@@ -436,6 +440,8 @@ def plait_runner(
         budget = None
         if hold_back:
             backend = NoKeepAlive(backend)
+            if kv_tokens is None and not all(isinstance(s, SimServer) for s in servers):
+                raise ValueError("hold_back on real servers needs kv_tokens= (their KV cache)")
             total = kv_tokens or sum(
                 s.profile.num_blocks * s.profile.block_size
                 for s in servers

@@ -113,6 +113,11 @@ class PrefixGrouper:
                 self._computed.popitem(last=False)
             done.set_result(None)
 
+    async def program_done(self, program_id: str) -> None:
+        note = getattr(self.backend, "program_done", None)
+        if note is not None:
+            await note(program_id)
+
     def stats(self) -> GroupingStats:
         return GroupingStats(self._calls, self._held)
 

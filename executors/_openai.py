@@ -165,6 +165,13 @@ class OpenAIBackend:
             await self._close_sglang_session(client, hints.program_id)
         return response
 
+    async def program_done(self, program_id: str) -> None:
+        """The engine's note that a program has finished: release what the server keeps for
+        it (an SGLang session its last call did not close: say the run failed, or ended with
+        a non-LLM task)."""
+        if program_id in self._sessions and self._client is not None:
+            await self._close_sglang_session(self._client, program_id)
+
     async def check(self) -> None:
         """Raise `BackendUnavailableError` unless the server answers its health probe.
 

@@ -252,6 +252,11 @@ class Router:
             f"last error: {unavailable}",
         ) from unavailable
 
+    async def program_done(self, program_id: str) -> None:
+        """Pass the engine's note that a program finished to every replica that wants it."""
+        notes = [getattr(b, "program_done", None) for b in self.backends]
+        await asyncio.gather(*(note(program_id) for note in notes if note is not None))
+
     def stats(self) -> list[ReplicaStats]:
         return [
             ReplicaStats(

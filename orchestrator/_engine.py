@@ -15,8 +15,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import functools
-import math
-from collections.abc import AsyncIterator, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
@@ -294,8 +293,12 @@ class Engine:
         task.handle = None
         run.running -= 1
         run.record(outcome.elapsed, outcome.llm_calls, outcome.usage)
-        if self.pauses is not None and outcome.state == "done" and not outcome.llm_calls:
-            self.pauses.observe(task.action.label, outcome.elapsed)  # a tool's pause
+        if not outcome.llm_calls:
+            if self.pauses is not None and outcome.state == "done":
+                self.pauses.observe(task.action.label, outcome.elapsed)  # a tool's pause
+            budget = self._budgets.get(task.resource)
+            if budget is not None:
+                budget.unreserve(run.id)  # let in, but made no call
         if task.state in ("running", "waiting"):
             if outcome.state == "cancelled":
                 reason = task.cancel_reason or run.cancelling or "cancelled"
@@ -478,21 +481,22 @@ class Engine:
     def _held_back(self, run: Run, resource: str) -> bool:
         return self._budgets[resource].holds_back(run.id, self.clock.monotonic())
 
-    def cache_in_use(self, run: Run, backend: str, tokens: int, keep_s: float | None) -> None:
-        """Note the KV cache `run` holds on `backend` (hold-back): `keep_s` None while its
-        call runs, else how long it stays after the call (0 once the program is done)."""
+    def call_started(self, run: Run, backend: str, context: int) -> None:
+        """A call of `run` with a `context`-token prompt is going to `backend` (hold-back)."""
+        budget = self._budgets.get(backend)
+        if budget is not None:
+            budget.start(run.id, context)
+
+    def call_ended(self, run: Run, backend: str, context: int, held: int, keep_s: float) -> None:
+        """That call is over; `held` tokens stay in the server's cache for `keep_s`."""
         budget = self._budgets.get(backend)
         if budget is None:
             return
-        now = self.clock.monotonic()
-        if keep_s is None:
-            budget.note(run.id, tokens, math.inf)
-            return
-        budget.note(run.id, tokens, now + keep_s)
+        budget.end(run.id, context, held, keep_s, self.clock.monotonic())
         self.admission.look_again()
         self.wake()
-        if keep_s > 0:
-            asyncio.get_running_loop().call_later(keep_s * 1.0001, self._cache_expired)
+        if keep_s > 0:  # then the budget frees: look again (a little late, never early)
+            asyncio.get_running_loop().call_later(keep_s * 1.0001 + 1e-6, self._cache_expired)
 
     def _cache_expired(self) -> None:
         self.admission.look_again()
@@ -689,8 +693,24 @@ class Engine:
             budget.drop(run.id)
         if self._budgets:
             self.admission.look_again()
+        self._tell_backends_done(run.id)
         run.workflow._detach()
         run.done.set_result(result)
 
+    def _tell_backends_done(self, program_id: str) -> None:
+        """Backends that keep something per program (an SGLang session) hear that it ended,
+        whether or not its last call said so; best effort, in the background."""
+        if self._tg is None or self._closing:
+            return
+        for backend in self.backends.values():
+            note = getattr(backend, "program_done", None)
+            if note is not None:
+                self._tg.create_task(_quietly(note(program_id)))
+
     def stats(self) -> EngineStats:
         return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))
+
+
+async def _quietly(note: Awaitable[None]) -> None:
+    with contextlib.suppress(Exception):  # a courtesy to the server: nothing depends on it
+        await note

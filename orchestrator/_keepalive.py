@@ -65,7 +65,8 @@ class PausePredictor:
         if not ordered:
             guess = self.settings.initial_s
         else:
-            k = max(0, math.ceil(self.settings.quantile * len(ordered)) - 1)  # nearest rank
+            # nearest rank; the epsilon keeps 0.07 * 100 from rounding up to 8
+            k = max(0, math.ceil(self.settings.quantile * len(ordered) - 1e-9) - 1)
             guess = ordered[k]
         return None if guess is None else min(guess, self.settings.cap_s)
 
@@ -78,38 +79,88 @@ class PausePredictor:
 DEFAULT_KEEP_ALIVE = KeepAlive()
 
 
+class _Holding:
+    __slots__ = ("calls", "kept", "reserved", "running", "until")
+
+    def __init__(self) -> None:
+        self.calls = 0  # calls of the program running now
+        self.running = 0  # their contexts, in tokens
+        self.kept = 0  # the context left after its latest call, kept until `until`
+        self.until = -math.inf
+        self.reserved = 0  # admitted, no call started yet: a guess of its size
+
+    def tokens(self, now: float) -> int:
+        kept = self.kept if self.calls or self.until > now else 0
+        return self.running + kept + self.reserved
+
+
 class CacheBudget:
     """The KV cache one backend's programs hold, for client-side hold-back (`Limits.kv_tokens`).
 
-    A program holds its context's tokens while its call runs and, after it, until its
-    keep-alive runs out (its expected pause). A program that holds nothing yet (its first
-    call) is held back while the others fill the budget. Pure: the caller says the time.
+    A program holds the contexts of its running calls and, after its latest call, that
+    call's context until its keep-alive runs out (its expected pause). A program that holds
+    nothing (a new one) waits while the others fill the budget. When one is let in, it is
+    counted at once at the typical size of a program's context, so one admission pass cannot
+    let in a crowd; the guess is dropped when its first call starts or its task ends without
+    one. Pure: the caller says the time.
     """
 
     def __init__(self, tokens: int) -> None:
         self.tokens = tokens
-        self._held: dict[str, tuple[int, float]] = {}
+        self._held: dict[str, _Holding] = {}
+        self._typical = max(1, tokens // 16)  # until programs have been seen
+        self._used: tuple[float, int] | None = None  # (now, used) memo for one pass
 
-    def note(self, program: str, tokens: int, until: float) -> None:
-        self._held[program] = (tokens, until)
+    def _changed(self) -> None:
+        self._used = None
+
+    def start(self, program: str, context: int) -> None:
+        """A call of `program` with a prompt of `context` tokens starts."""
+        h = self._held.setdefault(program, _Holding())
+        h.calls += 1
+        h.running += context
+        h.kept = 0  # what it kept is part of this call's context now
+        h.reserved = 0
+        self._changed()
+
+    def end(self, program: str, context: int, held: int, keep_s: float, now: float) -> None:
+        """That call ended; `held` tokens stay cached for `keep_s` (0: they may go)."""
+        h = self._held.get(program)
+        if h is None:
+            return
+        h.calls -= 1
+        h.running -= context
+        h.kept = max(h.kept, held)
+        h.until = max(h.until, now + keep_s) if h.calls else now + keep_s
+        self._typical = (7 * self._typical + held) // 8
+        self._changed()
+
+    def unreserve(self, program: str) -> None:
+        """A task of `program` ended without a call: drop the guess made when it was let in."""
+        h = self._held.get(program)
+        if h is not None and h.reserved:
+            h.reserved = 0
+            self._changed()
 
     def drop(self, program: str) -> None:
-        self._held.pop(program, None)
+        if self._held.pop(program, None) is not None:
+            self._changed()
 
     def used(self, now: float) -> int:
-        expired = [p for p, (_, until) in self._held.items() if until < now]
-        for program in expired:
-            del self._held[program]
-        return sum(tokens for tokens, _ in self._held.values())
+        if self._used is not None and self._used[0] == now:
+            return self._used[1]
+        total = sum(h.tokens(now) for h in self._held.values())
+        self._used = (now, total)
+        return total
 
     def holds_back(self, program: str, now: float) -> bool:
-        """Whether `program` must wait; a program let in is counted at once (at the mean
-        size of the others) so one admission pass cannot let in more than fits."""
+        """Whether `program` must wait: it is new (programs let in never wait again, until
+        `drop`) and the others fill the budget."""
         if program in self._held:
             return False
         used = self.used(now)
         if used >= self.tokens:
             return True
-        mean = used // len(self._held) if self._held else 0
-        self._held[program] = (mean, math.inf)
+        self._held.setdefault(program, _Holding()).reserved = self._typical
+        self._used = (now, used + self._typical)
         return False

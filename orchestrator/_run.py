@@ -335,7 +335,23 @@ class Run:
         circuit = engine.circuit(backend)
         clock = engine.clock
 
+        context = sum(len(m.content) for m in request.messages) // 4  # ~4 characters a token
+
         async def send() -> LLMResponse:
+            # The program holds cache on the backend from here (after any slot was granted:
+            # a call still queued for one holds nothing) until its keep-alive runs out.
+            engine.call_started(self, backend, context)
+            held, keep = context, 0.0
+            try:
+                response = await hinted_send()
+                usage = response.usage
+                held = usage.prompt_tokens + usage.completion_tokens or context
+                keep = 0.0 if last_call else keep_alive_s or 0.0
+                return response
+            finally:
+                engine.call_ended(self, backend, context, held, keep)
+
+        async def hinted_send() -> LLMResponse:
             # Hints are taken per attempt: urgency and the deadline move while a retry waits.
             hints = engine.hints_for(
                 self,
@@ -391,19 +407,9 @@ class Run:
             )
             engine.wake()
 
-        context = sum(len(m.content) for m in request.messages) // 4  # ~4 characters a token
-        engine.cache_in_use(self, backend, context, None)
-        try:
-            response = await call_with_retries(
-                attempt, engine.call_retry, sleep=clock.sleep, on_retry=retrying
-            )
-        except BaseException:
-            engine.cache_in_use(self, backend, context, 0.0)
-            raise
-        usage = response.usage
-        held = usage.prompt_tokens + usage.completion_tokens or context
-        engine.cache_in_use(self, backend, held, 0.0 if last_call else keep_alive_s or 0.0)
-        return response
+        return await call_with_retries(
+            attempt, engine.call_retry, sleep=clock.sleep, on_retry=retrying
+        )
 
     def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
         return self.engine.to_thread(fn, *args, **kwargs)

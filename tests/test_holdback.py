@@ -3,6 +3,8 @@ programs' caches fill the backend, instead of evicting them."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import pytest
 
 from agents import Agent
@@ -15,7 +17,9 @@ from orchestrator import (
     Limits,
     LLMRequest,
     LLMResponse,
+    Message,
     TaskContext,
+    ToolSpec,
     Usage,
     UsageError,
     VirtualClock,
@@ -25,16 +29,37 @@ from orchestrator import (
 
 def test_a_new_program_waits_while_the_others_fill_the_budget() -> None:
     budget = CacheBudget(1500)
-    assert not budget.holds_back("a", now=0.0)  # empty: let in
-    budget.note("a", 1000, until=10.0)  # paused until t=10
+    assert not budget.holds_back("a", now=0.0)  # empty: let in, counted at a guess
+    budget.start("a", 900)
+    budget.end("a", 900, held=1000, keep_s=9.0, now=1.0)  # paused until t=10
     assert not budget.holds_back("b", now=1.0)
-    budget.note("b", 1000, until=12.0)
+    budget.start("b", 900)
+    budget.end("b", 900, held=1000, keep_s=11.0, now=1.0)
     assert budget.holds_back("c", now=2.0)  # 2,000 held of 1,500
-    assert not budget.holds_back("a", now=2.0)  # programs already in never wait
-    assert not budget.holds_back("c", now=10.5)  # a's keep-alive ran out
-    assert budget.used(10.5) == 1000 + 1000  # b, and c counted at the mean at once
+    assert not budget.holds_back("a", now=2.0)  # programs let in never wait again
+    assert budget.used(10.5) == 1000  # a's keep-alive ran out
+    assert not budget.holds_back("c", now=10.5)
     budget.drop("b")
-    assert budget.used(10.5) == 1000
+    budget.unreserve("c")  # c's task ended without a call: its guess goes
+    assert budget.used(10.5) == 0
+
+
+def test_parallel_calls_of_one_program_all_count_until_the_last_ends() -> None:
+    budget = CacheBudget(10_000)
+    for _ in range(3):
+        budget.start("p", 1000)
+    assert budget.used(0.0) == 3000
+    budget.end("p", 1000, held=1010, keep_s=0.0, now=1.0)
+    assert budget.used(5.0) == 2000 + 1010  # two still run; what the first left is kept
+    budget.end("p", 1000, held=1010, keep_s=0.0, now=6.0)
+    budget.end("p", 1000, held=1010, keep_s=2.0, now=7.0)
+    assert budget.used(8.0) == 1010 and budget.used(9.0) == 0
+
+
+def test_one_pass_does_not_let_a_crowd_in() -> None:
+    budget = CacheBudget(1600)  # guesses 1600 // 16 = 100 tokens a program at first
+    let_in = [p for p in map(str, range(100)) if not budget.holds_back(p, now=0.0)]
+    assert len(let_in) == 16
 
 
 def test_a_bad_budget_is_refused() -> None:
@@ -87,3 +112,70 @@ def test_hold_back_keeps_a_new_program_out_until_a_paused_one_is_done() -> None:
     assert first_call_of_c(None) == pytest.approx(2.0)
     assert first_call_of_c(1500) == pytest.approx(7.0)
     assert first_call_of_c(5000) == pytest.approx(2.0)  # room for all: nobody waits
+
+
+def loop_agent(name: str) -> Workflow:
+    """An agent loop inside one function task: call, a 5 s tool inside the task, call."""
+
+    async def loop(ctx: TaskContext) -> None:
+        request = LLMRequest((Message("user", "x" * 4000),), "m", tools=(ToolSpec("build", ""),))
+        await ctx.complete(request)
+        await ctx.clock.sleep(5.0)
+        await ctx.complete(request)
+
+    wf = Workflow(name)
+    wf.add("loop", loop)
+    return wf
+
+
+TEN_SECONDS = KeepAlive(initial_s=10.0)
+
+
+def first_call_at(workflows: dict[str, Callable[[], Workflow]], late: str, kv: int | None,
+                  keep_alive: KeepAlive | None = TEN_SECONDS) -> float:  # fmt: skip
+    """Submit every workflow but `late` at t=0, `late` at t=2; when does `late` first call?"""
+    clock = VirtualClock()
+    llm = FunctionLLM(reply, latency=1.0, clock=clock)
+
+    async def main() -> None:
+        async with Engine(
+            backends={"default": llm},
+            clock=clock,
+            limits={"default": Limits(16, kv_tokens=kv)},
+            keep_alive=keep_alive,
+        ) as engine:
+            handles = [engine.submit(make()) for name, make in workflows.items() if name != late]
+            await clock.sleep(2.0)
+            handles.append(engine.submit(workflows[late]()))
+            for handle in handles:
+                assert (await handle).ok
+
+    clock.run(main())
+    return min(call.at for call in llm.calls if call.hints.program_id.startswith(late))
+
+
+def test_agent_loops_inside_one_task_are_held_back_too() -> None:
+    loops = {name: lambda name=name: loop_agent(name) for name in "abc"}
+    assert first_call_at(loops, "c", None) == pytest.approx(2.0)
+    assert first_call_at(loops, "c", 1500) == pytest.approx(7.0)  # a's loop ends at t=7
+
+
+def test_a_call_kept_for_no_time_frees_the_budget_at_once() -> None:
+    def slow_tool(name: str) -> Workflow:
+        wf = agent(name)
+        wf.replace("tool", _sleeper(60.0), resource="tools")
+        return wf
+
+    flows = {"a": lambda: slow_tool("a"), "b": lambda: slow_tool("b"), "c": lambda: agent("c")}
+    # No keep-alive: a and b's caches may go when their first calls end (t=1), so c, coming
+    # at t=2, goes at once instead of waiting for their 60 s tools.
+    assert first_call_at(flows, "c", 1500, keep_alive=None) == pytest.approx(2.0)
+    # Kept 10 s: until t=11 (the engine looks again a hair after, never before).
+    assert first_call_at(flows, "c", 1500) == pytest.approx(11.0, abs=0.01)
+
+
+def _sleeper(seconds: float) -> Callable[[TaskContext], Awaitable[None]]:
+    async def sleep(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(seconds)
+
+    return sleep

@@ -595,3 +595,31 @@ def test_load_fails_clearly_without_metrics_or_a_server(clock: VirtualClock) -> 
 
     with pytest.raises(BackendUnavailableError, match="cannot reach backend"):
         clock.run(closed())
+
+
+def test_the_engine_closes_an_sglang_session_its_program_left_open(clock: VirtualClock) -> None:
+    """The workflow ends with a function task, so no call is marked last; when the run
+    finishes, the engine tells the backend, which closes the session it opened."""
+    recorder = Recorder()
+    agent = Agent("a", "You are brief.")
+
+    def decide(ctx: object) -> str:
+        return "done"
+
+    wf = Workflow("ends-in-python")
+    wf.add("ask", agent.ask("hi", max_tokens=4))
+    wf.add("decide", decide, after=["ask"])
+
+    async def main() -> RunResult:
+        # The call is followed by a function task: it gets a keep-alive, so a session.
+        async with (
+            recording(recorder) as url,
+            OpenAIBackend(url, dialect="sglang") as llm,
+            Engine(backends={"default": llm}) as engine,
+        ):
+            return await engine.run(wf)
+
+    assert clock.run(main()).ok
+    paths = [p for p, _, _ in recorder.seen]
+    assert paths == ["/open_session", "/v1/chat/completions", "/close_session"]
+    assert recorder.seen[-1][1] == {"session_id": wf.name}
