@@ -99,7 +99,9 @@ class CacheBudget:
 
     A program holds the contexts of its running calls and, after its latest call, that
     call's context until its keep-alive runs out (its expected pause). A program that holds
-    nothing (a new one) waits while the others fill the budget. When one is let in, it is
+    nothing (a new one, or one back after its keep-alive ran out) waits while the others
+    fill the budget; the budget frees as calls end and keep-alives run out, so the wait is
+    bounded, and the scheduler's order says who goes first then. A program let in is
     counted at once at the typical size of a program's context, so one admission pass cannot
     let in a crowd; the guess is dropped when its first call starts or its task ends without
     one. Pure: the caller says the time.
@@ -154,9 +156,10 @@ class CacheBudget:
         return total
 
     def holds_back(self, program: str, now: float) -> bool:
-        """Whether `program` must wait: it is new (programs let in never wait again, until
-        `drop`) and the others fill the budget."""
-        if program in self._held:
+        """Whether `program` must wait: it holds nothing (it is new, or back after its
+        keep-alive ran out, so its cache is likely gone) and the others fill the budget."""
+        h = self._held.get(program)
+        if h is not None and h.tokens(now) > 0:
             return False
         used = self.used(now)
         if used >= self.tokens:

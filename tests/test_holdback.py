@@ -36,8 +36,11 @@ def test_a_new_program_waits_while_the_others_fill_the_budget() -> None:
     budget.start("b", 900)
     budget.end("b", 900, held=1000, keep_s=11.0, now=1.0)
     assert budget.holds_back("c", now=2.0)  # 2,000 held of 1,500
-    assert not budget.holds_back("a", now=2.0)  # programs let in never wait again
+    assert not budget.holds_back("a", now=2.0)  # a holds its cache: it never waits
     assert budget.used(10.5) == 1000  # a's keep-alive ran out
+    budget.start("d", 600)  # a call running now (d was let in earlier)
+    assert budget.holds_back("a", now=10.5)  # a is back too late: it holds nothing now
+    budget.end("d", 600, held=0, keep_s=0.0, now=10.5)
     assert not budget.holds_back("c", now=10.5)
     budget.drop("b")
     budget.unreserve("c")  # c's task ended without a call: its guess goes
