@@ -9,10 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from orchestrator import SystemClock
+from orchestrator import SystemClock, UsageError
 
 from ._sim import SimServer
-from ._simhttp import SimHTTP
+from ._simhttp import Faults, SimHTTP
 from ._simprofile import PROFILES
 
 
@@ -25,18 +25,34 @@ def register(commands: Any) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--seed", type=int, default=0, help="seed of the generated text")
+    serve.add_argument(
+        "--error-rate", type=float, default=0.0, help="share of completions answered with a 500"
+    )
+    serve.add_argument(
+        "--timeout-rate",
+        type=float,
+        default=0.0,
+        help="share of completions held for an hour (past any client's timeout)",
+    )
     serve.set_defaults(handler=serve_command)
 
 
 def serve_command(args: argparse.Namespace) -> int:
+    try:
+        faults = Faults(args.error_rate, args.timeout_rate, seed=args.seed)
+    except UsageError as exc:
+        print(f"plait sim serve: error: {exc}")
+        return 2
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(args.profile, args.host, args.port, args.seed))
+        asyncio.run(serve(args.profile, args.host, args.port, args.seed, faults))
     return 0
 
 
-async def serve(profile: str, host: str, port: int, seed: int) -> None:
+async def serve(
+    profile: str, host: str, port: int, seed: int, faults: Faults | None = None
+) -> None:
     async with SimServer(profile, seed=seed, clock=SystemClock()) as sim:
-        runner = web.AppRunner(SimHTTP(sim).app())
+        runner = web.AppRunner(SimHTTP(sim, faults=faults).app())
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()

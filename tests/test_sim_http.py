@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import openai
+import pytest
 from aiohttp.test_utils import TestServer
 
 from executors import SimHTTP, SimServer
@@ -167,3 +168,11 @@ def test_priority_in_the_body_orders_the_queue(clock: VirtualClock) -> None:
         return finished
 
     assert run(clock, body) == ["first", "high", "low"]
+
+
+def test_sim_serve_refuses_impossible_fault_rates(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator._cli import main
+
+    code = main(["sim", "serve", "--error-rate", "0.8", "--timeout-rate", "0.5"])
+    assert code == 2
+    assert "error_rate + timeout_rate must be at most 1" in capsys.readouterr().out
