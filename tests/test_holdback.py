@@ -88,33 +88,13 @@ def agent(name: str) -> Workflow:
     return wf
 
 
-def first_call_of_c(kv_tokens: int | None) -> float:
-    clock = VirtualClock()
-    llm = FunctionLLM(reply, latency=1.0, clock=clock)
-
-    async def main() -> None:
-        async with Engine(
-            backends={"default": llm},
-            clock=clock,
-            limits={"default": Limits(16, kv_tokens=kv_tokens)},
-            keep_alive=KeepAlive(initial_s=10.0),
-        ) as engine:
-            a, b = engine.submit(agent("a")), engine.submit(agent("b"))
-            await clock.sleep(2.0)
-            c = engine.submit(agent("c"))
-            for handle in (a, b, c):
-                assert (await handle).ok
-
-    clock.run(main())
-    return min(call.at for call in llm.calls if call.hints.program_id.startswith("c"))
-
-
 def test_hold_back_keeps_a_new_program_out_until_a_paused_one_is_done() -> None:
     # a and b answer at t=1 and pause (tool 5 s, keep-alive 10 s) holding 1,010 tokens each;
     # a's last call runs t=6..7 and frees its cache; only then does c start.
-    assert first_call_of_c(None) == pytest.approx(2.0)
-    assert first_call_of_c(1500) == pytest.approx(7.0)
-    assert first_call_of_c(5000) == pytest.approx(2.0)  # room for all: nobody waits
+    agents = {name: lambda name=name: agent(name) for name in "abc"}
+    assert first_call_at(agents, "c", None) == pytest.approx(2.0)
+    assert first_call_at(agents, "c", 1500) == pytest.approx(7.0)
+    assert first_call_at(agents, "c", 5000) == pytest.approx(2.0)  # room for all: no wait
 
 
 def loop_agent(name: str) -> Workflow:
