@@ -2,14 +2,17 @@
 
 For each workload the same seeded programs and arrivals run twice (or more) on fresh
 simulated servers in virtual time: once as a user of another framework would send them
-(every call as soon as it is ready, no hints, FCFS server queue) and once through plait
-(program-first). A sweep of arrival rates finds the capacity of the simulated hardware
-for the workload: the highest steady throughput any mode sustained. "Load 0.8" is 80% of
-that capacity. The sweep itself is reported too: where the naive baseline collapses
-(its KV cache thrashes once more programs are active than it holds) is the main finding.
+(every call as soon as it is ready, no hints, FCFS server queue, round-robin over
+replicas) and once through plait (program-first, keep-alive hints, prefix routing over
+replicas; each feature is also measured on its own). A sweep of arrival rates finds the
+capacity of the simulated hardware for the workload: the highest steady throughput any
+mode sustained (for agents over 4 replicas also with every program queued at once).
+"Load 0.8" is 80% of that capacity. The sweep itself is reported too: where the naive
+baseline collapses (its KV cache thrashes once more programs are active than it holds) is
+the main finding.
 
-    python bench/jct.py --quick          # about 1-2 minutes
-    python bench/jct.py --plots docs/img # also draw the JCT distributions and the sweep
+    python bench/jct.py --quick          # about 5 minutes
+    python bench/jct.py --plots docs/img # full sizes, about 12 minutes; draws the plots
 
 The last line of stdout is one JSON object with the figures.
 """
