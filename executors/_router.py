@@ -16,6 +16,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from orchestrator import (
     BackendOverloadedError,
@@ -46,6 +47,9 @@ class ReplicaStats:
     ejections: int = 0
     """Times it was taken out of the rotation, by a failed call or a failed health check."""
     checks_failed: int = 0
+    server_load: int = 0
+    """Requests running and waiting on the server by its own metrics at the latest probe
+    (all its clients', not only ours); 0 when it reports none."""
 
 
 class Router:
@@ -55,6 +59,8 @@ class Router:
     tokens: of `tokenize`'s when given, else of four characters; match the servers' KV block
     size where you can). `health_interval_s`: how often to probe the backends that have a
     `check()` (None: never); a probe that does not finish in `health_timeout_s` fails.
+    A probe also reads the server's own load (`load()`, from its metrics) where it has one:
+    a replica busy with other clients' requests then counts as busy here too.
     `cache_blocks`: each server's KV cache in such blocks, if known (vLLM logs its size at
     start-up): the router then models each server's LRU eviction instead of assuming that
     what it sent somewhere stays there.
@@ -101,6 +107,10 @@ class Router:
         self._checks: list[Callable[[], Awaitable[None]] | None] = [
             getattr(backend, "check", None) for backend in self.backends
         ]
+        self._loads: list[Callable[[], Awaitable[Any]] | None] = [
+            getattr(backend, "load", None) for backend in self.backends
+        ]
+        self._server_load = [0] * n
         self._in_flight = [0] * n
         self._healthy = [True] * n
         self._ejected_at = [0.0] * n
@@ -189,6 +199,16 @@ class Router:
                 await check()
         except Exception:  # whatever stops a probe (a refused connection, a bug) fails it
             return False
+        load = self._loads[replica]
+        if load is not None:
+            try:
+                async with asyncio.timeout(self.health_timeout_s):
+                    report = await load()
+            except Exception:  # no metrics is no failure: the server answered its probe
+                return True
+            running = getattr(report, "running", None) or 0
+            waiting = getattr(report, "waiting", None) or 0
+            self._server_load[replica] = int(running + waiting)
         return True
 
     def _readmit(self) -> None:
@@ -218,7 +238,10 @@ class Router:
             self._readmit()
             allowed = [h and not t for h, t in zip(self._healthy, tried, strict=True)]
             try:
-                choice = self.policy.choose(hashes, self._in_flight, allowed)
+                # Our calls in flight, or the server's own count if it says it is busier
+                # (other clients share it; its figure is as old as the latest probe).
+                load = [max(m, r) for m, r in zip(self._in_flight, self._server_load, strict=True)]
+                choice = self.policy.choose(hashes, load, allowed)
             except LookupError:
                 break
             i = choice.replica
@@ -268,6 +291,7 @@ class Router:
                 self._overloaded[i],
                 self._ejections[i],
                 self._checks_failed[i],
+                self._server_load[i],
             )
             for i in range(len(self.backends))
         ]

@@ -300,3 +300,42 @@ def test_the_engine_puts_no_circuit_breaker_over_a_router(clock: VirtualClock) -
     assert engine.circuit("plain") is not None
     assert engine.circuit("routed") is None
     assert engine.circuit("grouped") is None
+
+
+class Metered(FunctionLLM):
+    """A replica whose probe also reports how busy the server is with everyone's requests."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda req, hints: "ok")
+        self.running = 0
+
+    async def check(self) -> None:
+        return None
+
+    async def load(self) -> Any:
+        from executors import LoadReport
+
+        return LoadReport(running=self.running, waiting=0)
+
+
+def test_a_replica_busy_with_other_clients_is_avoided_after_a_probe(clock: VirtualClock) -> None:
+    llms = {"r0": Metered(), "r1": Metered()}
+    turns = conversation("c", 3)
+
+    async def main() -> list[str]:
+        where = []
+        async with Router(llms, health_interval_s=None) as router:
+            await router.complete(turns[0], Hints(program_id="c"))
+            home = served_by(llms, turns[0])
+            where.append(home)
+            await router.complete(turns[1], Hints(program_id="c"))
+            where.append(served_by(llms, turns[1]))  # sticks while nobody is busy
+            llms[home].running = 40  # others' requests fill that server
+            await router.check_health()
+            assert {s.name: s.server_load for s in router.stats()}[home] == 40
+            await router.complete(turns[2], Hints(program_id="c"))
+            where.append(served_by(llms, turns[2]))
+        return where
+
+    first, second, third = clock.run(main())
+    assert first == second and third != first
