@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     mooncake: dict[str, Report] = {}
     routed: dict[str, Report] = {}
     for trace in ("synthetic", "conversation"):
-        programs = mooncake_programs(trace, limit=3000 if args.quick else None)
+        programs = mooncake_programs(trace)  # whole traces: a few seconds each
         mooncake[trace] = simulate(programs, run_naive, profile=replay, replicas=4, mode="rr")
         routed[trace] = simulate(
             programs, routed_runner(), profile=replay, replicas=4, mode="routed"
