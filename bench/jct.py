@@ -11,7 +11,7 @@ mode sustained (for agents over 4 replicas also with every program queued at onc
 baseline collapses (its KV cache thrashes once more programs are active than it holds) is
 the main finding.
 
-    python bench/jct.py --quick          # about 5 minutes
+    python bench/jct.py --quick          # about 2.5 minutes
     python bench/jct.py --plots docs/img # full sizes, about 12 minutes; draws the plots
 
 The last line of stdout is one JSON object with the figures.
