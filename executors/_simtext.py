@@ -54,6 +54,11 @@ def block_hashes(text: str, block_size: int, *, parent: int = 0) -> list[int]:
     if len(data) != len(text):  # non-ASCII: blocks are counted in characters
         data = text.encode("utf-32-le")
         span *= 4
+    return chained_hashes(data, span, parent)
+
+
+def chained_hashes(data: bytes, span: int, parent: int = 0) -> list[int]:
+    """Chained hashes of the full `span`-byte chunks of `data`."""
     out: list[int] = []
     prev = parent
     crc, adler = zlib.crc32, zlib.adler32

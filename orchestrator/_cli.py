@@ -16,7 +16,7 @@ import importlib.util
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
@@ -207,14 +207,11 @@ def limits_of(
 ) -> dict[str, Limits]:
     """The config's limits, with the command line's bounds laid over every LLM backend's."""
     limits = dict(config.limits) if config is not None else {}
-    if max_in_flight is not None or max_waiting is not None:
+    given = {"max_in_flight": max_in_flight, "max_waiting": max_waiting}
+    overrides = {field: value for field, value in given.items() if value is not None}
+    if overrides:
         for name in backends:
-            base = limits.get(name, Limits())
-            limits[name] = Limits(
-                max_in_flight=base.max_in_flight if max_in_flight is None else max_in_flight,
-                max_waiting=base.max_waiting if max_waiting is None else max_waiting,
-                kv_tokens=base.kv_tokens,
-            )
+            limits[name] = replace(limits.get(name, Limits()), **overrides)
     return limits
 
 

@@ -149,7 +149,8 @@ class Engine:
         breaker: Breaker | None = DEFAULT_BREAKER,
     ) -> None:
         self.backends: dict[str, LLMBackend] = dict(backends or {})
-        self.pauses = PausePredictor(keep_alive) if keep_alive is not None else None
+        # Keep-alive hints go to LLM backends: without one, nothing to learn pauses for.
+        self.pauses = PausePredictor(keep_alive) if keep_alive and self.backends else None
         self.policy = get_policy(policy)
         self._clock = clock
         merged = dict(DEFAULT_LIMITS)
@@ -296,9 +297,8 @@ class Engine:
         if not outcome.llm_calls:
             if self.pauses is not None and outcome.state == "done":
                 self.pauses.observe(task.action.label, outcome.elapsed)  # a tool's pause
-            budget = self._budgets.get(task.resource)
-            if budget is not None:
-                budget.unreserve(run.id)  # let in, but made no call
+            if self._budgets and task.resource in self._budgets:
+                self._budgets[task.resource].unreserve(run.id)  # let in, made no call
         if task.state in ("running", "waiting"):
             if outcome.state == "cancelled":
                 reason = task.cancel_reason or run.cancelling or "cancelled"
