@@ -66,6 +66,7 @@ from ._llm import (
     ToolCall,
     ToolSpec,
     Usage,
+    WallClockBackend,
 )
 from ._resilience import Breaker, CallRetry, CircuitBreaker, CircuitState
 from ._run import RunResult
@@ -180,6 +181,7 @@ __all__ = [
     "Usage",
     "UsageError",
     "VirtualClock",
+    "WallClockBackend",
     "Workflow",
     "WorkflowFailedError",
     "WorkflowFinished",

@@ -115,3 +115,15 @@ class LLMBackend(Protocol):
     """One serving endpoint. Implementations raise `BackendError` (or a subclass) on failure."""
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse: ...
+
+
+@runtime_checkable
+class WallClockBackend(Protocol):
+    """A backend that waits on the world outside the process (a socket, a server).
+
+    A virtual clock jumps to the next timer whenever every task waits, so it would jump over
+    a socket's wait straight to the call's timeout: such a backend needs the system clock.
+    Wrappers (a router, a grouper) declare it too and answer for what they wrap.
+    """
+
+    def needs_wall_clock(self) -> bool: ...

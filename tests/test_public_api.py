@@ -25,7 +25,7 @@ EXPECTED = {
         "TaskReady", "TaskRemoved", "TaskReplaced", "TaskRetrying", "TaskSkipped", "TaskStarted",
         "TaskStartedError", "TaskState", "TaskSucceeded", "TaskTimeoutError", "ToolCall",
         "ToolSpec", "Trigger", "UnknownResourceError", "UnknownTaskError", "Usage", "UsageError",
-        "VirtualClock", "Workflow", "WorkflowFailedError", "WorkflowFinished", "WorkflowStarted",
+        "VirtualClock", "WallClockBackend", "Workflow", "WorkflowFailedError", "WorkflowFinished", "WorkflowStarted",
         "WorkflowStateError", "WorkflowStatus", "get_policy", "order", "order_programs",
         "remaining_critical_path", "run_sync", "running_clock", "urgency",
         "BackendKind", "Config", "ConfigSection", "load_config",
