@@ -16,19 +16,18 @@ import importlib.util
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
-from ._admission import Limits
+from ._cliconfig import backends_of, check_config, clock_of, config_of, limits_of
 from ._clock import Clock, SystemClock, VirtualClock
-from ._config import Config, load_config
+from ._config import Config
 from ._engine import Engine
 from ._errors import PlaitError, UsageError
 from ._events import Event
-from ._llm import LLMBackend
 from ._scheduler import POLICIES
 from ._workflow import Workflow
 
@@ -173,48 +172,6 @@ def workflows_of(module: ModuleType) -> list[Workflow]:
     return found
 
 
-def config_of(module: ModuleType, path: str | None) -> Config | None:
-    """The config named by `--config`, else by the module's CONFIG (beside the module)."""
-    if path is None:
-        own = getattr(module, "CONFIG", None)
-        if own is None:
-            return None
-        path = str(Path(module.__file__ or ".").parent / own)
-    return load_config(path)
-
-
-def backends_of(module: ModuleType, config: Config | None, clock: Clock) -> dict[str, LLMBackend]:
-    """The module's `backends(clock)` and the config's, which must not share a name."""
-    make_backends = getattr(module, "backends", None)
-    backends = dict(make_backends(clock)) if callable(make_backends) else {}
-    if config is not None:
-        from_file = config.build_backends(clock)
-        twice = sorted(backends.keys() & from_file.keys())
-        if twice:
-            raise UsageError(
-                f"backend {twice[0]!r} is defined twice: by backends() in {module.__file__} "
-                f"and in {config.source}; rename or remove one of them"
-            )
-        backends.update(from_file)
-    return backends
-
-
-def limits_of(
-    backends: Iterable[str],
-    config: Config | None,
-    max_in_flight: int | None = None,
-    max_waiting: int | None = None,
-) -> dict[str, Limits]:
-    """The config's limits, with the command line's bounds laid over every LLM backend's."""
-    limits = dict(config.limits) if config is not None else {}
-    given = {"max_in_flight": max_in_flight, "max_waiting": max_waiting}
-    overrides = {field: value for field, value in given.items() if value is not None}
-    if overrides:
-        for name in backends:
-            limits[name] = replace(limits.get(name, Limits()), **overrides)
-    return limits
-
-
 async def run_module(
     module: ModuleType,
     clock: Clock,
@@ -225,7 +182,8 @@ async def run_module(
     max_in_flight: int | None = None,
     max_waiting: int | None = None,
 ) -> Mapping[str, str]:
-    backends = backends_of(module, config, clock)
+    backends, notes = backends_of(module, config, clock)
+    progress.notes.extend(notes)
     limits = limits_of(backends, config, max_in_flight, max_waiting)
     flows: Iterable[Workflow] = workflows_of(module)
     statuses: dict[str, str] = {}
@@ -245,32 +203,6 @@ async def run_module(
             if callable(describe):
                 progress.notes.append(f"backend {name!r}: {describe()}")
     return statuses
-
-
-def check_config(path: str, out: TextIO) -> None:
-    """Validate a config file and print what it defines; builds the backends (so missing
-    environment variables show) but connects to nothing and starts nothing."""
-    config = load_config(path)
-    config.build_backends()
-    engine = config.engine
-    clock = engine.clock or "the module's CLOCK"
-    out.write(f"{config.source}: valid\nengine: policy {engine.policy}, clock {clock}\n")
-    for name, backend in config.backends.items():
-        out.write(f"backend {name!r} ({backend.kind.name}): {backend.describe()}\n")
-        if backend.limits is not None:
-            out.write(f"  limits: {_limits_text(backend.limits)}\n")
-    if not config.backends:
-        out.write("no backends defined\n")
-    for name, limits in config.limits.items():
-        if name not in config.backends:
-            out.write(f"resource {name!r}: {_limits_text(limits)}\n")
-
-
-def _limits_text(limits: Limits) -> str:
-    text = f"at most {limits.max_in_flight} in flight, {limits.max_waiting} waiting"
-    if limits.kv_tokens is not None:
-        text += f", new programs held back past {limits.kv_tokens} KV tokens"
-    return text
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
@@ -324,11 +256,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         module = load_module(args.path)
         settings = config_of(module, args.config)
         engine = settings.engine if settings is not None else None
-        from_file = engine.clock if engine is not None else None
-        clock_name = str(args.clock or from_file or getattr(module, "CLOCK", "system"))
+        clock_name, clock_notes = clock_of(args.clock, settings, module)
         policy = args.policy or (engine.policy if engine is not None else "fcfs")
         clock: Clock = VirtualClock() if clock_name == "virtual" else SystemClock()
         progress = Progress(out, live=out.isatty())
+        progress.notes.extend(clock_notes)
         started = time.perf_counter()
         with asyncio.Runner(loop_factory=clock.new_event_loop) as runner:
             statuses = runner.run(

@@ -1,0 +1,94 @@
+"""How `plait run` and `plait config check` read a configuration: the file a module names,
+the clock, the backends and limits that a run uses, and the check's report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import TextIO
+
+from ._admission import Limits
+from ._clock import Clock
+from ._config import Config, load_config
+from ._errors import UsageError
+from ._llm import LLMBackend
+
+
+def clock_of(given: str | None, config: Config | None, module: ModuleType) -> tuple[str, list[str]]:
+    """The clock a run uses: the command line's, else the config's, else the module's CLOCK;
+    and notes for the run's summary."""
+    from_file = config.engine.clock if config is not None else None
+    return str(given or from_file or getattr(module, "CLOCK", "system")), []
+
+
+def config_of(module: ModuleType, path: str | None) -> Config | None:
+    """The config named by `--config`, else by the module's CONFIG (beside the module)."""
+    if path is None:
+        own = getattr(module, "CONFIG", None)
+        if own is None:
+            return None
+        path = str(Path(module.__file__ or ".").parent / own)
+    return load_config(path)
+
+
+def backends_of(
+    module: ModuleType, config: Config | None, clock: Clock
+) -> tuple[dict[str, LLMBackend], list[str]]:
+    """The module's `backends(clock)` and the config's, which must not share a name; and
+    notes for the run's summary."""
+    make_backends = getattr(module, "backends", None)
+    backends = dict(make_backends(clock)) if callable(make_backends) else {}
+    if config is not None:
+        from_file = config.build_backends(clock)
+        twice = sorted(backends.keys() & from_file.keys())
+        if twice:
+            raise UsageError(
+                f"backend {twice[0]!r} is defined twice: by backends() in {module.__file__} "
+                f"and in {config.source}; rename or remove one of them"
+            )
+        backends.update(from_file)
+    return backends, []
+
+
+def limits_of(
+    backends: Iterable[str],
+    config: Config | None,
+    max_in_flight: int | None = None,
+    max_waiting: int | None = None,
+) -> dict[str, Limits]:
+    """The config's limits, with the command line's bounds laid over every LLM backend's."""
+    limits = dict(config.limits) if config is not None else {}
+    given = {"max_in_flight": max_in_flight, "max_waiting": max_waiting}
+    overrides = {field: value for field, value in given.items() if value is not None}
+    if overrides:
+        for name in backends:
+            limits[name] = replace(limits.get(name, Limits()), **overrides)
+    return limits
+
+
+def check_config(path: str, out: TextIO) -> None:
+    """Validate a config file and print what it defines; builds the backends (so missing
+    environment variables show) but connects to nothing and starts nothing."""
+    config = load_config(path)
+    config.build_backends()
+    engine = config.engine
+    clock = engine.clock or "the module's CLOCK"
+    out.write(f"{config.source}: valid\nengine: policy {engine.policy}, clock {clock}\n")
+    for name, backend in config.backends.items():
+        out.write(f"backend {name!r} ({backend.kind.name}): {backend.describe()}\n")
+        if backend.limits is not None:
+            out.write(f"  limits: {_limits_text(backend.limits)}\n")
+    if not config.backends:
+        out.write("no backends defined\n")
+    for name, limits in config.limits.items():
+        if name not in config.backends:
+            out.write(f"resource {name!r}: {_limits_text(limits)}\n")
+
+
+def _limits_text(limits: Limits) -> str:
+    text = f"at most {limits.max_in_flight} in flight, {limits.max_waiting} waiting"
+    if limits.kv_tokens is not None:
+        text += f", new programs held back past {limits.kv_tokens} KV tokens"
+    return text
