@@ -242,6 +242,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         "check", help="validate a config file and print its backends, without connecting"
     )
     check.add_argument("path", help="a .toml, .yaml or .yml file")
+    check.add_argument(
+        "--strict",
+        action="store_true",
+        help="also fail on warnings (an environment variable that is not set)",
+    )
     # Other packages add commands (`plait sim ...`) without this one importing them.
     for entry in entry_points(group="plait.cli"):
         entry.load()(sub)
@@ -251,8 +256,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         return code
     try:
         if args.command == "config":
-            check_config(args.path, out)
-            return 0
+            return check_config(args.path, out, strict=args.strict)
         module = load_module(args.path)
         settings = config_of(module, args.config)
         engine = settings.engine if settings is not None else None

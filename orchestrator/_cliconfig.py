@@ -68,7 +68,7 @@ def limits_of(
     return limits
 
 
-def check_config(path: str, out: TextIO) -> None:
+def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
     """Validate a config file and print what it defines; builds the backends (so missing
     environment variables show) but connects to nothing and starts nothing."""
     config = load_config(path)
@@ -85,6 +85,7 @@ def check_config(path: str, out: TextIO) -> None:
     for name, limits in config.limits.items():
         if name not in config.backends:
             out.write(f"resource {name!r}: {_limits_text(limits)}\n")
+    return 0
 
 
 def _limits_text(limits: Limits) -> str:
