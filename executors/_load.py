@@ -2,7 +2,7 @@
 `endpoint-load-metrics` answer header, read into one backend-neutral `LoadReport`.
 
 Pure functions of text, so each server's exposition is pinned by a test on a sample of it.
-Metric names are the servers' own (DESIGN.md section 4): vLLM (`vllm:`, `gpu_cache_usage_perc`
+Metric names are the servers' own, as checked in their source: vLLM (`vllm:`, `gpu_cache_usage_perc`
 before 0.10), SGLang (`sglang:`) and llama.cpp's `llama-server --metrics` (`llamacpp:`).
 """
 
