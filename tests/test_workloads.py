@@ -117,7 +117,7 @@ def test_plait_keeps_a_documents_questions_together_and_its_cache_warm() -> None
 
 
 def test_the_cache_model_reproduces_the_published_mooncake_lru_figures() -> None:
-    """shared/traces/README.md measured these shares with a plain LRU block cache. (Its
+    """bench/traces/README.md lists these shares with a plain LRU block cache. (Its
     one-replica figure is not comparable: one simulated H100 cannot keep up with the whole
     trace, so running requests pin much of the cache.)"""
     from executors import get_profile

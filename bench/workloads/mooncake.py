@@ -1,4 +1,4 @@
-"""Replay of the Mooncake FAST'25 traces (../shared/traces/mooncake/, Apache-2.0).
+"""Replay of the Mooncake FAST'25 traces (bench/traces/mooncake/, Apache-2.0).
 
 Each line is one request: arrival (ms), prompt and output lengths, and one id per
 512-token block of the prompt (equal ids mean equal prefixes; id i already encodes blocks
@@ -14,7 +14,7 @@ from pathlib import Path
 from ._program import Program, TraceStep
 
 TRACE_BLOCK_TOKENS = 512
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake"
+TRACES = Path(__file__).resolve().parents[1] / "traces" / "mooncake"
 
 
 def mooncake_programs(
@@ -24,8 +24,8 @@ def mooncake_programs(
     file = path or TRACES / f"{name}_trace.jsonl"
     if not file.is_file():
         raise FileNotFoundError(
-            f"no Mooncake trace at {file}; the traces live in shared/traces/mooncake beside "
-            "the repository"
+            f"no Mooncake trace at {file}; the repository keeps them in bench/traces/mooncake "
+            "(name `conversation` or `synthetic`, or pass path=)"
         )
     programs = []
     with file.open() as lines:
