@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -241,12 +242,49 @@ _PLAIN = (str, int, float, bool, type(None))
 
 
 def check_serializable(task_id: str, value: Any) -> None:
-    """Refuse results that the event log could not store (checked when the task ends)."""
+    """Refuse results that the event log could not store (checked when the task ends).
+
+    The check never consumes or alters the value: a one-shot iterator (a generator, `map`,
+    `zip`, ...) anywhere in it is refused before anything is serialised, because turning it
+    into JSON would empty it for the dependents that read it next."""
     if isinstance(value, _PLAIN):
         return
+    one_shot = _find_iterator(value, set())
+    if one_shot is not None:
+        raise ResultNotSerializableError(
+            task_id,
+            type(value).__name__,
+            f"it holds a one-shot iterator ({type(one_shot).__name__}) that could be read "
+            "only once; return list(...) of it instead",
+        )
     from pydantic_core import PydanticSerializationError, to_json
 
     try:
         to_json(value)
     except (PydanticSerializationError, ValueError, TypeError) as exc:
         raise ResultNotSerializableError(task_id, type(value).__name__, str(exc)) from exc
+
+
+def _find_iterator(value: Any, seen: set[int]) -> Any:
+    """The first one-shot iterator inside `value` (containers, dataclasses, pydantic models)."""
+    if isinstance(value, _PLAIN) or id(value) in seen:
+        return None
+    if isinstance(value, Iterator):
+        return value
+    seen.add(id(value))
+    children: Iterable[Any]
+    if isinstance(value, Mapping):
+        children = list(value.keys()) + list(value.values())
+    elif isinstance(value, list | tuple | set | frozenset):
+        children = value
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        children = [getattr(value, f.name) for f in dataclasses.fields(value)]
+    elif hasattr(value, "__pydantic_fields__") and not isinstance(value, type):
+        children = [getattr(value, name, None) for name in type(value).__pydantic_fields__]
+    else:
+        return None
+    for child in children:
+        found = _find_iterator(child, seen)
+        if found is not None:
+            return found
+    return None
