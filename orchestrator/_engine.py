@@ -29,7 +29,7 @@ from tenacity import (
 )
 
 from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
-from ._clock import Clock, SystemClock, running_clock
+from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._context import TaskContext
 from ._errors import (
     OverloadedError,
@@ -40,7 +40,7 @@ from ._errors import (
 )
 from ._events import Event, TaskRetrying, TaskStarted, WorkflowStarted
 from ._keepalive import DEFAULT_KEEP_ALIVE, CacheBudget, KeepAlive, PausePredictor
-from ._llm import Hints, LLMBackend, LLMRequest, Usage
+from ._llm import Hints, LLMBackend, LLMRequest, Usage, WallClockBackend
 from ._resilience import (
     DEFAULT_BREAKER,
     DEFAULT_CALL_RETRY,
@@ -199,6 +199,8 @@ class Engine:
         if self._clock is None:
             self._clock = running_clock()
         self._clock.check_running_loop()
+        if isinstance(self._clock, VirtualClock):
+            _refuse_wall_clock_backends(self.backends)
         self._inbox = asyncio.Queue()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="plait-task"
@@ -714,3 +716,16 @@ class Engine:
 async def _quietly(note: Awaitable[None]) -> None:
     with contextlib.suppress(Exception):  # a courtesy to the server: nothing depends on it
         await note
+
+
+def _refuse_wall_clock_backends(backends: Mapping[str, LLMBackend]) -> None:
+    """A virtual clock jumps to the next timer whenever every task waits, so it would jump
+    over a socket's wait straight to the call's timeout: refuse before the first call."""
+    for name, backend in backends.items():
+        if isinstance(backend, WallClockBackend) and backend.needs_wall_clock():
+            raise UsageError(
+                f"backend {name!r} ({type(backend).__name__}) talks to a server over the "
+                "network and needs the system clock, but the engine runs on a VirtualClock "
+                "(virtual time would jump over the wait to the call's timeout); use "
+                'clock=SystemClock() in Python, or clock = "system" / --clock system with plait run'
+            )

@@ -1,0 +1,68 @@
+"""A backend that waits on a socket cannot run on a virtual clock: the engine says so at start."""
+
+from __future__ import annotations
+
+import pytest
+
+from executors import FunctionLLM, echo
+from orchestrator import (
+    Engine,
+    Hints,
+    LLMRequest,
+    LLMResponse,
+    SystemClock,
+    UsageError,
+    VirtualClock,
+    WallClockBackend,
+)
+
+
+class RemoteLLM:
+    """A small stand-in for an HTTP backend: answers at once, but declares the wall clock."""
+
+    def __init__(self, remote: bool = True) -> None:
+        self.remote = remote
+        self.calls = 0
+
+    def needs_wall_clock(self) -> bool:
+        return self.remote
+
+    async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
+        self.calls += 1
+        return LLMResponse(text="ok")
+
+
+def test_the_fake_declares_the_capability() -> None:
+    assert isinstance(RemoteLLM(), WallClockBackend)
+    assert not isinstance(FunctionLLM(echo), WallClockBackend)
+
+
+def test_an_engine_on_a_virtual_clock_refuses_a_wall_clock_backend() -> None:
+    async def main() -> None:
+        async with Engine(backends={"gpus": RemoteLLM()}, clock=clock):
+            pass
+
+    clock = VirtualClock()
+    with pytest.raises(UsageError, match=r"backend 'gpus' .*system clock"):
+        clock.run(main())
+
+
+def test_wrappers_that_wrap_nothing_remote_run_on_a_virtual_clock() -> None:
+    async def main() -> int:
+        async with Engine(
+            backends={"local": RemoteLLM(remote=False), "fake": FunctionLLM(echo)}, clock=clock
+        ):
+            return 1
+
+    clock = VirtualClock()
+    assert clock.run(main()) == 1
+
+
+def test_the_system_clock_takes_a_wall_clock_backend() -> None:
+    import asyncio
+
+    async def main() -> int:
+        async with Engine(backends={"gpus": RemoteLLM()}, clock=SystemClock()):
+            return 1
+
+    assert asyncio.run(main()) == 1
