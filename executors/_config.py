@@ -316,8 +316,8 @@ def describe_sim(settings: SimSettings) -> str:
     return text
 
 
-OPENAI = BackendKind("openai", EndpointSettings, build_openai, describe_openai)
-ROUTER = BackendKind("router", RouterSettings, build_router, describe_router)
+OPENAI = BackendKind("openai", EndpointSettings, build_openai, describe_openai, wall_clock=True)
+ROUTER = BackendKind("router", RouterSettings, build_router, describe_router, wall_clock=True)
 SIM = BackendKind("sim", SimSettings, build_sim, describe_sim)
 BACKEND_KINDS: Mapping[str, BackendKind[Any]] = {k.name: k for k in (OPENAI, ROUTER, SIM)}
 

@@ -18,9 +18,34 @@ from ._llm import LLMBackend
 
 def clock_of(given: str | None, config: Config | None, module: ModuleType) -> tuple[str, list[str]]:
     """The clock a run uses: the command line's, else the config's, else the module's CLOCK;
-    and notes for the run's summary."""
+    and notes for the run's summary.
+
+    A virtual clock jumps over a socket's wait, so backends that talk to a server need the
+    system clock. Asked for explicitly (flag or config), a virtual clock with such a backend
+    is an error; a module's CLOCK is a default for its own simulated backends, so when the
+    config brings network backends it gives way to the system clock, with a note."""
+    remote = [] if config is None else [b for b in config.backends.values() if b.kind.wall_clock]
     from_file = config.engine.clock if config is not None else None
-    return str(given or from_file or getattr(module, "CLOCK", "system")), []
+    explicit = given or from_file
+    if explicit is not None:
+        if explicit == "virtual" and remote and config is not None:
+            first = remote[0]
+            where = "--clock virtual" if given else f'clock = "virtual" in {config.source}'
+            raise UsageError(
+                f"backend {first.name!r} ({first.describe()}) talks to a server over the "
+                f"network and needs the system clock, but {where} asks for virtual time "
+                "(it would jump over every wait to the call's timeout); "
+                + ("drop --clock virtual" if given else '[engine] clock = "system"')
+            )
+        return str(explicit), []
+    own = str(getattr(module, "CLOCK", "system"))
+    if own == "virtual" and remote and config is not None:
+        names = ", ".join(repr(b.name) for b in remote)
+        return "system", [
+            f'clock: system, not the module\'s CLOCK = "virtual": backend(s) {names} from '
+            f"{config.source} talk to a server over the network"
+        ]
+    return own, []
 
 
 def config_of(module: ModuleType, path: str | None) -> Config | None:
@@ -36,20 +61,22 @@ def config_of(module: ModuleType, path: str | None) -> Config | None:
 def backends_of(
     module: ModuleType, config: Config | None, clock: Clock
 ) -> tuple[dict[str, LLMBackend], list[str]]:
-    """The module's `backends(clock)` and the config's, which must not share a name; and
-    notes for the run's summary."""
+    """The module's `backends(clock)` with the config's laid over them (a config's backend
+    wins over the module's of the same name: the file is what the user chose for this run);
+    and notes for the run's summary saying which were replaced."""
     make_backends = getattr(module, "backends", None)
     backends = dict(make_backends(clock)) if callable(make_backends) else {}
+    notes: list[str] = []
     if config is not None:
         from_file = config.build_backends(clock)
-        twice = sorted(backends.keys() & from_file.keys())
-        if twice:
-            raise UsageError(
-                f"backend {twice[0]!r} is defined twice: by backends() in {module.__file__} "
-                f"and in {config.source}; rename or remove one of them"
+        module_file = Path(module.__file__ or "the module").name
+        for name in sorted(backends.keys() & from_file.keys()):
+            notes.append(
+                f"backend {name!r}: from {config.source} (replaces the one backends() in "
+                f"{module_file} defines)"
             )
         backends.update(from_file)
-    return backends, []
+    return backends, notes
 
 
 def limits_of(

@@ -127,6 +127,8 @@ class BackendKind(Generic[S]):
     build: Callable[[str, S, Clock | None], LLMBackend]
     """(backend name, settings, clock) -> an unopened backend; UsageError when it cannot."""
     describe: Callable[[S], str]
+    wall_clock: bool = False
+    """Its backends wait on a server over the network, so a run needs the system clock."""
 
 
 @dataclass(frozen=True, slots=True)

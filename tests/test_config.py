@@ -496,24 +496,55 @@ def test_the_clock_comes_from_the_file_unless_the_command_line_says(tmp_path: Pa
     assert "on the system clock" in out.getvalue()
 
 
-def test_a_backend_defined_by_the_module_and_the_file_is_an_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    flow = write(
-        tmp_path,
-        "flow.py",
-        "from executors import echo, FunctionLLM\n"
-        "from orchestrator import Workflow\n"
-        "def backends(clock):\n"
-        "    return {'default': FunctionLLM(echo)}\n"
-        "def workflows():\n"
-        "    return Workflow('w')\n",
+def test_a_config_backend_wins_over_the_modules_of_the_same_name(tmp_path: Path) -> None:
+    """`plait run examples/map_reduce.py --config FILE` with a `default` backend in FILE: the
+    file's backend runs the calls, and the summary says it replaced the module's."""
+    config = write(
+        tmp_path, "p.toml", '[backends.default]\nkind = "sim"\nprofile = "h100x4-llama3-70b"\n'
     )
-    config = write(tmp_path, "p.toml", '[backends.default]\nkind = "sim"\n')
-    assert main(["run", str(flow), "--config", str(config)], out=io.StringIO()) == 2
+    out = io.StringIO()
+    code = main(["run", "examples/map_reduce.py", "--config", str(config)], out=out)
+    text = out.getvalue()
+    assert code == 0, text
+    assert f"backend 'default': from {config} (replaces the one backends() in map_reduce.py" in text
+    # The simulated 70B server's describe() line shows it served the calls.
+    assert re.search(r"backend 'default': .*70", text), text
+
+
+def _remote_config(tmp_path: Path, engine: str = "") -> Path:
+    return write(
+        tmp_path,
+        "remote.toml",
+        engine + '[backends.default]\nkind = "openai"\nurl = "http://127.0.0.1:9/v1"\n'
+        'dialect = "sim"\n',
+    )
+
+
+def test_a_modules_virtual_clock_gives_way_to_a_configs_network_backend(tmp_path: Path) -> None:
+    from orchestrator._cliconfig import clock_of
+
+    module = type("M", (), {"CLOCK": "virtual"})
+    config = load_config(_remote_config(tmp_path))
+    clock, notes = clock_of(None, config, module)  # type: ignore[arg-type]
+    assert clock == "system"
+    assert "backend(s) 'default'" in notes[0] and "network" in notes[0]
+    # Without network backends the module's choice stands.
+    assert clock_of(None, None, module) == ("virtual", [])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("where", ["flag", "file"])
+def test_an_explicit_virtual_clock_with_a_network_backend_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    engine = '[engine]\nclock = "virtual"\n' if where == "file" else ""
+    config = _remote_config(tmp_path, engine)
+    argv = ["run", "examples/research_team.py", "--config", str(config)]
+    if where == "flag":
+        argv += ["--clock", "virtual"]
+    assert main(argv, out=io.StringIO()) == 2
     err = capsys.readouterr().err
-    assert "backend 'default' is defined twice: by backends() in" in err
-    assert f"and in {config}; rename or remove one of them" in err
+    assert "backend 'default'" in err and "needs the system clock" in err
+    assert ("drop --clock virtual" if where == "flag" else 'clock = "system"') in err
 
 
 def test_a_module_and_a_file_with_different_backends_are_merged(tmp_path: Path) -> None:
