@@ -10,6 +10,7 @@ as long as the CPU needs to compute it.
 from __future__ import annotations
 
 import asyncio
+import re
 import selectors
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -161,10 +162,20 @@ class _VirtualSelector(selectors.BaseSelector):
     def _waiting_tasks(self) -> list[str]:
         if self.loop is None:
             return []
-        return sorted(
-            f"{t.get_name()} in {getattr(t.get_coro(), '__qualname__', '?')}"
-            for t in asyncio.all_tasks(self.loop)
-        )
+        # Tasks named by their owner (the engine names each one `workflow/task`) read as
+        # that name; plait's own machinery (`plait-...`) is not what the user waits on.
+        waiting = []
+        for t in asyncio.all_tasks(self.loop):
+            name = t.get_name()
+            if name.startswith("plait-"):
+                continue
+            if _DEFAULT_TASK_NAME.fullmatch(name):
+                name = f"an asyncio task in {getattr(t.get_coro(), '__qualname__', '?')}"
+            waiting.append(name)
+        return sorted(waiting)
+
+
+_DEFAULT_TASK_NAME = re.compile(r"Task-\d+")
 
 
 class _VirtualLoop(asyncio.SelectorEventLoop):

@@ -286,7 +286,7 @@ class Engine:
         run.running += 1
         if run.observed:
             run.emit(TaskStarted(workflow=run.id, task=task.id, attempt=1, at=task.started_at))
-        handle = self._tg.create_task(self._execute(run, task))
+        handle = self._tg.create_task(self._execute(run, task), name=f"{run.id}/{task.id}")
         handle.add_done_callback(functools.partial(self._report, run, task))
         task.handle = handle
 
@@ -532,8 +532,9 @@ class Engine:
         except KeyError:
             known = ", ".join(sorted(self.backends)) or "none"
             raise UsageError(
-                f"no LLM backend named {name!r} (known: {known}); "
-                "pass it to Engine(backends={...})"
+                f"no LLM backend named {name!r} (known: {known}); with plait run, add a "
+                f"[backends.{name}] table to the config file or return it from the module's "
+                "backends(clock); in Python, pass it to Engine(backends={...})"
             ) from None
 
     # --- events ------------------------------------------------------------------------------

@@ -74,7 +74,10 @@ class UnknownResourceError(UsageError):
         names = ", ".join(sorted(known)) or "none"
         super().__init__(
             f"task {task_id!r} needs resource {resource!r}, which the engine does not know "
-            f"(known: {names}); pass it to Engine(backends=...) or Engine(limits=...)"
+            f"(known: {names}); with plait run, add a [backends.{resource}] table (an LLM "
+            f"backend) or [limits.{resource}] to the config file, or return it from the "
+            f"module's backends(clock); in Python, pass it to Engine(backends=...) or "
+            "Engine(limits=...)"
         )
         self.resource = resource
 
@@ -200,3 +203,11 @@ class WorkflowFailedError(RunError):
         super().__init__(f"workflow {workflow!r} {status} with {len(failures)} failure(s):{lines}")
         self.workflow = workflow
         self.failures = failures
+
+
+def error_text(error: BaseException) -> str:
+    """How a task's failure reads in events, results and the CLI: its type, then its message
+    (`ValueError: bad row 3`), so `KeyError: 'x'` is not just `'x'`."""
+    message = str(error)
+    name = type(error).__name__
+    return f"{name}: {message}" if message else name

@@ -17,6 +17,7 @@ from ._errors import (
     OverloadedError,
     UnknownResourceError,
     WorkflowFailedError,
+    error_text,
 )
 from ._events import (
     FINAL_STATES,
@@ -264,7 +265,7 @@ class Run:
             assert error is not None
             task.error = error
             self.failures[tid] = error
-            message = str(error) or type(error).__name__
+            message = error_text(error)
             self.emit(
                 TaskFailed(
                     workflow=wid,
@@ -472,7 +473,7 @@ class Run:
             workflow=self.id,
             status=status,
             results=results,
-            failures={t: str(e) or type(e).__name__ for t, e in self.failures.items()},
+            failures={t: error_text(e) for t, e in self.failures.items()},
             errors=dict(self.failures),
             skipped=skipped,
             cancelled=cancelled,

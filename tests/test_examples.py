@@ -110,7 +110,7 @@ def test_cli_exits_nonzero_when_a_workflow_fails(tmp_path: Path) -> None:
     )
     out = io.StringIO()
     assert main(["run", str(flow)], out=out) == 1
-    assert "failing/boom failed: disk full" in out.getvalue()
+    assert "failing/boom failed: RuntimeError: disk full" in out.getvalue()
 
 
 def test_cli_shows_call_retries(tmp_path: Path) -> None:
