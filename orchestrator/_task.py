@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
@@ -194,10 +195,22 @@ class Task:
         when: Condition | None = None,
         trigger: Trigger = "all_success",
     ) -> None:
-        if timeout is not None and timeout <= 0:
-            raise UsageError(f"task {task_id!r}: timeout must be positive, got {timeout}")
+        _check_number(task_id, "timeout", timeout)
+        _check_number(task_id, "estimate", estimate, zero_ok=True)
+        if resource is not None and (not isinstance(resource, str) or not resource):
+            raise UsageError(
+                f"task {task_id!r}: resource must be a non-empty string (a backend or limit "
+                f"name), got {type(resource).__name__} {resource!r}"
+            )
+        if when is not None and not callable(when):
+            raise UsageError(
+                f"task {task_id!r}: when must be a function of the inputs returning a bool, "
+                f"got {type(when).__name__} {when!r}"
+            )
         if trigger not in ("all_success", "all_done"):
-            raise UsageError(f"task {task_id!r}: trigger must be 'all_success' or 'all_done'")
+            raise UsageError(
+                f"task {task_id!r}: trigger must be 'all_success' or 'all_done', got {trigger!r}"
+            )
         self.id = task_id
         self.action = action
         self.retry = retry
@@ -230,12 +243,32 @@ def as_action(action: Action | Callable[..., Any]) -> Action:
     return FunctionAction(action)
 
 
-def as_retry(retry: Retry | int | None) -> Retry:
+def as_retry(retry: Retry | int | None, task_id: str = "?") -> Retry:
     if retry is None:
         return NO_RETRY
     if isinstance(retry, Retry):
         return retry
+    if isinstance(retry, bool) or not isinstance(retry, int):
+        raise UsageError(
+            f"task {task_id!r}: retry must be a number of attempts (an int, e.g. retry=3) or "
+            f"a Retry(...), got {type(retry).__name__} {retry!r}"
+        )
     return Retry(attempts=retry)
+
+
+def _check_number(task_id: str, name: str, value: object, *, zero_ok: bool = False) -> None:
+    """A task's seconds must be real numbers: a string such as "5" fails here, at `add`,
+    not as a TypeError deep in the run."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(
+            f"task {task_id!r}: {name} must be a number of seconds, got "
+            f"{type(value).__name__} {value!r}"
+        )
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        bound = "zero or more" if zero_ok else "more than zero"
+        raise UsageError(f"task {task_id!r}: {name} must be finite and {bound}, got {value!r}")
 
 
 _PLAIN = (str, int, float, bool, type(None))

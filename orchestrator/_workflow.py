@@ -145,8 +145,8 @@ class Workflow:
             raise UsageError(f"a task id must be a non-empty string, got {task_id!r}")
         if task_id in self._tasks:
             raise DuplicateTaskError(self.name, task_id)
-        after_t = tuple(dict.fromkeys(after))
-        before_t = tuple(dict.fromkeys(before))
+        after_t = _ids(task_id, "after", after)
+        before_t = _ids(task_id, "before", before)
         tasks = self._tasks
         for dep in after_t:
             if dep not in tasks:
@@ -166,7 +166,7 @@ class Workflow:
         task = Task(
             task_id,
             as_action(action),
-            retry=as_retry(retry),
+            retry=as_retry(retry, task_id),
             timeout=timeout,
             resource=resource,
             estimate=estimate,
@@ -281,7 +281,7 @@ class Workflow:
         task = Task(
             task_id,
             as_action(action),
-            retry=as_retry(retry) if retry is not None else old.retry,
+            retry=as_retry(retry, task_id) if retry is not None else old.retry,
             timeout=timeout if timeout is not None else old.timeout,
             resource=resource,
             estimate=estimate if estimate is not None else old.estimate,
@@ -334,3 +334,21 @@ class Workflow:
         self._hooks = None
         self._finished = True
         self._loop = None
+
+
+def _ids(task_id: str, name: str, given: Iterable[str]) -> tuple[str, ...]:
+    """Task ids from `after=`/`before=`, in order, once each; a bare string is refused (it
+    would be read letter by letter)."""
+    if isinstance(given, str) or not isinstance(given, Iterable):
+        raise UsageError(
+            f"task {task_id!r}: {name} must be a list of task ids, got "
+            f"{type(given).__name__} {given!r}; write {name}=[{given!r}]"
+        )
+    ids = tuple(dict.fromkeys(given))
+    for dep in ids:
+        if not isinstance(dep, str):
+            raise UsageError(
+                f"task {task_id!r}: {name} must hold task ids (strings), got "
+                f"{type(dep).__name__} {dep!r}"
+            )
+    return ids

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from orchestrator import (
@@ -131,7 +133,7 @@ def test_task_function_with_two_required_arguments_is_refused() -> None:
 
 def test_invalid_settings_are_refused() -> None:
     wf = Workflow("bad")
-    with pytest.raises(UsageError, match="timeout must be positive"):
+    with pytest.raises(UsageError, match="timeout must be finite and more than zero"):
         wf.add("t", noop, timeout=0)
     with pytest.raises(UsageError, match="attempts"):
         wf.add("u", noop, retry=0)
@@ -139,3 +141,30 @@ def test_invalid_settings_are_refused() -> None:
         wf.add("", noop)
     with pytest.raises(UsageError, match="callable"):
         wf.add("v", 42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"retry": "3"}, "retry must be a number of attempts"),
+        ({"retry": 2.5}, "retry must be a number of attempts"),
+        ({"timeout": "5"}, "timeout must be a number of seconds, got str '5'"),
+        ({"timeout": float("nan")}, "timeout must be finite"),
+        ({"timeout": 0}, "timeout must be finite and more than zero"),
+        ({"estimate": "1"}, "estimate must be a number of seconds"),
+        ({"resource": 3}, "resource must be a non-empty string"),
+        ({"when": True}, "when must be a function"),
+        ({"trigger": "any"}, "trigger must be 'all_success' or 'all_done', got 'any'"),
+        ({"after": "a"}, "after must be a list of task ids, got str 'a'; write after=['a']"),
+        ({"after": [1]}, "after must hold task ids"),
+    ],
+)
+def test_add_refuses_a_badly_typed_option_naming_the_task_and_parameter(
+    options: dict[str, object], named: str
+) -> None:
+    wf = Workflow("typed")
+    wf.add("a", lambda: 1)
+    with pytest.raises(UsageError, match=re.escape(named)) as info:
+        wf.add("b", lambda: 2, **options)  # type: ignore[arg-type]
+    assert "task 'b'" in str(info.value)
+    assert "b" not in wf  # nothing half-added
