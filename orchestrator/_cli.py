@@ -13,11 +13,14 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import math
+import os
 import sys
 import time
+import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
@@ -26,7 +29,7 @@ from ._cliconfig import backends_of, check_config, clock_of, config_of, limits_o
 from ._clock import Clock, SystemClock, VirtualClock
 from ._config import Config
 from ._engine import Engine
-from ._errors import PlaitError, UsageError
+from ._errors import PlaitError, UsageError, error_text
 from ._events import Event
 from ._scheduler import POLICIES
 from ._workflow import Workflow
@@ -47,6 +50,8 @@ class _Row:
     started: float = 0.0
     duration: float = 0.0
     failures: dict[str, str] = field(default_factory=dict)
+    deadline: str = ""
+    """Met or missed, for workflows with a deadline."""
 
 
 class Progress:
@@ -91,9 +96,17 @@ class Progress:
                     f"  ~ {event.workflow}/{event.task}: call to {event.backend!r} failed on "
                     f"attempt {event.attempt} ({event.error}); again in {event.delay:.1f} s"
                 )
+            case "deadline_missed":
+                self._say(f"  ! {event.workflow} missed its deadline; still running")
             case "workflow_finished":
                 row.status = event.status
                 row.duration = event.duration
+                if event.slack is not None:
+                    row.deadline = (
+                        f"met, {event.slack:.2f} s to spare"
+                        if event.deadline_met
+                        else f"MISSED by {-event.slack:.2f} s"
+                    )
                 self._say(f"  {event.workflow} {event.status} in {event.duration:.2f} s")
             case _:
                 pass
@@ -126,6 +139,8 @@ class Progress:
         )
         lines = ["", header, "-" * len(header)]
         for name, r in self.rows.items():
+            if r.status == "running":  # interrupted: how long it had run
+                r.duration = self.now - (r.started - (self.origin or 0.0))
             lines.append(
                 f"{name[:24]:<24} {r.status:<10} {r.duration:>8.2f} {r.done:>3}/{r.tasks:<3} "
                 f"{r.failed:>6} {r.skipped:>7} {r.llm_calls:>6} {r.prompt_tokens:>10} "
@@ -139,6 +154,9 @@ class Progress:
             f"{len(self.rows)} workflow(s), {ok} succeeded; mean completion {mean:.2f} s "
             f"on the {clock_name} clock; wall time {wall:.2f} s"
         )
+        for name, r in self.rows.items():
+            if r.deadline:
+                lines.append(f"deadline of {name}: {r.deadline}")
         retries = sum(r.call_retries for r in self.rows.values())
         if retries:
             lines.append(f"{retries} LLM call(s) retried after a backend error")
@@ -154,8 +172,24 @@ def load_module(path: str) -> ModuleType:
     if spec is None or spec.loader is None:
         raise UsageError(f"cannot import {path!r} as a Python module")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise UsageError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from exc
+    except Exception as exc:
+        raise _user_code_error(f"importing {path}", file, exc) from exc
     return module
+
+
+def _user_code_error(what: str, file: Path, exc: BaseException) -> UsageError:
+    """The user's own code failed: say where in their file, not where in ours."""
+    lines = [
+        frame.lineno
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if Path(frame.filename).resolve() == file.resolve()
+    ]
+    where = f" (at {file}:{lines[-1]})" if lines else ""
+    return UsageError(f"{what} raised {error_text(exc)}{where}")
 
 
 def workflows_of(module: ModuleType) -> list[Workflow]:
@@ -165,10 +199,28 @@ def workflows_of(module: ModuleType) -> list[Workflow]:
             f"{module.__file__} defines no workflows() function; "
             "add `def workflows() -> list[Workflow]` returning the workflows to run"
         )
-    produced = factory()
-    found = [produced] if isinstance(produced, Workflow) else list(produced)
-    if not found or not all(isinstance(w, Workflow) for w in found):
-        raise UsageError(f"workflows() in {module.__file__} must return Workflow objects")
+    try:
+        produced = factory()
+    except PlaitError:
+        raise  # already says what is wrong (a cycle, an unknown task...)
+    except Exception as exc:
+        raise _user_code_error(
+            f"workflows() in {module.__file__}", Path(module.__file__ or "."), exc
+        ) from exc
+    if isinstance(produced, Workflow):
+        return [produced]
+    if produced is None or isinstance(produced, str) or not isinstance(produced, Iterable):
+        raise UsageError(
+            f"workflows() in {module.__file__} returned {type(produced).__name__} "
+            f"{produced!r:.60}; return a Workflow or a list of them"
+        )
+    found = list(produced)
+    wrong = [w for w in found if not isinstance(w, Workflow)]
+    if not found or wrong:
+        what = f"a {type(wrong[0]).__name__} among them" if wrong else "an empty list"
+        raise UsageError(
+            f"workflows() in {module.__file__} returned {what}; return a Workflow or a list of them"
+        )
     return found
 
 
@@ -181,6 +233,7 @@ async def run_module(
     config: Config | None = None,
     max_in_flight: int | None = None,
     max_waiting: int | None = None,
+    deadline: float | None = None,
 ) -> Mapping[str, str]:
     backends, notes = backends_of(module, config, clock)
     progress.notes.extend(notes)
@@ -194,7 +247,7 @@ async def run_module(
             if isinstance(backend, contextlib.AbstractAsyncContextManager):
                 await stack.enter_async_context(backend)
         async with Engine(backends=backends, clock=clock, policy=policy, limits=limits) as engine:
-            async for event in engine.iter(*flows):
+            async for event in engine.iter(*flows, deadline=deadline):
                 progress.apply(event)
                 if event.kind == "workflow_finished":
                     statuses[event.workflow] = event.status
@@ -205,18 +258,40 @@ async def run_module(
     return statuses
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
+RUN_HELP = """\
+Run the workflows a Python module defines, with a live progress line and a summary.
+
+The module may define:
+  workflows()       required: returns a Workflow or a list of them, to run together
+  backends(clock)   optional: returns {name: LLM backend}; a config file's backend of the
+                    same name replaces the module's
+  CLOCK = "virtual" optional: "virtual" runs simulated latencies without waiting for them
+                    (for simulated backends); "system" (the default) is wall time, and the
+                    only clock for backends that talk to a server over the network
+  CONFIG = "f.toml" optional: a config file beside the module, used when --config is not given
+
+Exit status: 0 all workflows succeeded, 1 one failed (or a run-time error), 2 bad usage,
+130 interrupted (Ctrl-C; the summary of what finished is printed first).
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plait", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"plait {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run the workflows of a Python module")
+    run = sub.add_parser(
+        "run",
+        help="run the workflows of a Python module",
+        description=RUN_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("path", help="a .py file defining workflows()")
     run.add_argument("--policy", choices=sorted(POLICIES), help="default: the config's, else fcfs")
     run.add_argument(
         "--clock",
         choices=["virtual", "system"],
         help="virtual: simulated latencies cost no wall time "
-        "(default: the config's, else the module's CLOCK)",
+        "(default: the config's, else the module's CLOCK, else system)",
     )
     run.add_argument(
         "--config",
@@ -225,16 +300,23 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         "(default: the module's CONFIG, if it names one)",
     )
     run.add_argument(
+        "--deadline",
+        type=_seconds,
+        metavar="SECONDS",
+        help="each workflow should finish within SECONDS of its start; the summary says met "
+        "or missed (default: the config's [engine] deadline, else none)",
+    )
+    run.add_argument(
         "--max-in-flight",
         type=int,
         metavar="N",
-        help="calls in flight per LLM backend (overrides the config)",
+        help="calls in flight per LLM backend (default: the config's, else 64)",
     )
     run.add_argument(
         "--max-waiting",
         type=int,
         metavar="N",
-        help="calls allowed to wait per LLM backend (overrides the config)",
+        help="calls allowed to wait per LLM backend (default: the config's, else unbounded)",
     )
     config = sub.add_parser("config", help="configuration files")
     verbs = config.add_subparsers(dest="config_command", required=True)
@@ -250,22 +332,71 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     # Other packages add commands (`plait sim ...`) without this one importing them.
     for entry in entry_points(group="plait.cli"):
         entry.load()(sub)
-    args = parser.parse_args(argv)
-    if args.command not in ("run", "config"):
-        code: int = args.handler(args)
-        return code
+    return parser
+
+
+def _version() -> str:
+    try:
+        return version("plait")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown (not installed)"
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above zero")
+    return value
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    """The `plait` command. Every failure ends in one line on stderr, never a traceback
+    (set PLAIT_DEBUG=1 to see one): 2 for bad usage, 1 for a failure at run time."""
+    out = out or sys.stdout
+    args = _parser().parse_args(argv)
     try:
         if args.command == "config":
             return check_config(args.path, out, strict=args.strict)
-        module = load_module(args.path)
-        settings = config_of(module, args.config)
-        engine = settings.engine if settings is not None else None
-        clock_name, clock_notes = clock_of(args.clock, settings, module)
-        policy = args.policy or (engine.policy if engine is not None else "fcfs")
-        clock: Clock = VirtualClock() if clock_name == "virtual" else SystemClock()
-        progress = Progress(out, live=out.isatty())
-        progress.notes.extend(clock_notes)
-        started = time.perf_counter()
+        if args.command == "run":
+            return _run(args, out)
+        code: int = args.handler(args)
+        return code
+    except UsageError as exc:
+        _error(str(exc))
+        return 2
+    except PlaitError as exc:
+        _error(str(exc))
+        return 1
+    except BrokenPipeError:
+        _quiet_broken_pipe(out)
+        return 141  # as a shell reports a command killed by SIGPIPE
+    except KeyboardInterrupt:
+        _error("interrupted")
+        return 130
+    except Exception as exc:
+        if os.environ.get("PLAIT_DEBUG"):
+            raise
+        _error(f"internal error: {error_text(exc)} (set PLAIT_DEBUG=1 to see the traceback)")
+        return 1
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    module = load_module(args.path)
+    settings = config_of(module, args.config)
+    engine = settings.engine if settings is not None else None
+    clock_name, clock_notes = clock_of(args.clock, settings, module)
+    policy = args.policy or (engine.policy if engine is not None else "fcfs")
+    deadline = args.deadline or (engine.deadline if engine is not None else None)
+    clock: Clock = VirtualClock() if clock_name == "virtual" else SystemClock()
+    progress = Progress(out, live=out.isatty())
+    progress.notes.extend(clock_notes)
+    started = time.perf_counter()
+    interrupted = False
+    statuses: Mapping[str, str] = {}
+    try:
         with asyncio.Runner(loop_factory=clock.new_event_loop) as runner:
             statuses = runner.run(
                 run_module(
@@ -276,15 +407,32 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
                     config=settings,
                     max_in_flight=args.max_in_flight,
                     max_waiting=args.max_waiting,
+                    deadline=deadline,
                 )
             )
-        if progress.live:
-            out.write("\n")
-        out.write(progress.summary(time.perf_counter() - started, clock_name) + "\n")
-    except PlaitError as exc:
-        print(f"plait: error: {exc}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        # What finished is still worth seeing: the summary shows it, and the rest as running.
+        interrupted = True
+        progress.notes.append("interrupted (Ctrl-C): workflows still running were stopped")
+    if progress.live:
+        out.write("\n")
+    out.write(progress.summary(time.perf_counter() - started, clock_name) + "\n")
+    out.flush()
+    if interrupted:
+        return 130
     return 0 if all(s == "succeeded" for s in statuses.values()) else 1
+
+
+def _error(message: str) -> None:
+    print(f"plait: error: {message}", file=sys.stderr)
+
+
+def _quiet_broken_pipe(out: TextIO) -> None:
+    """The reader went away (`plait run ... | head`): stop writing, and keep Python's exit
+    flush from failing again on the closed pipe (the recipe in Python's signal docs)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, out.fileno())
 
 
 def _entry() -> Any:  # pragma: no cover - console script shim

@@ -77,6 +77,8 @@ class EngineSettings(ConfigSection):
     """Scheduling policy: fcfs, las or slack."""
     clock: Literal["system", "virtual"] | None = None
     """`virtual`: simulated latencies cost no wall time. Unset: the workflow module's CLOCK."""
+    deadline: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    """Seconds from each workflow's start by which it should be done; `--deadline` overrides."""
 
     @field_validator("policy")
     @classmethod

@@ -15,6 +15,7 @@ import concurrent.futures
 import contextlib
 import contextvars
 import functools
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -38,7 +39,7 @@ from ._errors import (
     UsageError,
     WorkflowStateError,
 )
-from ._events import Event, TaskRetrying, TaskStarted, WorkflowStarted
+from ._events import DeadlineMissed, Event, TaskRetrying, TaskStarted, WorkflowStarted
 from ._keepalive import DEFAULT_KEEP_ALIVE, CacheBudget, KeepAlive, PausePredictor
 from ._llm import Hints, LLMBackend, LLMRequest, Usage, WallClockBackend
 from ._resilience import (
@@ -587,6 +588,16 @@ class Engine:
             raise UsageError(f"engine.submit() takes a Workflow, got {type(workflow).__name__}")
         if priority not in CLASS_RANK:
             raise UsageError(f"priority must be one of {', '.join(CLASS_RANK)}, got {priority!r}")
+        if deadline is not None and (
+            isinstance(deadline, bool)
+            or not isinstance(deadline, int | float)
+            or not math.isfinite(deadline)
+            or deadline <= 0
+        ):
+            raise UsageError(
+                f"deadline must be a number of seconds from now, finite and more than zero; "
+                f"got {deadline!r} for workflow {workflow.name!r}"
+            )
         if len(self._runs) >= self.max_workflows:
             raise OverloadedError("the engine's set of running workflows", self.max_workflows)
         self._programs += 1
@@ -616,6 +627,10 @@ class Engine:
             )
             self._runs[run.id] = run
             run.start()
+            if deadline is not None and not run.done.done():
+                run.deadline_timer = asyncio.get_running_loop().call_later(
+                    deadline, self._deadline_passed, run
+                )
         except BaseException:
             # Refused (an unknown resource, say): nothing ran, so the caller may fix the
             # workflow and submit it again; its half-told story leaves the event stream.
@@ -686,8 +701,20 @@ class Engine:
                 f"no running workflow {key!r}; it may have finished already"
             ) from None
 
+    def _deadline_passed(self, run: Run) -> None:
+        run.deadline_timer = None
+        if not run.done.done() and run.deadline is not None:
+            self.emit(
+                run,
+                DeadlineMissed(workflow=run.id, deadline=run.deadline, at=self.clock.monotonic()),
+            )
+            self.wake()  # listeners hear it now, not with the next outcome
+
     def finish(self, run: Run, result: RunResult) -> None:
         """Called by a run when its last task is final."""
+        if run.deadline_timer is not None:
+            run.deadline_timer.cancel()
+            run.deadline_timer = None
         self.emit(run, run.finished_event(result))
         self._runs.pop(run.id, None)
         self._finished += 1

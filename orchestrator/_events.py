@@ -40,8 +40,22 @@ class WorkflowFinished:
     status: WorkflowStatus
     duration: float
     failures: dict[str, str] = field(default_factory=dict)
+    deadline_met: bool | None = None
+    """None when the run had no deadline."""
+    slack: float | None = None
+    """Seconds to spare at the deadline; negative: how late it finished."""
     at: float
     kind: Literal["workflow_finished"] = "workflow_finished"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeadlineMissed:
+    """The run's deadline passed while it was still running (sent at that moment)."""
+
+    workflow: str
+    deadline: float
+    at: float
+    kind: Literal["deadline_missed"] = "deadline_missed"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,6 +190,7 @@ class TaskCancelled:
 Event = Annotated[
     WorkflowStarted
     | WorkflowFinished
+    | DeadlineMissed
     | TaskAdded
     | TaskReplaced
     | TaskRemoved

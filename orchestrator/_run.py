@@ -62,10 +62,22 @@ class RunResult:
     finished_at: float = 0.0
     llm_calls: int = 0
     usage: Usage = Usage()
+    deadline: float | None = None
+    """When the run had to be done, on the engine's clock (as started_at); None: no deadline."""
 
     @property
     def duration(self) -> float:
         return self.finished_at - self.started_at
+
+    @property
+    def deadline_met(self) -> bool | None:
+        """Whether the run finished by its deadline; None when it had none."""
+        return None if self.deadline is None else self.finished_at <= self.deadline
+
+    @property
+    def slack(self) -> float | None:
+        """Seconds to spare at the deadline; negative: how late the run finished."""
+        return None if self.deadline is None else self.deadline - self.finished_at
 
     @property
     def ok(self) -> bool:
@@ -126,6 +138,7 @@ class Run:
         self.usage = Usage()
         self.done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self._remaining: float | None = None
+        self.deadline_timer: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, program={self.program})"
@@ -481,6 +494,7 @@ class Run:
             finished_at=self.engine.clock.monotonic(),
             llm_calls=self.llm_calls,
             usage=self.usage,
+            deadline=self.deadline,
         )
 
     def finished_event(self, result: RunResult) -> WorkflowFinished:
@@ -489,6 +503,8 @@ class Run:
             status=result.status,
             duration=result.duration,
             failures=dict(result.failures),
+            deadline_met=result.deadline_met,
+            slack=result.slack,
             at=result.finished_at,
         )
 
