@@ -16,7 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from types import TracebackType
 
-from orchestrator import Hints, LLMBackend, LLMRequest, LLMResponse
+from orchestrator import Hints, LLMBackend, LLMRequest, LLMResponse, WallClockBackend
 
 from ._prefix import Tokenize, prompt_hashes
 
@@ -112,6 +112,10 @@ class PrefixGrouper:
             while len(self._computed) > self._remember:
                 self._computed.popitem(last=False)
             done.set_result(None)
+
+    def needs_wall_clock(self) -> bool:
+        """The grouper waits on whatever its backend waits on."""
+        return isinstance(self.backend, WallClockBackend) and self.backend.needs_wall_clock()
 
     async def program_done(self, program_id: str) -> None:
         note = getattr(self.backend, "program_done", None)

@@ -165,6 +165,10 @@ class OpenAIBackend:
             await self._close_sglang_session(client, hints.program_id)
         return response
 
+    def needs_wall_clock(self) -> bool:
+        """Always: it waits on a server's socket, which virtual time would jump over."""
+        return True
+
     async def program_done(self, program_id: str) -> None:
         """The engine's note that a program has finished: release what the server keeps for
         it (an SGLang session its last call did not close: say the run failed, or ended with

@@ -27,6 +27,7 @@ from orchestrator import (
     LLMRequest,
     LLMResponse,
     UsageError,
+    WallClockBackend,
     running_clock,
 )
 
@@ -274,6 +275,10 @@ class Router:
             f"no backend of this router could serve the call ({n} tried or ejected); "
             f"last error: {unavailable}",
         ) from unavailable
+
+    def needs_wall_clock(self) -> bool:
+        """A router waits on the network if any of its replicas does."""
+        return any(isinstance(b, WallClockBackend) and b.needs_wall_clock() for b in self.backends)
 
     async def program_done(self, program_id: str) -> None:
         """Pass the engine's note that a program finished to every replica that wants it."""

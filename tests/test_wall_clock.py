@@ -66,3 +66,31 @@ def test_the_system_clock_takes_a_wall_clock_backend() -> None:
             return 1
 
     assert asyncio.run(main()) == 1
+
+
+def test_http_backends_and_wrappers_over_them_declare_the_wall_clock() -> None:
+    from executors import OpenAIBackend, PrefixGrouper, Router, SimServer
+
+    remote = OpenAIBackend("http://127.0.0.1:9/v1", dialect="vllm")
+    assert isinstance(remote, WallClockBackend) and remote.needs_wall_clock()
+    over_http = Router({"a": OpenAIBackend("http://127.0.0.1:9/v1"), "b": FunctionLLM(echo)})
+    assert over_http.needs_wall_clock()
+    assert PrefixGrouper(over_http).needs_wall_clock()
+    clock = VirtualClock()
+    local = Router({"a": SimServer("h100-llama3-8b", clock=clock), "b": FunctionLLM(echo)})
+    assert not local.needs_wall_clock()
+    assert not PrefixGrouper(local).needs_wall_clock()
+    assert not isinstance(SimServer("h100-llama3-8b", clock=clock), WallClockBackend)
+
+
+def test_an_engine_refuses_a_router_over_http_on_a_virtual_clock() -> None:
+    from executors import OpenAIBackend, Router
+
+    async def main() -> None:
+        router = Router({"a": OpenAIBackend("http://127.0.0.1:9/v1")})
+        async with Engine(backends={"default": router}, clock=clock):
+            pass
+
+    clock = VirtualClock()
+    with pytest.raises(UsageError, match="backend 'default' \\(Router\\)"):
+        clock.run(main())
