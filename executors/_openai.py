@@ -58,6 +58,8 @@ class OpenAIBackend:
     `render` (give it the model's chat template). `stream=True` streams the answer and reads
     the usage from its last chunk; the response then carries `first_token_s`, measured on
     `clock` (the running loop's by default). `probe_timeout_s` bounds `check()` and `load()`.
+    `local=True`: the server runs in this process on the same event loop (tests, an in-process
+    `SimHTTP`), so a virtual clock may drive both; otherwise the engine needs the system clock.
     """
 
     def __init__(
@@ -74,6 +76,7 @@ class OpenAIBackend:
         stream: bool = False,
         render: Callable[[Sequence[Message]], str] = render_prompt,
         probe_timeout_s: float = 5.0,
+        local: bool = False,
         clock: Clock | None = None,
     ) -> None:
         if dialect not in DIALECTS:
@@ -84,6 +87,7 @@ class OpenAIBackend:
         self.stream = stream
         self.render = render
         self.probe_timeout_s = probe_timeout_s
+        self.local = local
         self._clock = clock
         self.base_url = base_url.rstrip("/")
         self.dialect = dialect
@@ -166,8 +170,10 @@ class OpenAIBackend:
         return response
 
     def needs_wall_clock(self) -> bool:
-        """Always: it waits on a server's socket, which virtual time would jump over."""
-        return True
+        """It waits on a server's socket, which virtual time would jump over, unless the
+        server runs in this process on the same loop (`local=True`: a test's server, or a
+        `SimHTTP` front of an in-process simulator), whose time is the same clock."""
+        return not self.local
 
     async def program_done(self, program_id: str) -> None:
         """The engine's note that a program has finished: release what the server keeps for

@@ -129,9 +129,13 @@ class SimServer:
             )
         prompt = render(request.messages)
         output_tokens = request.max_tokens or self.default_max_tokens
+        prompt_tokens = count_tokens(prompt)
+        # Sizes first: the text and block hashes of an output cost time in proportion to its
+        # length, so a request that can never run must be refused before any of that work.
+        self.check_sizes(prompt_tokens, output_tokens)
         output = generate(self.seed, text_hash(prompt), output_tokens)
         req = self.make_request(
-            prompt_tokens=count_tokens(prompt),
+            prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
             hashes=block_hashes(prompt + output, self.profile.block_size),
             hints=hints,
@@ -146,9 +150,8 @@ class SimServer:
 
     # --- lower level: requests given as token counts and block hashes (trace replay) ---------
 
-    def make_request(
-        self, *, prompt_tokens: int, output_tokens: int, hashes: list[int], hints: Hints | None
-    ) -> SimRequest:
+    def check_sizes(self, prompt_tokens: int, output_tokens: int) -> None:
+        """Refuse (RequestTooLongError) a request that could never run on this server."""
         p = self.profile
         if output_tokens < 1:
             raise RequestTooLongError(f"max_tokens must be at least 1, got {output_tokens}")
@@ -164,6 +167,11 @@ class SimServer:
                 f"this request needs {total} tokens of KV cache but the whole cache holds "
                 f"{p.kv_tokens}; it could never run"
             )
+
+    def make_request(
+        self, *, prompt_tokens: int, output_tokens: int, hashes: list[int], hints: Hints | None
+    ) -> SimRequest:
+        self.check_sizes(prompt_tokens, output_tokens)
         priority = -hints.urgency if hints is not None and self.honour_priority else 0.0
         return SimRequest(
             id=next(self._ids),

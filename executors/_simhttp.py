@@ -19,7 +19,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -32,30 +32,49 @@ from ._simtext import CHARS_PER_TOKEN
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
+# Strict like vLLM's OpenAI server: no coercion of "yes" to a bool or `true` to a number,
+# and no NaN or infinity (JSON's 1e400 reads as infinity).
+_Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+_Tokens = Annotated[int, Field(strict=True, ge=1)]
+
+
+class _TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: Annotated[str, Field(strict=True)]
+
+
 class _ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | None = ""
+    content: str | list[_TextPart] | None = ""
+
+    def text(self) -> str:
+        """The content as text: the standard list-of-parts form is joined (text parts only)."""
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
 
 
 class _StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: Annotated[bool, Field(strict=True)] = False
 
 
 class _Hinted(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    model: str = ""
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=0.0, ge=0)
-    seed: int | None = None
-    stream: bool = False
+    model: Annotated[str, Field(strict=True)] = ""
+    max_tokens: _Tokens | None = None
+    max_completion_tokens: _Tokens | None = None
+    n: Annotated[int, Field(strict=True, ge=1, le=1)] = 1
+    temperature: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)] = 0.0
+    seed: Annotated[int, Field(strict=True)] | None = None
+    stream: Annotated[bool, Field(strict=True)] = False
     stream_options: _StreamOptions | None = None
-    priority: float = 0.0
-    session_id: str | None = None
-    keep_alive_s: float | None = Field(default=None, ge=0)
-    last_call: bool = False
+    priority: _Number = 0.0
+    session_id: Annotated[str, Field(strict=True)] | None = None
+    keep_alive_s: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)] | None = None
+    last_call: Annotated[bool, Field(strict=True)] = False
 
     def hints(self) -> Hints:
         return Hints(
@@ -74,7 +93,7 @@ class _ChatBody(_Hinted):
 
 
 class _CompletionBody(_Hinted):
-    prompt: str
+    prompt: Annotated[str, Field(strict=True)]
 
 
 def _error(status: int, message: str, param: str | None = None) -> web.Response:
@@ -125,6 +144,7 @@ class SimHTTP:
         self._dice = random.Random(faults.seed if faults else 0)
         self.injected_errors = 0
         self.injected_timeouts = 0
+        self.disconnects = 0
 
     async def _inject(self) -> web.Response | None:
         """The fault this request draws, if any."""
@@ -167,7 +187,36 @@ class SimHTTP:
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or None
-            return _error(400, f"field {field!r}: {first['msg']}", field)
+            message = f"field {field!r}: {first['msg']}"
+            if field == "n":
+                message += "; the simulated server answers one choice a request: send n requests"
+            return _error(400, message, field)
+        if body.model and body.model != self.model:
+            # vLLM's answer to a model it does not serve; an empty name means the served one.
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"The model `{body.model}` does not exist. This server "
+                        f"serves `{self.model}`: set `model` on the backend (config key "
+                        "`model`, or OpenAIBackend(model=...)).",
+                        "type": "NotFoundError",
+                        "param": "model",
+                        "code": 404,
+                    }
+                },
+                status=404,
+            )
+        limit = body.limit()
+        context = self.server.profile.max_model_len
+        if limit is not None and limit >= context:
+            # Checked before any work: a huge max_tokens must cost the server nothing.
+            field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+            return _error(
+                400,
+                f"This model's maximum context length is {context} tokens. However, you "
+                f"requested {limit} output tokens ({field}); lower {field}",
+                field,
+            )
         return body
 
     async def _run(self, request: LLMRequest, hints: Hints) -> dict[str, Any] | web.Response:
@@ -206,12 +255,17 @@ class SimHTTP:
         )
         await response.prepare(request)
         head = {k: out[k] for k in ("id", "object", "created", "model")}
-        for choice in chunks:
-            await response.write(_event({**head, "choices": [choice]}))
-        if body.stream_options is not None and body.stream_options.include_usage:
-            await response.write(_event({**head, "choices": [], "usage": out["usage"]}))
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
+        try:
+            for choice in chunks:
+                await response.write(_event({**head, "choices": [choice]}))
+            if body.stream_options is not None and body.stream_options.include_usage:
+                await response.write(_event({**head, "choices": [], "usage": out["usage"]}))
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except ConnectionError:
+            # The client went away mid-stream (it may stop reading whenever it likes): the
+            # simulated request has already finished, so there is nothing left to stop.
+            self.disconnects += 1
         return response
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -220,8 +274,7 @@ class SimHTTP:
             return body
         assert isinstance(body, _ChatBody)
         messages = tuple(
-            Message("system" if m.role == "developer" else m.role, m.content or "")
-            for m in body.messages
+            Message("system" if m.role == "developer" else m.role, m.text()) for m in body.messages
         )
         sampling = Sampling(temperature=body.temperature, seed=body.seed)
         out = await self._run(

@@ -69,6 +69,9 @@ class Outcome:
     slots_in_use: tuple[int, int]
 
 
+SIM_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
 def run_faulty(clock: VirtualClock, error_rate: float, timeout_rate: float, seed: int) -> Outcome:
     async def main() -> Outcome:
         async with contextlib.AsyncExitStack() as stack:
@@ -95,6 +98,8 @@ def run_faulty(clock: VirtualClock, error_rate: float, timeout_rate: float, seed
                     name=f"s{k}",
                     timeout_s=CLIENT_TIMEOUT_S,
                     probe_timeout_s=1.0,
+                    local=True,  # the servers share this test's (virtual) clock
+                    model=SIM_MODEL,
                 )
                 for k, runner in enumerate(runners)
             }

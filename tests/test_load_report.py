@@ -180,7 +180,11 @@ def test_vllms_orca_header_becomes_a_load_report(
 # --- against the simulator over HTTP ----------------------------------------------------------
 
 SYSTEM = "You answer questions about GPUs. " * 30
-REQUEST = LLMRequest((Message("system", SYSTEM), Message("user", "hi")), "m", max_tokens=12)
+REQUEST = LLMRequest(
+    (Message("system", SYSTEM), Message("user", "hi")),
+    "meta-llama/Llama-3.1-8B-Instruct",
+    max_tokens=12,
+)
 
 
 @asynccontextmanager

@@ -335,7 +335,10 @@ def test_a_400_is_not_retried_by_the_engine(clock: VirtualClock) -> None:
     agent = Agent("a", "sys")
 
     async def main() -> RunResult:
-        async with recording(recorder) as url, OpenAIBackend(url, dialect="vllm") as llm:
+        async with (
+            recording(recorder) as url,
+            OpenAIBackend(url, dialect="vllm", local=True) as llm,
+        ):
             wf = Workflow("bad-request")
             wf.add("ask", agent.ask("hi"), retry=Retry(attempts=3, jitter=0))
             async with Engine(backends={"default": llm}) as engine:
@@ -374,7 +377,9 @@ def test_hints_reach_the_simulated_server_over_http(clock: VirtualClock) -> None
             await server.start_server()
             try:
                 url = str(server.make_url("/v1"))
-                async with OpenAIBackend(url, dialect="sim") as llm:
+                async with OpenAIBackend(
+                    url, dialect="sim", local=True, model=sim.profile.model
+                ) as llm:
 
                     async def turns(ctx: TaskContext) -> int:
                         request = agent.request("first", max_tokens=4)
@@ -614,7 +619,7 @@ def test_the_engine_closes_an_sglang_session_its_program_left_open(clock: Virtua
         # The call is followed by a function task: it gets a keep-alive, so a session.
         async with (
             recording(recorder) as url,
-            OpenAIBackend(url, dialect="sglang") as llm,
+            OpenAIBackend(url, dialect="sglang", local=True) as llm,
             Engine(backends={"default": llm}) as engine,
         ):
             return await engine.run(wf)

@@ -5,6 +5,10 @@ while the HTTP traffic is real (loopback sockets)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -42,7 +46,7 @@ def run(clock: VirtualClock, body: Callable[[str, SimServer], Awaitable[Any]]) -
 def test_chat_completion_reports_usage_and_cached_tokens(clock: VirtualClock) -> None:
     async def body(url: str, sim: SimServer) -> list[dict[str, Any]]:
         request = {
-            "model": "any",
+            "model": sim.profile.model,
             "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "hi"}],
             "max_tokens": 12,
         }
@@ -68,9 +72,11 @@ def test_the_openai_client_talks_to_it(clock: VirtualClock) -> None:
         client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
         try:
             chat = await client.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "hello"}], max_tokens=5
+                model=sim.profile.model,
+                messages=[{"role": "user", "content": "hello"}],
+                max_tokens=5,
             )
-            text = await client.completions.create(model="m", prompt="once upon", max_tokens=3)
+            text = await client.completions.create(model="", prompt="once upon", max_tokens=3)
             models = await client.models.list()
         finally:
             await client.close()
@@ -175,4 +181,147 @@ def test_sim_serve_refuses_impossible_fault_rates(capsys: pytest.CaptureFixture[
 
     code = main(["sim", "serve", "--error-rate", "0.8", "--timeout-rate", "0.5"])
     assert code == 2
-    assert "error_rate + timeout_rate must be at most 1" in capsys.readouterr().out
+    assert "error_rate + timeout_rate must be at most 1" in capsys.readouterr().err
+
+
+def test_a_huge_max_tokens_is_refused_before_any_work_and_health_answers(
+    clock: VirtualClock,
+) -> None:
+    """`max_tokens: 100000000` used to generate its text and hashes first, freezing the loop."""
+
+    async def body(url: str, sim: SimServer) -> tuple[int, dict[str, Any], int]:
+        huge = {
+            "model": sim.profile.model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 100_000_000,
+        }
+        async with aiohttp.ClientSession() as http:
+
+            async def post() -> tuple[int, dict[str, Any]]:
+                async with http.post(f"{url}/v1/chat/completions", json=huge) as response:
+                    return response.status, await response.json()
+
+            async def health() -> int:
+                async with http.get(f"{url}/health") as response:
+                    return response.status
+
+            (status, answer), ok = await asyncio.gather(post(), health())
+        return status, answer, ok
+
+    status, answer, ok = run(clock, body)
+    assert status == 400 and ok == 200
+    assert answer["error"]["param"] == "max_tokens"
+    assert "maximum context length is 131072 tokens" in answer["error"]["message"]
+
+
+def post_chat(clock: VirtualClock, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async def body(url: str, sim: SimServer) -> tuple[int, dict[str, Any]]:
+        full = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, **request}
+        full.setdefault("model", sim.profile.model)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{url}/v1/chat/completions",
+                data=json.dumps(full),  # allow_nan: NaN and Infinity go out as JSON extensions
+                headers={"Content-Type": "application/json"},
+            ) as response,
+        ):
+            return response.status, await response.json()
+
+    result: tuple[int, dict[str, Any]] = run(clock, body)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("request_fields", "field"),
+    [
+        ({"n": 2}, "n"),
+        ({"priority": float("nan")}, "priority"),
+        ({"priority": float("inf")}, "priority"),
+        ({"temperature": float("inf")}, "temperature"),
+        ({"stream": "yes"}, "stream"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "x": 1}]}]}, "messages"),
+    ],
+)
+def test_the_simulator_is_as_strict_as_the_openai_api(
+    clock: VirtualClock, request_fields: dict[str, Any], field: str
+) -> None:
+    status, answer = post_chat(clock, request_fields)
+    assert status == 400, answer
+    assert answer["error"]["param"].split(".")[0] == field
+
+
+def test_content_as_a_list_of_text_parts_is_accepted(clock: VirtualClock) -> None:
+    parts = [{"type": "text", "text": "hello "}, {"type": "text", "text": "there"}]
+    status, answer = post_chat(clock, {"messages": [{"role": "user", "content": parts}]})
+    assert status == 200, answer
+    as_text = post_chat(clock, {"messages": [{"role": "user", "content": "hello there"}]})[1]
+    assert answer["usage"]["prompt_tokens"] == as_text["usage"]["prompt_tokens"]
+    assert answer["choices"][0]["message"] == as_text["choices"][0]["message"]
+
+
+def test_an_unknown_model_is_a_404_as_in_vllm(clock: VirtualClock) -> None:
+    status, answer = post_chat(clock, {"model": "gpt-17"})
+    assert status == 404
+    assert answer["error"]["message"].startswith("The model `gpt-17` does not exist.")
+    assert post_chat(clock, {"model": ""})[0] == 200  # empty: the served model
+
+
+def test_a_streaming_client_that_leaves_leaves_no_traceback(
+    clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def body(url: str, sim: SimServer) -> int:
+        request = {
+            "model": sim.profile.model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 60_000,
+            "stream": True,
+        }
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as http:
+            response = await http.post(f"{url}/v1/chat/completions", json=request)
+            await response.content.readline()  # the first event, then hang up
+            response.close()
+        return 1
+
+    with caplog.at_level(logging.DEBUG):
+        assert run(clock, body) == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def test_sim_serve_on_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator._cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["sim", "serve", "--port", str(port)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"plait: error: cannot serve on 127.0.0.1:{port}")
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("port", ["70000", "-1", "http"])
+def test_sim_serve_refuses_an_invalid_port(capsys: pytest.CaptureFixture[str], port: str) -> None:
+    from orchestrator._cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["sim", "serve", f"--port={port}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--port" in err and "Traceback" not in err
+
+
+def test_sim_serve_help_shows_defaults_and_how_to_point_plait_at_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from orchestrator._cli import main
+
+    with pytest.raises(SystemExit):
+        main(["sim", "serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: 8000)" in text and "(default: h100-llama3-8b)" in text
+    assert 'dialect = "sim"' in text and 'clock = "system"' in text
