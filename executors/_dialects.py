@@ -1,4 +1,4 @@
-"""Dialects: how each server spells plait's backend-neutral `Hints` (DESIGN.md section 4).
+"""Dialects: how each server spells plait's backend-neutral `Hints` (docs/backends.md).
 
 A dialect is pure: hints in, body fields and headers out. Servers silently ignore fields
 they do not know, so each spelling is pinned by a test against a recording server.
