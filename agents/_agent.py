@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrator import (
     DEFAULT_BACKEND,
@@ -34,15 +35,22 @@ class Agent:
             raise UsageError("an Agent needs a name")
 
     def request(
-        self, prompt: str, *, history: Sequence[Message] = (), max_tokens: int | None = None
+        self,
+        prompt: str,
+        *,
+        history: Sequence[Message] = (),
+        max_tokens: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
     ) -> LLMRequest:
-        """The request this agent sends for `prompt` after `history`."""
+        """The request this agent sends for `prompt` after `history`. `extra_body`: server-
+        specific fields sent as they are (see `LLMRequest.extra_body`)."""
         messages = (Message("system", self.system_prompt), *history, Message("user", prompt))
         return LLMRequest(
             messages=messages,
             model=self.model,
             sampling=self.sampling,
             max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
+            extra_body=dict(extra_body or {}),
         )
 
     def ask(
@@ -51,6 +59,7 @@ class Agent:
         *,
         max_tokens: int | None = None,
         expected_output_tokens: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
     ) -> LLMCall:
         """An LLM task action. `prompt` is text, or a function of the task's context that
         builds the text from the task's inputs. The task's result is the reply text."""
@@ -60,9 +69,12 @@ class Agent:
                 f"got {type(prompt).__name__}"
             )
 
+        extra = dict(extra_body or {})
+        self.request("", extra_body=extra)  # a bad field fails here, at ask(), not in the run
+
         def build(ctx: TaskContext) -> LLMRequest:
             text = prompt if isinstance(prompt, str) else prompt(ctx)
-            return self.request(text, max_tokens=max_tokens)
+            return self.request(text, max_tokens=max_tokens, extra_body=extra)
 
         return LLMCall(
             build=build,

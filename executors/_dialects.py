@@ -11,6 +11,7 @@ lower runs sooner (vLLM, the simulator).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -87,3 +88,38 @@ def encode(dialect: str, hints: Hints, *, slots: int | None = None) -> Encoded:
             body["keep_alive_s"] = hints.keep_alive_s
         return Encoded(body)
     raise UsageError(f"unknown dialect {dialect!r}; choose one of {', '.join(DIALECTS)}")
+
+
+def merge(
+    dialect: str,
+    encoded: Encoded,
+    typed: Mapping[str, Any],
+    extra_body: Mapping[str, Any],
+    extra_headers: Mapping[str, str],
+) -> Encoded:
+    """The hint fields with the request's pass-through fields laid beside them.
+
+    `typed`: the body fields the backend sets from the request's own attributes (model,
+    messages, max_tokens...). A pass-through field that either would also send is refused:
+    silently replacing plait's priority or the request's max_tokens would be a bug nobody sees.
+    """
+    for key in extra_body:
+        if key in typed:
+            raise UsageError(
+                f"extra_body[{key!r}] clashes with the field plait sends from the request "
+                f"itself; set it through LLMRequest/Agent instead of extra_body"
+            )
+        if key in encoded.body:
+            raise UsageError(
+                f"extra_body[{key!r}] clashes with the field the {dialect!r} dialect sends for "
+                "plait's hints; drop it from extra_body, or use dialect='openai', which sends "
+                "no hints"
+            )
+    taken = {name.lower() for name in encoded.headers}
+    for name in extra_headers:
+        if name.lower() in taken:
+            raise UsageError(
+                f"extra_headers[{name!r}] clashes with the header the {dialect!r} dialect "
+                "sends for plait's hints; drop it, or use dialect='openai', which sends none"
+            )
+    return Encoded({**encoded.body, **extra_body}, {**encoded.headers, **extra_headers})

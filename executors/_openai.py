@@ -35,7 +35,7 @@ from orchestrator import (
     running_clock,
 )
 
-from ._dialects import DIALECTS, encode
+from ._dialects import DIALECTS, encode, merge
 from ._load import LoadReport
 from ._simtext import render as render_prompt
 
@@ -141,13 +141,20 @@ class OpenAIBackend:
                 f"backend {self.name!r} sends /v1/completions, which has no tools; "
                 'use api="chat" for requests with tools'
             )
-        hinted = encode(self.dialect, hints, slots=self.slots)
         kwargs = self._body(request)
-        kwargs["extra_body"] = hinted.body or None
-        kwargs["extra_headers"] = hinted.headers or None
         if self.stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
+        typed = {**kwargs, "stream": True, "stream_options": None, "n": None}
+        hinted = merge(
+            self.dialect,
+            encode(self.dialect, hints, slots=self.slots),
+            typed,
+            request.extra_body,
+            request.extra_headers,
+        )
+        kwargs["extra_body"] = hinted.body or None
+        kwargs["extra_headers"] = hinted.headers or None
         if self.dialect == "sglang":
             await self._open_sglang_session(client, hints)
         endpoint: Any = client.chat.completions if self.api == "chat" else client.completions

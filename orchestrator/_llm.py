@@ -6,8 +6,12 @@ dialect translates `Hints` at the HTTP boundary, so nothing above it knows those
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
+
+from ._errors import UsageError
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -52,6 +56,32 @@ class LLMRequest:
     sampling: Sampling = Sampling()
     max_tokens: int | None = None
     tools: tuple[ToolSpec, ...] = ()
+    extra_body: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Server-specific body fields sent as they are (vLLM's `ignore_eos`, `min_tokens`,
+    `logprobs`, `response_format`, `structured_outputs`...). A backend merges them with the
+    fields its dialect sends for the hints; a field both would send is an error, never a
+    silent overwrite. Backends that are not HTTP servers (the fakes, the in-process
+    simulator) ignore them."""
+    extra_headers: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Request headers sent as they are, under the same rule."""
+
+    def __post_init__(self) -> None:
+        for key, value in self.extra_body.items():
+            if not isinstance(key, str) or not key:
+                raise UsageError(f"LLMRequest.extra_body: keys must be field names, got {key!r}")
+            try:
+                json.dumps(value, allow_nan=False)
+            except (TypeError, ValueError) as exc:
+                raise UsageError(
+                    f"LLMRequest.extra_body[{key!r}] cannot be sent as JSON ({exc}); give "
+                    "plain data: str, numbers, bools, None, lists and dicts"
+                ) from None
+        for key, value in self.extra_headers.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise UsageError(
+                    f"LLMRequest.extra_headers: names and values must be strings, got "
+                    f"{key!r}: {value!r}"
+                )
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -628,3 +629,71 @@ def test_the_engine_closes_an_sglang_session_its_program_left_open(clock: Virtua
     paths = [p for p, _, _ in recorder.seen]
     assert paths == ["/open_session", "/v1/chat/completions", "/close_session"]
     assert recorder.seen[-1][1] == {"session_id": wf.name}
+
+
+# --- server-specific fields passed through --------------------------------------------------
+
+PASSED = {
+    "ignore_eos": True,
+    "min_tokens": 8,
+    "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(EXPECTED))
+def test_extra_body_reaches_the_server_beside_each_dialects_fields(
+    clock: VirtualClock, dialect: str
+) -> None:
+    recorder = Recorder()
+    request = replace(REQUEST, extra_body=PASSED, extra_headers={"X-Trace": "t1"})
+    call(clock, dialect, recorder, request=request, slots=4 if dialect == "llamacpp" else None)
+    _, body, headers = recorder.seen[0]
+    want_body, want_headers = EXPECTED[dialect]
+    assert {k: v for k, v in body.items() if k not in STANDARD} == {**want_body, **PASSED}
+    lowered = {k.lower(): v for k, v in headers.items()}
+    assert all(lowered.get(k.lower()) == v for k, v in want_headers.items())
+    assert body["max_tokens"] == 8 and body["model"] == "m"
+    assert lowered.get("x-trace") == "t1"
+
+
+@pytest.mark.parametrize(
+    ("dialect", "extra", "named"),
+    [
+        ("vllm", {"priority": 1}, "the 'vllm' dialect sends for plait's hints"),
+        ("sglang", {"session_id": "x"}, "the 'sglang' dialect"),
+        ("dynamo", {"nvext": {}}, "the 'dynamo' dialect"),
+        ("llamacpp", {"cache_prompt": False}, "the 'llamacpp' dialect"),
+        ("openai", {"max_tokens": 3}, "plait sends from the request itself"),
+        ("openai", {"model": "other"}, "plait sends from the request itself"),
+        ("vllm", {"stream": True}, "plait sends from the request itself"),
+    ],
+)
+def test_a_pass_through_field_that_clashes_is_an_error_naming_it(
+    clock: VirtualClock, dialect: str, extra: dict[str, Any], named: str
+) -> None:
+    recorder = Recorder()
+    request = replace(REQUEST, extra_body=extra)
+    with pytest.raises(UsageError, match=re.escape(named)) as info:
+        call(clock, dialect, recorder, request=request, slots=4)
+    assert repr(next(iter(extra))) in str(info.value)
+    assert recorder.seen == []  # nothing was sent
+
+
+def test_a_header_that_clashes_with_a_hint_header_is_an_error(clock: VirtualClock) -> None:
+    request = replace(REQUEST, extra_headers={"x-dynamo-session-id": "mine"})
+    with pytest.raises(UsageError, match="x-dynamo-session-id"):
+        call(clock, "dynamo", Recorder(), request=request)
+
+
+def test_extra_body_must_be_json() -> None:
+    with pytest.raises(UsageError, match=r"extra_body\['when'\] cannot be sent as JSON"):
+        LLMRequest((Message("user", "hi"),), "m", extra_body={"when": object()})
+    with pytest.raises(UsageError, match="extra_body"):
+        LLMRequest((Message("user", "hi"),), "m", extra_body={"x": float("nan")})
+
+
+def test_an_agent_passes_extra_body_and_checks_it_at_ask() -> None:
+    agent = Agent("a", "sys")
+    assert agent.request("hi", extra_body={"ignore_eos": True}).extra_body == {"ignore_eos": True}
+    with pytest.raises(UsageError, match="extra_body"):
+        agent.ask("hi", extra_body={"bad": {1, 2}})

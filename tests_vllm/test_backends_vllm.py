@@ -251,3 +251,26 @@ def test_grouped_siblings_find_their_shared_prefix_cached(vllm_small_cache: VLLM
     min_hit = (SHARED_WORDS * 3 // BLOCK_TOKENS) * BLOCK_TOKENS
     assert cached[0] < BLOCK_TOKENS, "the leader found its fresh prefix cached: " + report
     assert all(c >= min_hit for c in cached[1:]), report
+
+
+# --- (e) server-specific fields pass through ---------------------------------------------------
+
+
+def test_vllm_fields_pass_through_plait(vllm_small_cache: VLLMServer) -> None:
+    """`ignore_eos` and `min_tokens` reach vLLM beside the vllm dialect's priority: a random
+    model that would stop early at an EOS token produces exactly the asked length."""
+    length = 24
+    request = LLMRequest(
+        (Message("user", f"{secrets.token_hex(8)} say something"),),
+        MODEL,
+        max_tokens=length,
+        extra_body={"ignore_eos": True, "min_tokens": length},
+    )
+
+    async def main() -> LLMResponse:
+        async with backend(vllm_small_cache) as llm:
+            return await llm.complete(request, Hints(program_id="pass-through"))
+
+    reply = asyncio.run(main())
+    assert reply.usage.completion_tokens == length
+    assert reply.finish_reason == "length"
