@@ -17,6 +17,7 @@ $(BIN)/.installed-bench: $(BIN)/.installed-dev
 
 demo: $(BIN)/.installed-dev
 	$(BIN)/plait run examples/research_team.py
+	$(BIN)/python bench/demo.py
 
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check .
