@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-vllm bench-vllm lint bench clean
+.PHONY: demo test test-vllm bench-vllm bench-sim-vllm lint bench clean
 
 $(BIN)/.installed-dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ test-vllm: $(VLLM_BIN)/.installed-plait
 # `make bench-vllm BENCH_ARGS=--quick` for the short run (a few minutes).
 bench-vllm: $(VLLM_BIN)/.installed-plait
 	$(VLLM_BIN)/python bench/vllm_cpu.py $(BENCH_ARGS)
+
+# The simulator's prefix hits and latency against one real vLLM (CPU build); quiet machine only.
+bench-sim-vllm: $(VLLM_BIN)/.installed-plait
+	$(VLLM_BIN)/python bench/sim_vs_vllm.py
 
 bench: $(BIN)/.installed-bench
 	$(BIN)/python bench/overhead.py $(BENCH_ARGS)

@@ -1,151 +1,24 @@
 """The simulator against a real vLLM on the CPU: the same requests, the same block size and
-cache size, must give (nearly) the same prefix-cache hits and similar latency.
-
-Prompts are token ids (the completions API takes them), so both sides see exactly the
-same tokens and the same 128-token blocks."""
+cache size, must give the same prefix-cache hits. Only exact checks live here: the latency
+comparison, which a busy machine distorts many-fold, is `bench/sim_vs_vllm.py`."""
 
 from __future__ import annotations
 
-import asyncio
-import random
-import statistics
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 from _vllm_server import VLLMServer
+from sim_vs_vllm import compare
 
-from executors import SimServer, get_profile
-from orchestrator import VirtualClock
-
-CONVERSATIONS = 6
-TURNS = 5
-NEW_TOKENS = 400  # each turn appends this much to its conversation: contexts reach 2,000
-OUTPUT_TOKENS = 8
-VOCAB = 8000
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@dataclass(frozen=True)
-class Measured:
-    latencies: list[float]
-    hits: int
-    queries: int
-
-    @property
-    def mean_latency(self) -> float:
-        return statistics.fmean(self.latencies)
-
-
-def conversations(seed: int) -> list[list[int]]:
-    """Turns of several conversations, interleaved: with a small cache, LRU must choose."""
-    rng = random.Random(seed)
-    contexts: list[list[int]] = [[] for _ in range(CONVERSATIONS)]
-    prompts = []
-    for _ in range(TURNS):
-        for c in range(CONVERSATIONS):
-            contexts[c] = contexts[c] + [rng.randrange(100, VOCAB) for _ in range(NEW_TOKENS)]
-            prompts.append(list(contexts[c]))
-    return prompts
-
-
-def chained_block_hashes(ids: list[int], size: int) -> list[int]:
-    out, prev = [], 0
-    for i in range(0, len(ids) - size + 1, size):
-        prev = hash((prev, tuple(ids[i : i + size])))
-        out.append(prev)
-    return out
-
-
-async def cache_config(url: str) -> dict[str, str]:
-    """vLLM's own account of its cache: the labels of `vllm:cache_config_info`."""
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as response:
-        text = await response.text()
-    for line in text.splitlines():
-        if line.startswith("vllm:cache_config_info{"):
-            labels = line[line.index("{") + 1 : line.rindex("}")]
-            return dict(
-                (k, v.strip('"')) for k, v in (pair.split("=", 1) for pair in labels.split(","))
-            )
-    raise AssertionError("vLLM reported no vllm:cache_config_info")
-
-
-async def metrics(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    async with http.get(f"{url}/metrics") as response:
-        text = await response.text()
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:prefix_cache_") and not line.startswith("#"):
-            name = line.split("{")[0]
-            values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return values
-
-
-async def on_vllm(server: VLLMServer, prompts: list[list[int]]) -> Measured:
-    async with aiohttp.ClientSession() as http:
-
-        async def complete(ids: list[int]) -> float:
-            body = {
-                "model": "tiny",
-                "prompt": ids,
-                "max_tokens": OUTPUT_TOKENS,
-                "ignore_eos": True,
-                "temperature": 0,
-            }
-            started = time.perf_counter()
-            async with http.post(f"{server.url}/v1/completions", json=body) as response:
-                data = await response.json()
-                assert response.status == 200, data
-            assert data["usage"]["prompt_tokens"] == len(ids)
-            return time.perf_counter() - started
-
-        warm = random.Random(99)
-        await complete([warm.randrange(100, VOCAB) for _ in range(300)])  # not measured
-        before = await metrics(http, server.url)
-        latencies = [await complete(ids) for ids in prompts]
-        after = await metrics(http, server.url)
-    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
-    queries = after["vllm:prefix_cache_queries_total"] - before["vllm:prefix_cache_queries_total"]
-    return Measured(latencies, int(hits), int(queries))
-
-
-def on_simulator(prompts: list[list[int]], num_blocks: int) -> Measured:
-    profile = get_profile("cpu-tiny").replace(num_blocks=num_blocks)
-    clock = VirtualClock()
-
-    async def main() -> Measured:
-        latencies = []
-        async with SimServer(profile, clock=clock) as sim:
-            for ids in prompts:
-                request = sim.make_request(
-                    prompt_tokens=len(ids),
-                    output_tokens=OUTPUT_TOKENS,
-                    hashes=chained_block_hashes(ids, profile.block_size),
-                    hints=None,
-                )
-                started = clock.monotonic()
-                await sim.submit(request)
-                latencies.append(clock.monotonic() - started)
-            stats = sim.stats()
-        return Measured(latencies, stats.prefix_cache_hits, stats.prefix_cache_queries)
-
-    return clock.run(main())
-
-
-def test_prefix_hits_and_latency_match_a_real_vllm(vllm_small_cache: VLLMServer) -> None:
-    prompts = conversations(seed=7)
-    config = asyncio.run(cache_config(vllm_small_cache.url))
-    assert int(config["block_size"]) == get_profile("cpu-tiny").block_size
-    # vLLM keeps one of its blocks as the "null block", never handed to a request.
-    blocks = int(config["num_gpu_blocks"]) - 1
-    real = asyncio.run(on_vllm(vllm_small_cache, prompts))
-    sim = on_simulator(prompts, blocks)
+def test_prefix_hits_match_a_real_vllm(vllm_small_cache: VLLMServer) -> None:
+    blocks, real, sim = compare(vllm_small_cache)
     report = (
         f"{blocks} usable blocks of 128 tokens. "
         f"vLLM: hits {real.hits} of {real.queries} tokens, mean latency "
         f"{real.mean_latency:.3f} s | sim: hits {sim.hits} of {sim.queries}, mean latency "
-        f"{sim.mean_latency:.3f} s"
+        f"{sim.mean_latency:.3f} s (latency not checked: see bench/sim_vs_vllm.py)"
     )
     print(report)
     (ROOT / ".cache").mkdir(exist_ok=True)
@@ -153,4 +26,3 @@ def test_prefix_hits_and_latency_match_a_real_vllm(vllm_small_cache: VLLMServer)
     assert sim.queries == real.queries  # the same tokens were asked for
     assert real.hits > 0, "the workload should reuse prefixes on the real server too"
     assert abs(sim.hits - real.hits) <= 0.05 * real.hits, report
-    assert abs(sim.mean_latency - real.mean_latency) <= 0.30 * real.mean_latency, report
