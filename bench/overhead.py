@@ -15,6 +15,7 @@ JSON object with the headline figures and a per-graph breakdown.
 import argparse
 import asyncio
 import gc
+import importlib
 import json
 import statistics
 import sys
@@ -357,6 +358,18 @@ def report(
     return summary
 
 
+BASELINE_PACKAGES = {"langgraph": "langgraph", "ray": "ray"}
+"""The runners that need a package of the bench extra."""
+
+
+def _installed(runner: str) -> bool:
+    try:
+        importlib.import_module(BASELINE_PACKAGES[runner])
+    except ImportError:
+        return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller graphs (well under 2 min)")
@@ -377,6 +390,15 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--repeat must be at least 1")
     # Keep the canonical order so plait (the reference for ratios) is printed first.
     selected = [name for name in RUNNERS if name in selected]
+    missing = [name for name in selected if name in BASELINE_PACKAGES and not _installed(name)]
+    if missing:
+        print(
+            f"overhead.py: error: {' and '.join(missing)} not installed; run `make bench` "
+            "(installs the bench extra) or pip install -e '.[bench]', or leave "
+            f"{'them' if len(missing) > 1 else 'it'} out of --only",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
 
     started = perf_counter()
     summary = run_benchmark(selected, args.quick, args.seed, args.repeat)

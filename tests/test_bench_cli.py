@@ -1,0 +1,21 @@
+"""The benchmarks' command lines fail in one line when a baseline is not installed."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from overhead import main
+
+
+@pytest.mark.parametrize("runner", ["langgraph", "ray"])
+def test_overhead_without_the_bench_extra_is_one_line(
+    runner: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, runner, None)  # `import runner` now raises ImportError
+    with pytest.raises(SystemExit) as exit_:
+        main(["--only", f"plait,{runner}", "--quick"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"overhead.py: error: {runner} not installed; run `make bench`")
+    assert err.count("\n") == 1
