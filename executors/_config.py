@@ -17,6 +17,7 @@ import importlib
 import os
 from collections.abc import Mapping
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -61,10 +62,32 @@ def _one_key_source(api_key: str | None, api_key_env: str | None) -> None:
         raise ValueError("give api_key or api_key_env, not both (prefer api_key_env for secrets)")
 
 
+def _api_root(url: str) -> str:
+    """An OpenAI-compatible API root: http(s), a host, and a path (`/v1` on vLLM, SGLang,
+    llama.cpp, Dynamo and plait's simulator); checked here, not as a bare 404 at run time."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(
+            f"{url!r} is not an http(s) URL; give http:// or https://, e.g. "
+            f"'http://{url.split('://')[-1].rstrip('/') or 'gpu1:8000'}/v1'"
+            if "://" not in url
+            else f"{url!r} is not an http(s) URL with a host; e.g. 'http://gpu1:8000/v1'"
+        )
+    if parts.path in ("", "/"):
+        raise ValueError(
+            f"{url!r} has no API path, so every call would get a 404; did you mean "
+            f"{url.rstrip('/') + '/v1'!r}?"
+        )
+    return url
+
+
+ApiRoot = Annotated[str, AfterValidator(_api_root)]
+
+
 class EndpointSettings(ConfigSection):
     """`kind = "openai"`: one OpenAI-compatible endpoint."""
 
-    url: str
+    url: ApiRoot
     dialect: Dialect = "openai"
     model: str | None = None
     api_key: str | None = None
@@ -83,7 +106,7 @@ class EndpointSettings(ConfigSection):
 class RouterMember(ConfigSection):
     """One endpoint of a router; what it leaves unset, it takes from the router's table."""
 
-    url: str
+    url: ApiRoot
     name: str | None = None
     dialect: Dialect | None = None
     model: str | None = None
@@ -105,7 +128,7 @@ class RouterSettings(ConfigSection):
     endpoint keys given here (dialect, model, ...) apply to every member that leaves them out.
     """
 
-    urls: list[str] | None = None
+    urls: list[ApiRoot] | None = None
     endpoints: list[RouterMember] | None = None
     dialect: Dialect = "openai"
     model: str | None = None
@@ -316,8 +339,23 @@ def describe_sim(settings: SimSettings) -> str:
     return text
 
 
-OPENAI = BackendKind("openai", EndpointSettings, build_openai, describe_openai, wall_clock=True)
-ROUTER = BackendKind("router", RouterSettings, build_router, describe_router, wall_clock=True)
+def _endpoint_env(settings: EndpointSettings) -> list[str]:
+    return [settings.api_key_env] if settings.api_key_env else []
+
+
+def _router_env(settings: RouterSettings) -> list[str]:
+    names = (settings.resolved(m).api_key_env for m in settings.members())
+    return sorted({name for name in names if name})
+
+
+OPENAI = BackendKind(
+    "openai", EndpointSettings, build_openai, describe_openai, wall_clock=True,
+    env_vars=_endpoint_env,
+)  # fmt: skip
+ROUTER = BackendKind(
+    "router", RouterSettings, build_router, describe_router, wall_clock=True,
+    env_vars=_router_env,
+)  # fmt: skip
 SIM = BackendKind("sim", SimSettings, build_sim, describe_sim)
 BACKEND_KINDS: Mapping[str, BackendKind[Any]] = {k.name: k for k in (OPENAI, ROUTER, SIM)}
 

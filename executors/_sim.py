@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -25,6 +26,7 @@ from orchestrator import (
     Hints,
     LLMRequest,
     LLMResponse,
+    Message,
     SystemClock,
     Usage,
     running_clock,
@@ -147,6 +149,10 @@ class SimServer:
             finish_reason="length",
             model=self.profile.model,
         )
+
+    def prompt_tokens(self, messages: Iterable[Message]) -> int:
+        """The prompt's length in tokens, as `complete` counts it (cheap: no hashing)."""
+        return count_tokens(render(messages))
 
     # --- lower level: requests given as token counts and block hashes (trace replay) ---------
 

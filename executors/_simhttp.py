@@ -206,18 +206,47 @@ class SimHTTP:
                 },
                 status=404,
             )
-        limit = body.limit()
-        context = self.server.profile.max_model_len
-        if limit is not None and limit >= context:
-            # Checked before any work: a huge max_tokens must cost the server nothing.
-            field = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+        return body
+
+    def _sizes(
+        self, body: _Hinted, messages: tuple[Message, ...], where: str
+    ) -> int | web.Response:
+        """The output tokens to simulate, or the 400 vLLM gives a request that cannot fit.
+
+        Checked before any work: the output text and the block hashes cost time in proportion
+        to the length, so a huge `max_tokens` refused afterwards would stall every request."""
+        profile = self.server.profile
+        context = profile.max_model_len
+        prompt = self.server.prompt_tokens(messages)
+        if prompt >= context:
+            return _error(
+                400,
+                f"This model's maximum context length is {context} tokens. However, your "
+                f"{where} resulted in {prompt} tokens. Please reduce the length of the {where}.",
+                where,
+            )
+        field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        asked = body.limit()
+        if asked is None:
+            # As vLLM: no limit means what the context leaves (here capped by the default).
+            asked = min(self.server.default_max_tokens, context - prompt)
+        elif prompt + asked > context:
             return _error(
                 400,
                 f"This model's maximum context length is {context} tokens. However, you "
-                f"requested {limit} output tokens ({field}); lower {field}",
+                f"requested {prompt + asked} tokens ({prompt} in the {where}, {asked} in the "
+                f"completion). Please reduce the length of the {where} or {field}.",
                 field,
             )
-        return body
+        if prompt + asked > profile.kv_tokens:
+            return _error(
+                400,
+                f"This request needs {prompt + asked} tokens of KV cache ({prompt} in the "
+                f"{where}, {asked} in the completion) but the whole cache holds "
+                f"{profile.kv_tokens}; it could never run. Reduce {field} or the {where}.",
+                field,
+            )
+        return asked
 
     async def _run(self, request: LLMRequest, hints: Hints) -> dict[str, Any] | web.Response:
         fault = await self._inject()
@@ -277,8 +306,11 @@ class SimHTTP:
             Message("system" if m.role == "developer" else m.role, m.text()) for m in body.messages
         )
         sampling = Sampling(temperature=body.temperature, seed=body.seed)
+        tokens = self._sizes(body, messages, "messages")
+        if isinstance(tokens, web.Response):
+            return tokens
         out = await self._run(
-            LLMRequest(messages, body.model or self.model, sampling, body.limit()), body.hints()
+            LLMRequest(messages, body.model or self.model, sampling, tokens), body.hints()
         )
         if isinstance(out, web.Response):
             return out
@@ -307,8 +339,11 @@ class SimHTTP:
         assert isinstance(body, _CompletionBody)
         # A raw prompt is one user message without the chat template's other turns.
         messages = (Message("user", body.prompt),)
+        tokens = self._sizes(body, messages, "prompt")
+        if isinstance(tokens, web.Response):
+            return tokens
         out = await self._run(
-            LLMRequest(messages, body.model or self.model, max_tokens=body.limit()), body.hints()
+            LLMRequest(messages, body.model or self.model, max_tokens=tokens), body.hints()
         )
         if isinstance(out, web.Response):
             return out

@@ -3,6 +3,7 @@ the clock, the backends and limits that a run uses, and the check's report."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -96,13 +97,25 @@ def limits_of(
 
 
 def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
-    """Validate a config file and print what it defines; builds the backends (so missing
-    environment variables show) but connects to nothing and starts nothing."""
+    """Validate a config file and print what it defines; builds the backends but connects to
+    nothing and starts nothing. An environment variable a backend reads that is not set here
+    is a warning (the file may be meant for another machine); with `strict`, a failure.
+    Returns the exit status: 0 valid, 1 warnings under `strict`."""
     config = load_config(path)
-    config.build_backends()
+    warnings: list[str] = []
+    for name, backend in config.backends.items():
+        unset = backend.unset_env_vars()
+        if unset:
+            warnings.append(
+                f"backends.{name}: the environment variable {', '.join(unset)} is not set "
+                "here; set it where plait runs"
+            )
+        else:
+            backend.build()
     engine = config.engine
     clock = engine.clock or "the module's CLOCK"
-    out.write(f"{config.source}: valid\nengine: policy {engine.policy}, clock {clock}\n")
+    deadline = f", deadline {engine.deadline:g} s" if engine.deadline is not None else ""
+    out.write(f"{config.source}: valid\nengine: policy {engine.policy}, clock {clock}{deadline}\n")
     for name, backend in config.backends.items():
         out.write(f"backend {name!r} ({backend.kind.name}): {backend.describe()}\n")
         if backend.limits is not None:
@@ -112,6 +125,11 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
     for name, limits in config.limits.items():
         if name not in config.backends:
             out.write(f"resource {name!r}: {_limits_text(limits)}\n")
+    for warning in warnings:
+        print(f"plait: warning: {warning}", file=sys.stderr)
+    if warnings and strict:
+        print(f"plait: error: {len(warnings)} warning(s) and --strict", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -18,9 +18,10 @@ packages that implement backends (`executors`) and announce themselves through t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -131,6 +132,9 @@ class BackendKind(Generic[S]):
     describe: Callable[[S], str]
     wall_clock: bool = False
     """Its backends wait on a server over the network, so a run needs the system clock."""
+    env_vars: Callable[[S], Sequence[str]] | None = None
+    """The environment variables a backend of these settings reads when it is built (its
+    secrets), so a check can name the unset ones without failing on them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +156,11 @@ class BackendConfig:
 
     def describe(self) -> str:
         return self.kind.describe(self.settings)
+
+    def unset_env_vars(self) -> list[str]:
+        """The environment variables this backend reads that are not set now."""
+        names = self.kind.env_vars(self.settings) if self.kind.env_vars is not None else ()
+        return [name for name in names if name not in os.environ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +212,10 @@ def load_config(
     try:
         top = _File.model_validate(data)
     except ValidationError as exc:
-        raise UsageError(_report(name, [_problem(e) for e in exc.errors()])) from None
+        # Report every problem in one pass: the top-level ones, then each section on its
+        # own, so a bad [engine] does not hide a bad backend.
+        problems.extend(_problem(e) for e in exc.errors())
+        top = _sections_that_validate(data)
     backends: dict[str, BackendConfig] = {}
     limits = {resource: lim.to_limits() for resource, lim in top.limits.items()}
     for backend, table in top.backends.items():
@@ -240,6 +252,28 @@ def load_config(
     if problems:
         raise UsageError(_report(name, problems))
     return Config(source=name, engine=top.engine, backends=backends, limits=limits)
+
+
+def _sections_that_validate(data: Mapping[str, Any]) -> _File:
+    """The file's sections that are valid on their own (others left empty), so that the
+    backends are still checked when something else in the file is wrong."""
+    engine = data.get("engine", {})
+    limits = data.get("limits", {})
+    backends = data.get("backends", {})
+    valid: dict[str, Any] = {}
+    with contextlib.suppress(ValidationError):
+        valid["engine"] = EngineSettings.model_validate(engine)
+    if isinstance(limits, Mapping):
+        good_limits = {}
+        for key, table in limits.items():
+            with contextlib.suppress(ValidationError):
+                good_limits[key] = LimitsSettings.model_validate(table)
+        valid["limits"] = good_limits
+    if isinstance(backends, Mapping):
+        valid["backends"] = {
+            key: table for key, table in backends.items() if isinstance(table, Mapping)
+        }
+    return _File.model_validate(valid)
 
 
 def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:

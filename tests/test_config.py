@@ -28,6 +28,8 @@ from orchestrator import (
 )
 from orchestrator._cli import main
 
+ROOT = Path(__file__).resolve().parent.parent
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 RESEARCH = str(EXAMPLES / "research_team.py")
 
@@ -256,7 +258,8 @@ def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
             "backends.gpu.url: missing; this key is required",
         ),
         (
-            '[backends.gpu]\nkind = "openai"\nurl = "u"\napi_key = "k"\napi_key_env = "K"\n',
+            '[backends.gpu]\nkind = "openai"\nurl = "http://u/v1"\n'
+            'api_key = "k"\napi_key_env = "K"\n',
             "backends.gpu: give api_key or api_key_env, not both",
         ),
         (
@@ -372,7 +375,7 @@ def test_a_missing_key_variable_is_named_when_building(
 def test_a_tokenizer_needs_transformers() -> None:
     if importlib.util.find_spec("transformers") is not None:
         pytest.skip("transformers is installed here")
-    source = {"backends": {"r": {"kind": "router", "urls": ["u"], "tokenizer": "gpt2"}}}
+    source = {"backends": {"r": {"kind": "router", "urls": ["http://u/v1"], "tokenizer": "gpt2"}}}
     with pytest.raises(UsageError, match="'gpt2' needs the transformers package"):
         backends_from_config(source)
 
@@ -608,8 +611,56 @@ def test_config_check_refuses_a_bad_file_and_a_missing_secret(
     assert "engine.policy: unknown policy 'lifo'" in capsys.readouterr().err
     monkeypatch.delenv("PLAIT_TEST_KEY", raising=False)
     secret = write(tmp_path, "p.toml", FULL_TOML)
-    assert main(["config", "check", str(secret)], out=io.StringIO()) == 2
-    assert "PLAIT_TEST_KEY is not set" in capsys.readouterr().err
+    out = io.StringIO()
+    assert main(["config", "check", str(secret)], out=out) == 0  # a warning, not a failure
+    assert "valid" in out.getvalue()
+    assert "plait: warning: backends." in (err := capsys.readouterr().err)
+    assert "PLAIT_TEST_KEY is not set" in err
+    assert main(["config", "check", "--strict", str(secret)], out=io.StringIO()) == 1
+    assert "--strict" in capsys.readouterr().err
+
+
+def test_the_docs_own_example_checks_with_its_key_unset(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    docs = (ROOT / "docs" / "config.md").read_text()
+    example = docs.split("```toml\n", 1)[1].split("```", 1)[0]
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    path = write(tmp_path, "docs.toml", example)
+    assert main(["config", "check", str(path)], out=io.StringIO()) == 0
+    assert "VLLM_API_KEY is not set" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("gpu1:8000/v1", "is not an http(s) URL; give http:// or https://"),
+        ("localhost:8000", "give http:// or https://"),
+        ("ftp://gpu1/v1", "is not an http(s) URL"),
+        ("http://gpu1:8000", "did you mean 'http://gpu1:8000/v1'?"),
+        ("http://gpu1:8000/", "did you mean 'http://gpu1:8000/v1'?"),
+    ],
+)
+def test_a_url_that_cannot_work_is_refused_at_the_check(
+    tmp_path: Path, url: str, says: str
+) -> None:
+    text = f'[backends.gpu]\nkind = "openai"\nurl = "{url}"\n'
+    assert says in error_of(tmp_path, "p.toml", text)
+    router = f'[backends.r]\nkind = "router"\nurls = ["http://ok:1/v1", "{url}"]\n'
+    assert says in error_of(tmp_path, "r.toml", router)
+
+
+def test_problems_in_every_section_are_reported_in_one_pass(tmp_path: Path) -> None:
+    text = (
+        '[engine]\npolicy = "lifo"\n\n'
+        '[backends.a]\nkind = "openai"\nurl = "gpu1:8000/v1"\n\n'
+        '[backends.b]\nkind = "sim"\nprofile = "nope"\n\n'
+        "[limits.local]\nmax_in_flight = 0\n"
+    )
+    message = error_of(tmp_path, "p.toml", text)
+    assert "4 problems" in message
+    for path in ("engine.policy", "backends.a.url", "backends.b.profile", "limits.local"):
+        assert path in message
 
 
 def test_load_config_takes_a_dict_too() -> None:
