@@ -143,7 +143,8 @@ def test_bad_requests_get_400_with_the_field_and_the_server_goes_on(clock: Virtu
     assert "messages.0.role" in messages[3]
     assert "field 'max_tokens'" in messages[4]
     assert "field 'stream'" in messages[5]
-    assert "more than the model's context" in messages[6]
+    assert "maximum context length is 131072 tokens" in messages[6]
+    assert results[6][1]["error"]["param"] == "messages"
 
 
 def test_priority_in_the_body_orders_the_queue(clock: VirtualClock) -> None:
@@ -184,21 +185,45 @@ def test_sim_serve_refuses_impossible_fault_rates(capsys: pytest.CaptureFixture[
     assert "error_rate + timeout_rate must be at most 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("route", "fields", "param"),
+    [
+        ("chat/completions", {"max_tokens": 100_000_000}, "max_tokens"),
+        ("chat/completions", {"max_completion_tokens": 100_000_000}, "max_completion_tokens"),
+        ("chat/completions", {"max_tokens": 131_072}, "max_tokens"),  # the prompt tips it over
+        ("completions", {"max_tokens": 100_000_000}, "max_tokens"),
+    ],
+)
 def test_a_huge_max_tokens_is_refused_before_any_work_and_health_answers(
     clock: VirtualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    route: str,
+    fields: dict[str, Any],
+    param: str,
 ) -> None:
     """`max_tokens: 100000000` used to generate its text and hashes first, freezing the loop."""
+    import executors._sim
+
+    generated: list[int] = []
+    real_generate = executors._sim.generate
+
+    def generate(seed: int, prompt_hash: int, tokens: int) -> str:
+        generated.append(tokens)
+        return real_generate(seed, prompt_hash, min(tokens, 8))  # never the frozen loop itself
+
+    monkeypatch.setattr(executors._sim, "generate", generate)
 
     async def body(url: str, sim: SimServer) -> tuple[int, dict[str, Any], int]:
-        huge = {
-            "model": sim.profile.model,
-            "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 100_000_000,
-        }
+        prompt: dict[str, Any] = (
+            {"prompt": "hi"}
+            if route == "completions"
+            else {"messages": [{"role": "user", "content": "hi"}]}
+        )
+        huge = {"model": sim.profile.model, **prompt, **fields}
         async with aiohttp.ClientSession() as http:
 
             async def post() -> tuple[int, dict[str, Any]]:
-                async with http.post(f"{url}/v1/chat/completions", json=huge) as response:
+                async with http.post(f"{url}/v1/{route}", json=huge) as response:
                     return response.status, await response.json()
 
             async def health() -> int:
@@ -210,8 +235,30 @@ def test_a_huge_max_tokens_is_refused_before_any_work_and_health_answers(
 
     status, answer, ok = run(clock, body)
     assert status == 400 and ok == 200
-    assert answer["error"]["param"] == "max_tokens"
-    assert "maximum context length is 131072 tokens" in answer["error"]["message"]
+    assert generated == []  # refused before any output was made
+    assert answer["error"]["param"] == param
+    message = answer["error"]["message"]
+    assert message.startswith("This model's maximum context length is 131072 tokens.")
+    where = "prompt" if route == "completions" else "messages"
+    assert f"in the completion). Please reduce the length of the {where} or {param}." in message
+
+
+def test_a_request_without_max_tokens_gets_what_the_context_leaves(clock: VirtualClock) -> None:
+    """As vLLM: no max_tokens is never a 400 for a prompt that fits on its own."""
+    long = "x" * (131_072 - 100) * 4  # leaves fewer tokens than the default 256
+
+    async def body(url: str, sim: SimServer) -> tuple[int, dict[str, Any]]:
+        request = {"messages": [{"role": "user", "content": long}]}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{url}/v1/chat/completions", json=request) as response,
+        ):
+            return response.status, await response.json()
+
+    status, answer = run(clock, body)
+    assert status == 200, answer
+    usage = answer["usage"]
+    assert usage["total_tokens"] == 131_072 and usage["completion_tokens"] < 256
 
 
 def post_chat(clock: VirtualClock, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
