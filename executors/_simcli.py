@@ -120,7 +120,7 @@ async def serve(
     profile: str, host: str, port: int, seed: int, faults: Faults | None = None
 ) -> None:
     async with SimServer(profile, seed=seed, clock=SystemClock()) as sim:
-        runner = web.AppRunner(SimHTTP(sim, faults=faults).app())
+        runner = SimHTTP(sim, faults=faults).runner()
         await runner.setup()
         try:
             await web.TCPSite(runner, host, port).start()

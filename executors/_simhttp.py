@@ -14,6 +14,7 @@ the field; nothing a client sends can crash the server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import time
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from orchestrator import BackendError, Hints, LLMRequest, Message, Sampling, UsageError
 
@@ -38,22 +39,38 @@ _Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 _Tokens = Annotated[int, Field(strict=True, ge=1)]
 
 
-class _TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    type: Literal["text"]
-    text: Annotated[str, Field(strict=True)]
+def _content_text(content: Any) -> str:
+    """A message's content as text: a string, null, or the standard list of parts, whose
+    text parts are joined. Other parts (images, audio) are refused: the model reads text."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError(
+            f"content must be a string or a list of parts, got {type(content).__name__}"
+        )
+    texts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise ValueError(
+                f"part {i} has type {kind!r}; the simulated server reads only text parts "
+                '({"type": "text", "text": "..."})'
+            )
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"part {i} needs a string `text`")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 class _ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[_TextPart] | None = ""
+    content: Annotated[str, BeforeValidator(_content_text)] = ""
 
     def text(self) -> str:
-        """The content as text: the standard list-of-parts form is joined (text parts only)."""
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+        return self.content
 
 
 class _StreamOptions(BaseModel):
@@ -132,9 +149,10 @@ class Faults:
 
 
 class SimHTTP:
-    """Serves one `SimServer`. Build the app with `app()`; run it with aiohttp.
+    """Serves one `SimServer`. Run it with `runner()` (or build the app with `app()`).
 
-    `faults` makes it fail on purpose (`injected_errors`, `injected_timeouts` count them).
+    `faults` makes it fail on purpose (`injected_errors`, `injected_timeouts` count them);
+    `disconnects` counts clients that hung up before their answer was sent.
     """
 
     def __init__(self, server: SimServer, *, faults: Faults | None = None) -> None:
@@ -161,6 +179,11 @@ class SimHTTP:
             body = {"error": {"message": "injected fault: held too long", "type": "timeout"}}
             return web.json_response(body, status=504)
         return None
+
+    def runner(self) -> web.AppRunner:
+        """A runner for `app()` that cancels a handler whose client hangs up, so a request
+        abandoned mid-simulation stops taking the simulated GPU's time."""
+        return web.AppRunner(self.app(), handler_cancellation=True)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
@@ -256,6 +279,11 @@ class SimHTTP:
             response = await self.server.complete(request, hints)
         except BackendError as exc:
             return _error(400, str(exc))
+        except asyncio.CancelledError:
+            # The client hung up (the runner cancels the handler): `submit` has taken the
+            # request out of the simulated batch, as vLLM aborts it.
+            self.disconnects += 1
+            raise
         usage = response.usage
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",

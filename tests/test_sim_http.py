@@ -6,6 +6,7 @@ while the HTTP traffic is real (loopback sockets)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import socket
@@ -16,9 +17,11 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from executors import SimHTTP, SimServer
+from executors._simengine import SimRequest
 from orchestrator import VirtualClock
 
 SYSTEM = "You answer questions about GPUs. " * 30
@@ -372,3 +375,80 @@ def test_sim_serve_help_shows_defaults_and_how_to_point_plait_at_it(
     text = " ".join(capsys.readouterr().out.split())
     assert "(default: 8000)" in text and "(default: h100-llama3-8b)" in text
     assert 'dialect = "sim"' in text and 'clock = "system"' in text
+
+
+def test_a_part_that_is_not_text_is_refused_naming_it(clock: VirtualClock) -> None:
+    image = {"type": "image_url", "image_url": {"url": "http://x/cat.png"}}
+    parts = [{"type": "text", "text": "what is this?"}, image]
+    status, answer = post_chat(clock, {"messages": [{"role": "user", "content": parts}]})
+    assert status == 400, answer
+    assert answer["error"]["param"] == "messages.0.content"
+    assert "part 1 has type 'image_url'" in answer["error"]["message"]
+    assert "only text parts" in answer["error"]["message"]
+
+
+def test_1e400_in_the_body_is_infinity_and_refused(clock: VirtualClock) -> None:
+    async def body(url: str, sim: SimServer) -> tuple[int, dict[str, Any]]:
+        raw = b'{"messages": [{"role": "user", "content": "hi"}], "priority": 1e400}'
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{url}/v1/chat/completions", data=raw) as response,
+        ):
+            return response.status, await response.json()
+
+    status, answer = run(clock, body)
+    assert status == 400 and answer["error"]["param"] == "priority"
+
+
+class Watched(SimServer):
+    """A simulator that says when a request joins it and when its caller stops waiting."""
+
+    def __init__(self) -> None:
+        super().__init__("h100-llama3-8b")
+        self.queued = asyncio.Event()
+        self.left = asyncio.Event()
+        self.submitted: list[SimRequest] = []
+
+    async def submit(self, req: SimRequest) -> SimRequest:
+        self.submitted.append(req)
+        self.queued.set()
+        try:
+            return await super().submit(req)
+        finally:
+            self.left.set()
+
+
+def test_a_client_that_hangs_up_mid_request_stops_its_simulation(clock: VirtualClock) -> None:
+    """The runner cancels the handler of a client that leaves; the engine drops its request."""
+
+    async def main() -> tuple[int, str]:
+        async with Watched() as sim:
+            front = SimHTTP(sim)
+            runner = front.runner()
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            request = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 60_000}
+            try:
+                async with aiohttp.ClientSession() as http:
+
+                    async def ask() -> None:
+                        async with http.post(
+                            f"http://127.0.0.1:{port}/v1/chat/completions", json=request
+                        ) as response:
+                            await response.read()
+
+                    asking = asyncio.ensure_future(ask())
+                    await sim.queued.wait()
+                    asking.cancel()  # hang up
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asking
+                    await sim.left.wait()
+            finally:
+                await runner.cleanup()
+            return front.disconnects, sim.submitted[0].state
+
+    disconnects, state = clock.run(main())
+    assert state == "aborted"  # dropped from the batch, not decoded to the end
+    assert disconnects == 1
