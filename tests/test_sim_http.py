@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -180,14 +179,6 @@ def test_priority_in_the_body_orders_the_queue(clock: VirtualClock) -> None:
     assert run(clock, body) == ["first", "high", "low"]
 
 
-def test_sim_serve_refuses_impossible_fault_rates(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator._cli import main
-
-    code = main(["sim", "serve", "--error-rate", "0.8", "--timeout-rate", "0.5"])
-    assert code == 2
-    assert "error_rate + timeout_rate must be at most 1" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     ("route", "fields", "param"),
     [
@@ -338,43 +329,6 @@ def test_a_streaming_client_that_leaves_leaves_no_traceback(
     with caplog.at_level(logging.DEBUG):
         assert run(clock, body) == 1
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
-
-
-def test_sim_serve_on_a_port_in_use_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator._cli import main
-
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        code = main(["sim", "serve", "--port", str(port)])
-    err = capsys.readouterr().err
-    assert code == 2
-    assert err.startswith(f"plait: error: cannot serve on 127.0.0.1:{port}")
-    assert "Traceback" not in err
-
-
-@pytest.mark.parametrize("port", ["70000", "-1", "http"])
-def test_sim_serve_refuses_an_invalid_port(capsys: pytest.CaptureFixture[str], port: str) -> None:
-    from orchestrator._cli import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main(["sim", "serve", f"--port={port}"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err
-    assert "--port" in err and "Traceback" not in err
-
-
-def test_sim_serve_help_shows_defaults_and_how_to_point_plait_at_it(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    from orchestrator._cli import main
-
-    with pytest.raises(SystemExit):
-        main(["sim", "serve", "--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "(default: 8000)" in text and "(default: h100-llama3-8b)" in text
-    assert 'dialect = "sim"' in text and 'clock = "system"' in text
 
 
 def test_a_part_that_is_not_text_is_refused_naming_it(clock: VirtualClock) -> None:
