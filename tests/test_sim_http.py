@@ -197,9 +197,9 @@ def test_a_huge_max_tokens_is_refused_before_any_work_and_health_answers(
 ) -> None:
     """`max_tokens: 100000000` used to generate its text and hashes first, freezing the loop."""
     import executors._sim
+    from executors._simtext import generate as real_generate
 
     generated: list[int] = []
-    real_generate = executors._sim.generate
 
     def generate(seed: int, prompt_hash: int, tokens: int) -> str:
         generated.append(tokens)
@@ -376,7 +376,8 @@ def test_a_client_that_hangs_up_mid_request_stops_its_simulation(clock: VirtualC
     """The runner cancels the handler of a client that leaves; the engine drops its request."""
 
     async def main() -> tuple[int, str]:
-        async with Watched() as sim:
+        sim = Watched()
+        async with sim:
             front = SimHTTP(sim)
             runner = front.runner()
             await runner.setup()
