@@ -11,7 +11,7 @@ lower runs sooner (vLLM, the simulator).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -93,7 +93,7 @@ def encode(dialect: str, hints: Hints, *, slots: int | None = None) -> Encoded:
 def merge(
     dialect: str,
     encoded: Encoded,
-    typed: Mapping[str, Any],
+    typed: Collection[str],
     extra_body: Mapping[str, Any],
     extra_headers: Mapping[str, str],
 ) -> Encoded:

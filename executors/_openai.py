@@ -45,6 +45,9 @@ APIS: tuple[Api, ...] = ("chat", "completions")
 # SGLang's /open_session requires `capacity_of_str_len` (older servers) but only stores it.
 SGLANG_SESSION_CAPACITY = 1 << 20
 
+_CLIENT_FIELDS = frozenset({"stream", "stream_options", "n"})
+"""Body fields this backend owns even when a request does not set them."""
+
 
 class OpenAIBackend:
     """One OpenAI-compatible endpoint (vLLM, SGLang, Dynamo, llama.cpp, OpenAI, the simulator).
@@ -145,11 +148,10 @@ class OpenAIBackend:
         if self.stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
-        typed = {**kwargs, "stream": True, "stream_options": None, "n": None}
         hinted = merge(
             self.dialect,
             encode(self.dialect, hints, slots=self.slots),
-            typed,
+            kwargs.keys() | _CLIENT_FIELDS,
             request.extra_body,
             request.extra_headers,
         )

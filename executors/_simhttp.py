@@ -69,9 +69,6 @@ class _ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Annotated[str, BeforeValidator(_content_text)] = ""
 
-    def text(self) -> str:
-        return self.content
-
 
 class _StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -331,7 +328,7 @@ class SimHTTP:
             return body
         assert isinstance(body, _ChatBody)
         messages = tuple(
-            Message("system" if m.role == "developer" else m.role, m.text()) for m in body.messages
+            Message("system" if m.role == "developer" else m.role, m.content) for m in body.messages
         )
         sampling = Sampling(temperature=body.temperature, seed=body.seed)
         tokens = self._sizes(body, messages, "messages")

@@ -115,6 +115,10 @@ class Progress:
         ):
             self._draw()  # at most ten times a second: a terminal is slower than the engine
 
+    def _since(self, row: _Row) -> float:
+        """When `row`'s workflow started, on the same scale as `now`."""
+        return row.started - (self.origin or 0.0)
+
     def _say(self, line: str) -> None:
         if self.live:
             self.out.write("\r\x1b[K")
@@ -139,10 +143,10 @@ class Progress:
         )
         lines = ["", header, "-" * len(header)]
         for name, r in self.rows.items():
-            if r.status == "running":  # interrupted: how long it had run
-                r.duration = self.now - (r.started - (self.origin or 0.0))
+            # A workflow still running (interrupted) shows how long it had run.
+            duration = r.duration if r.status != "running" else self.now - self._since(r)
             lines.append(
-                f"{name[:24]:<24} {r.status:<10} {r.duration:>8.2f} {r.done:>3}/{r.tasks:<3} "
+                f"{name[:24]:<24} {r.status:<10} {duration:>8.2f} {r.done:>3}/{r.tasks:<3} "
                 f"{r.failed:>6} {r.skipped:>7} {r.llm_calls:>6} {r.prompt_tokens:>10} "
                 f"{r.completion_tokens:>10}"
             )
@@ -310,7 +314,7 @@ def _parser() -> argparse.ArgumentParser:
         "--max-in-flight",
         type=int,
         metavar="N",
-        help="calls in flight per LLM backend (default: the config's, else 64)",
+        help="calls in flight per LLM backend (default: the config's, else 32)",
     )
     run.add_argument(
         "--max-waiting",

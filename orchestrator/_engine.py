@@ -15,7 +15,6 @@ import concurrent.futures
 import contextlib
 import contextvars
 import functools
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -51,7 +50,7 @@ from ._resilience import (
 )
 from ._run import Run, RunResult
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, urgency
-from ._task import LLMCall, Task, check_serializable
+from ._task import LLMCall, Task, check_seconds, check_serializable
 from ._workflow import Workflow
 
 
@@ -588,16 +587,7 @@ class Engine:
             raise UsageError(f"engine.submit() takes a Workflow, got {type(workflow).__name__}")
         if priority not in CLASS_RANK:
             raise UsageError(f"priority must be one of {', '.join(CLASS_RANK)}, got {priority!r}")
-        if deadline is not None and (
-            isinstance(deadline, bool)
-            or not isinstance(deadline, int | float)
-            or not math.isfinite(deadline)
-            or deadline <= 0
-        ):
-            raise UsageError(
-                f"deadline must be a number of seconds from now, finite and more than zero; "
-                f"got {deadline!r} for workflow {workflow.name!r}"
-            )
+        check_seconds(f"workflow {workflow.name!r}", "deadline", deadline)
         if len(self._runs) >= self.max_workflows:
             raise OverloadedError("the engine's set of running workflows", self.max_workflows)
         self._programs += 1

@@ -195,8 +195,8 @@ class Task:
         when: Condition | None = None,
         trigger: Trigger = "all_success",
     ) -> None:
-        _check_number(task_id, "timeout", timeout)
-        _check_number(task_id, "estimate", estimate, zero_ok=True)
+        check_seconds(f"task {task_id!r}", "timeout", timeout)
+        check_seconds(f"task {task_id!r}", "estimate", estimate, zero_ok=True)
         if resource is not None and (not isinstance(resource, str) or not resource):
             raise UsageError(
                 f"task {task_id!r}: resource must be a non-empty string (a backend or limit "
@@ -256,19 +256,18 @@ def as_retry(retry: Retry | int | None, task_id: str = "?") -> Retry:
     return Retry(attempts=retry)
 
 
-def _check_number(task_id: str, name: str, value: object, *, zero_ok: bool = False) -> None:
-    """A task's seconds must be real numbers: a string such as "5" fails here, at `add`,
-    not as a TypeError deep in the run."""
+def check_seconds(owner: str, name: str, value: object, *, zero_ok: bool = False) -> None:
+    """Seconds must be real, finite numbers: a string such as "5" fails where it is given
+    (`add`, `submit`), not as a TypeError deep in the run. `owner` names what they belong to."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise UsageError(
-            f"task {task_id!r}: {name} must be a number of seconds, got "
-            f"{type(value).__name__} {value!r}"
+            f"{owner}: {name} must be a number of seconds, got {type(value).__name__} {value!r}"
         )
     if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
         bound = "zero or more" if zero_ok else "more than zero"
-        raise UsageError(f"task {task_id!r}: {name} must be finite and {bound}, got {value!r}")
+        raise UsageError(f"{owner}: {name} must be finite and {bound}, got {value!r}")
 
 
 _PLAIN = (str, int, float, bool, type(None))
