@@ -8,11 +8,12 @@
   (`check()`) and load (`load()`, a `LoadReport`) from the server's own endpoints.
 """
 
+from orchestrator import LoadReport
+
 from ._config import backends_from_config
 from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._grouping import GroupingStats, PrefixGrouper
-from ._load import LoadReport
 from ._openai import OpenAIBackend
 from ._router import ReplicaStats, Router
 from ._routing import Choice, PrefixRouter

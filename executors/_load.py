@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+
+from orchestrator import LoadReport
 
 Samples = Mapping[str, Sequence[tuple[dict[str, str], float]]]
 
@@ -45,84 +46,57 @@ _HEADER_NAMES = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class LoadReport:
-    """One server's load at one moment; a field is None where the server does not say.
+def report_from_metrics(text: str) -> LoadReport:
+    """Read a Prometheus text exposition from vLLM, SGLang or llama.cpp.
 
-    `running` and `waiting`: requests in the batch and in the queue. `kv_cache_usage`: the
-    fraction of the KV cache in use (0 to 1). `prefix_cache_hits` / `prefix_cache_queries`:
-    prompt tokens served from the prefix cache / looked up, since the server started.
-    `cache_hit_rate`: a hit rate the server computes itself over a recent window (SGLang).
+    Counts and counters are summed over label sets (one per engine or data-parallel
+    rank); usage fractions are averaged. NaN samples count as absent.
     """
+    samples = parse_prometheus(text)
+    running, waiting = _total(samples, _RUNNING), _total(samples, _WAITING)
+    hits, queries = _total(samples, _HITS), _total(samples, _QUERIES)
+    return LoadReport(
+        running=_int(running),
+        waiting=_int(waiting),
+        kv_cache_usage=_mean(samples, _KV_USAGE),
+        prefix_cache_hits=_int(hits),
+        prefix_cache_queries=_int(queries),
+        cache_hit_rate=_mean(samples, _HIT_RATE),
+    )
 
-    running: int | None = None
-    waiting: int | None = None
-    kv_cache_usage: float | None = None
-    prefix_cache_hits: int | None = None
-    prefix_cache_queries: int | None = None
-    cache_hit_rate: float | None = None
 
-    @property
-    def hit_rate(self) -> float | None:
-        """Prefix-cache hits over lookups since start, else the server's own recent rate."""
-        if self.prefix_cache_hits is not None and self.prefix_cache_queries:
-            return self.prefix_cache_hits / self.prefix_cache_queries
-        return self.cache_hit_rate
-
-    @classmethod
-    def from_metrics(cls, text: str) -> LoadReport:
-        """Read a Prometheus text exposition from vLLM, SGLang or llama.cpp.
-
-        Counts and counters are summed over label sets (one per engine or data-parallel
-        rank); usage fractions are averaged. NaN samples count as absent.
-        """
-        samples = parse_prometheus(text)
-        running, waiting = _total(samples, _RUNNING), _total(samples, _WAITING)
-        hits, queries = _total(samples, _HITS), _total(samples, _QUERIES)
-        return cls(
-            running=_int(running),
-            waiting=_int(waiting),
-            kv_cache_usage=_mean(samples, _KV_USAGE),
-            prefix_cache_hits=_int(hits),
-            prefix_cache_queries=_int(queries),
-            cache_hit_rate=_mean(samples, _HIT_RATE),
-        )
-
-    @classmethod
-    def from_header(cls, value: str | None) -> LoadReport | None:
-        """Read vLLM's `endpoint-load-metrics` header (ORCA), in its TEXT or JSON form:
-        `TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0`.
-        None when there is no header or it says nothing this report holds."""
-        if not value:
+def report_from_header(value: str | None) -> LoadReport | None:
+    """Read vLLM's `endpoint-load-metrics` header (ORCA), in its TEXT or JSON form:
+    `TEXT named_metrics.kv_cache_usage_perc=0.4, named_metrics.num_requests_waiting=2.0`.
+    None when there is no header or it says nothing this report holds."""
+    if not value:
+        return None
+    form, _, rest = value.strip().partition(" ")
+    named: dict[str, float] = {}
+    if form.upper() == "TEXT":
+        for item in rest.split(","):
+            key, _, number = item.strip().partition("=")
+            name, number_value = key.removeprefix("named_metrics."), _float(number)
+            if name != key and number_value is not None:
+                named[name] = number_value
+    elif form.upper() == "JSON":
+        try:
+            data = json.loads(rest)
+        except json.JSONDecodeError:
             return None
-        form, _, rest = value.strip().partition(" ")
-        named: dict[str, float] = {}
-        if form.upper() == "TEXT":
-            for item in rest.split(","):
-                key, _, number = item.strip().partition("=")
-                name, number_value = key.removeprefix("named_metrics."), _float(number)
-                if name != key and number_value is not None:
-                    named[name] = number_value
-        elif form.upper() == "JSON":
-            try:
-                data = json.loads(rest)
-            except json.JSONDecodeError:
-                return None
-            metrics = data.get("named_metrics") if isinstance(data, dict) else None
-            if isinstance(metrics, dict):
-                named = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-        fields: dict[str, float] = {
-            _HEADER_NAMES[k]: v
-            for k, v in named.items()
-            if k in _HEADER_NAMES and not math.isnan(v)
-        }
-        if not fields:
-            return None
-        return cls(
-            running=_int(fields.get("running")),
-            waiting=_int(fields.get("waiting")),
-            kv_cache_usage=fields.get("kv_cache_usage"),
-        )
+        metrics = data.get("named_metrics") if isinstance(data, dict) else None
+        if isinstance(metrics, dict):
+            named = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+    fields: dict[str, float] = {
+        _HEADER_NAMES[k]: v for k, v in named.items() if k in _HEADER_NAMES and not math.isnan(v)
+    }
+    if not fields:
+        return None
+    return LoadReport(
+        running=_int(fields.get("running")),
+        waiting=_int(fields.get("waiting")),
+        kv_cache_usage=fields.get("kv_cache_usage"),
+    )
 
 
 def parse_prometheus(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

@@ -28,6 +28,7 @@ from orchestrator import (
     Hints,
     LLMRequest,
     LLMResponse,
+    LoadReport,
     Message,
     ToolCall,
     Usage,
@@ -36,7 +37,7 @@ from orchestrator import (
 )
 
 from ._dialects import DIALECTS, encode, merge
-from ._load import LoadReport
+from ._load import report_from_header, report_from_metrics
 from ._simtext import render as render_prompt
 
 Api = Literal["chat", "completions"]
@@ -165,7 +166,7 @@ class OpenAIBackend:
             started = clock.monotonic()
             raw = await endpoint.with_raw_response.create(**kwargs)
             self.last_load_report = raw.headers.get("endpoint-load-metrics")
-            self.last_load = LoadReport.from_header(self.last_load_report)
+            self.last_load = report_from_header(self.last_load_report)
             if self.stream:
                 assembly = _Assembly()
                 async with raw.parse() as chunks:
@@ -226,7 +227,7 @@ class OpenAIBackend:
             text = await client.get(
                 f"{self.root}/metrics", cast_to=str, options={"timeout": self.probe_timeout_s}
             )
-        return LoadReport.from_metrics(text)
+        return report_from_metrics(text)
 
     def _body(self, request: LLMRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {

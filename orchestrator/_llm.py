@@ -147,6 +147,67 @@ class LLMBackend(Protocol):
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse: ...
 
 
+@dataclass(frozen=True, slots=True)
+class LoadReport:
+    """One server's load at one moment; a field is None where the server does not say.
+
+    `running` and `waiting`: requests in the batch and in the queue. `kv_cache_usage`: the
+    fraction of the KV cache in use (0 to 1). `prefix_cache_hits` / `prefix_cache_queries`:
+    prompt tokens served from the prefix cache / looked up, since the server started.
+    `cache_hit_rate`: a hit rate the server computes itself over a recent window (SGLang).
+    """
+
+    running: int | None = None
+    waiting: int | None = None
+    kv_cache_usage: float | None = None
+    prefix_cache_hits: int | None = None
+    prefix_cache_queries: int | None = None
+    cache_hit_rate: float | None = None
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Prefix-cache hits over lookups since start, else the server's own recent rate."""
+        if self.prefix_cache_hits is not None and self.prefix_cache_queries:
+            return self.prefix_cache_hits / self.prefix_cache_queries
+        return self.cache_hit_rate
+
+
+# --- capabilities ---------------------------------------------------------------------------
+# An optional feature of a backend is its own small protocol, checked once when the engine
+# starts (`capabilities`), never looked up with getattr per call. A wrapper (a router, a
+# grouper) implements each of them and answers for what it wraps, by the same protocols.
+
+
+@runtime_checkable
+class ProgramAware(Protocol):
+    """A backend that keeps something per program (an SGLang session) and wants to hear
+    when a program has ended, whether or not its last call said so."""
+
+    async def program_done(self, program_id: str) -> None: ...
+
+
+@runtime_checkable
+class HealthChecked(Protocol):
+    """A backend that can be probed: `check()` raises `BackendUnavailableError` when down."""
+
+    async def check(self) -> None: ...
+
+
+@runtime_checkable
+class LoadReporting(Protocol):
+    """A backend that can say how busy its server is (from the server's own metrics)."""
+
+    async def load(self) -> LoadReport: ...
+
+
+@runtime_checkable
+class FailureIsolating(Protocol):
+    """A backend that isolates its own failures (a router ejects a failing replica), so the
+    engine puts no circuit breaker over it: one breaker would stop the healthy replicas too."""
+
+    def isolates_failures(self) -> bool: ...
+
+
 @runtime_checkable
 class WallClockBackend(Protocol):
     """A backend that waits on the world outside the process (a socket, a server).
@@ -157,3 +218,26 @@ class WallClockBackend(Protocol):
     """
 
     def needs_wall_clock(self) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What one backend declared, read once when the engine starts."""
+
+    program_aware: bool = False
+    health_checked: bool = False
+    load_reporting: bool = False
+    isolates_failures: bool = False
+    needs_wall_clock: bool = False
+
+
+def capabilities(backend: object) -> Capabilities:
+    """Read the optional protocols `backend` implements (the isinstance checks are slow:
+    call this once per backend, not per call)."""
+    return Capabilities(
+        program_aware=isinstance(backend, ProgramAware),
+        health_checked=isinstance(backend, HealthChecked),
+        load_reporting=isinstance(backend, LoadReporting),
+        isolates_failures=isinstance(backend, FailureIsolating) and backend.isolates_failures(),
+        needs_wall_clock=isinstance(backend, WallClockBackend) and backend.needs_wall_clock(),
+    )

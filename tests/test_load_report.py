@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from executors import LoadReport, OpenAIBackend, SimHTTP, SimServer
-from executors._load import parse_prometheus
+from executors._load import parse_prometheus, report_from_header, report_from_metrics
 from orchestrator import Hints, LLMRequest, LLMResponse, Message, VirtualClock
 
 # vLLM v1 with two data-parallel engines: prometheus_client appends `_total` to counters and
@@ -116,12 +116,12 @@ llamacpp:requests_deferred 2
     ids=["vllm", "vllm-v0", "sglang", "llamacpp", "empty"],
 )
 def test_each_servers_metrics_become_one_load_report(text: str, expected: LoadReport) -> None:
-    assert LoadReport.from_metrics(text) == expected
+    assert report_from_metrics(text) == expected
 
 
 def test_the_hit_rate_prefers_the_counters_over_the_servers_window() -> None:
-    assert LoadReport.from_metrics(VLLM).hit_rate == 0.6
-    assert LoadReport.from_metrics(SGLANG).hit_rate == 0.65
+    assert report_from_metrics(VLLM).hit_rate == 0.6
+    assert report_from_metrics(SGLANG).hit_rate == 0.65
     assert LoadReport(cache_hit_rate=0.61).hit_rate == 0.61
     assert LoadReport(prefix_cache_hits=0, prefix_cache_queries=0).hit_rate is None
 
@@ -150,7 +150,7 @@ no_value
 
 def test_nan_counts_as_absent() -> None:
     text = 'vllm:kv_cache_usage_perc{engine="0"} NaN\nvllm:num_requests_running{engine="0"} 2\n'
-    assert LoadReport.from_metrics(text) == LoadReport(running=2)
+    assert report_from_metrics(text) == LoadReport(running=2)
 
 
 @pytest.mark.parametrize(
@@ -174,7 +174,7 @@ def test_nan_counts_as_absent() -> None:
 def test_vllms_orca_header_becomes_a_load_report(
     header: str | None, expected: LoadReport | None
 ) -> None:
-    assert LoadReport.from_header(header) == expected
+    assert report_from_header(header) == expected
 
 
 # --- against the simulator over HTTP ----------------------------------------------------------

@@ -34,6 +34,8 @@ EXPECTED = {
         "KeepAlive", "PausePredictor", "CacheBudget",
         "Breaker", "CallRetry", "CallRetrying", "CircuitBreaker", "CircuitOpenError",
         "CircuitState",
+        "Capabilities", "FailureIsolating", "HealthChecked", "LoadReport", "LoadReporting",
+        "ProgramAware", "capabilities",
     },
     "executors": {
         "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",
