@@ -8,12 +8,14 @@ from typing import Any
 
 from orchestrator import (
     DEFAULT_BACKEND,
+    ActionSpec,
     LLMCall,
     LLMRequest,
     Message,
     Sampling,
     TaskContext,
     UsageError,
+    registered_name,
 )
 
 Prompt = str | Callable[[TaskContext], str]
@@ -76,9 +78,19 @@ class Agent:
             text = prompt if isinstance(prompt, str) else prompt(ctx)
             return self.request(text, max_tokens=max_tokens, extra_body=extra)
 
+        args: dict[str, Any] = {"model": self.model, "backend": self.backend}
+        if isinstance(prompt, str):
+            args["prompt"] = prompt
+        else:
+            args["prompt_from"] = registered_name(prompt)
+        if max_tokens is not None:
+            args["max_tokens"] = max_tokens
+        if extra:
+            args["extra_body"] = extra
         return LLMCall(
             build=build,
             backend=self.backend,
             label=f"{self.name} asks {self.model}",
             expected_output_tokens=expected_output_tokens or max_tokens or self.max_tokens,
+            description=ActionSpec("llm", self.name, args),
         )

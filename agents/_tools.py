@@ -7,7 +7,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import DEFAULT_TOOL_RESOURCE, TaskContext, ToolSpec, UsageError
+from orchestrator import (
+    DEFAULT_TOOL_RESOURCE,
+    ActionSpec,
+    TaskContext,
+    ToolSpec,
+    UsageError,
+    registered_name,
+)
 
 Args = Mapping[str, Any] | Callable[[TaskContext], Mapping[str, Any]]
 
@@ -38,6 +45,14 @@ class ToolAction:
     @property
     def label(self) -> str:
         return f"tool {self.tool.name}"
+
+    @property
+    def spec(self) -> ActionSpec:
+        """The tool by name, with its arguments when they are fixed data, else the
+        registered name of the function that builds them from the task's inputs."""
+        if callable(self.args):
+            return ActionSpec("tool", self.tool.name, {"args_from": registered_name(self.args)})
+        return ActionSpec("tool", self.tool.name, {"args": dict(self.args)})
 
     async def run(self, ctx: TaskContext) -> Any:
         args = self.args(ctx) if callable(self.args) else self.args

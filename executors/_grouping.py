@@ -16,7 +16,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from types import TracebackType
 
-from orchestrator import Hints, LLMBackend, LLMRequest, LLMResponse, WallClockBackend
+from orchestrator import (
+    FailureIsolating,
+    Hints,
+    LLMBackend,
+    LLMRequest,
+    LLMResponse,
+    WallClockBackend,
+)
 
 from ._prefix import Tokenize, prompt_hashes
 
@@ -55,10 +62,10 @@ class PrefixGrouper:
         self._calls = 0
         self._held = 0
 
-    @property
     def isolates_failures(self) -> bool:
         """As the backend it wraps (a `Router` does)."""
-        return bool(getattr(self.backend, "isolates_failures", False))
+        inner = self.backend
+        return isinstance(inner, FailureIsolating) and inner.isolates_failures()
 
     async def __aenter__(self) -> PrefixGrouper:
         if isinstance(self.backend, contextlib.AbstractAsyncContextManager):

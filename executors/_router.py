@@ -67,9 +67,10 @@ class Router:
     what it sent somewhere stays there.
     """
 
-    isolates_failures = True
-    """Failing replicas are ejected here, one by one: the engine puts no circuit breaker over
-    the whole router (it would stop every replica for one replica's faults)."""
+    def isolates_failures(self) -> bool:
+        """Failing replicas are ejected here, one by one: the engine puts no circuit breaker
+        over the whole router (it would stop every replica for one replica's faults)."""
+        return True
 
     def __init__(
         self,

@@ -5,9 +5,10 @@ This package owns the loop and the protocols (LLM backend, clock, actions); `exe
 """
 
 from ._admission import Limits, ResourceStats
+from ._calls import CallSite, LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._config import BackendKind, Config, ConfigSection, load_config
-from ._context import TaskContext
+from ._context import TaskContext, WorkflowEditor
 from ._engine import Engine, EngineStats, RunHandle
 from ._errors import (
     BackendError,
@@ -35,6 +36,8 @@ from ._errors import (
 from ._events import (
     EVENT_ADAPTER,
     FINAL_STATES,
+    ActionKind,
+    ActionSpec,
     CallRetrying,
     DeadlineMissed,
     EdgeAdded,
@@ -43,6 +46,7 @@ from ._events import (
     TaskAdded,
     TaskCancelled,
     TaskFailed,
+    TaskOptions,
     TaskReady,
     TaskRemoved,
     TaskReplaced,
@@ -98,11 +102,15 @@ from ._task import (
     DEFAULT_FUNCTION_RESOURCE,
     DEFAULT_TOOL_RESOURCE,
     Action,
+    Describable,
     FunctionAction,
     LLMCall,
     Retry,
     Task,
+    TaskRun,
     Trigger,
+    describe,
+    registered_name,
 )
 from ._workflow import Workflow
 
@@ -113,6 +121,8 @@ __all__ = [
     "EVENT_ADAPTER",
     "FINAL_STATES",
     "Action",
+    "ActionKind",
+    "ActionSpec",
     "BackendError",
     "BackendKind",
     "BackendOverloadedError",
@@ -122,6 +132,7 @@ __all__ = [
     "Capabilities",
     "Breaker",
     "CallRetry",
+    "CallSite",
     "CallRetrying",
     "CircuitBreaker",
     "CircuitOpenError",
@@ -132,6 +143,7 @@ __all__ = [
     "ConfigSection",
     "CycleError",
     "DeadlineMissed",
+    "Describable",
     "DeadlockError",
     "DuplicateTaskError",
     "EdgeAdded",
@@ -146,6 +158,7 @@ __all__ = [
     "Hints",
     "LLMBackend",
     "LLMCall",
+    "LLMCalls",
     "LLMRequest",
     "LLMResponse",
     "Las",
@@ -178,7 +191,9 @@ __all__ = [
     "TaskCancelledError",
     "TaskContext",
     "TaskFailed",
+    "TaskOptions",
     "TaskReady",
+    "TaskRun",
     "TaskRemoved",
     "TaskReplaced",
     "TaskRetrying",
@@ -198,16 +213,19 @@ __all__ = [
     "VirtualClock",
     "WallClockBackend",
     "Workflow",
+    "WorkflowEditor",
     "WorkflowFailedError",
     "WorkflowFinished",
     "WorkflowStarted",
     "WorkflowStateError",
     "WorkflowStatus",
     "capabilities",
+    "describe",
     "get_policy",
     "load_config",
     "order",
     "order_programs",
+    "registered_name",
     "remaining_critical_path",
     "run_sync",
     "running_clock",

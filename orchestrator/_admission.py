@@ -11,10 +11,14 @@ import heapq
 from collections import deque
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ._errors import OverloadedError, UsageError
-from ._task import DEFAULT_FUNCTION_RESOURCE, DEFAULT_TOOL_RESOURCE, Task
+
+DEFAULT_FUNCTION_RESOURCE = "local"
+"""The resource a Python function task is admitted on unless it names another."""
+DEFAULT_TOOL_RESOURCE = "tools"
+"""The resource a tool call is admitted on unless it names another."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +64,18 @@ class Ticket:
         self.future = future
 
 
-Queued = Task | Ticket
+class Queued(Protocol):
+    """What waits in a queue: a ready task's run state, or a `Ticket`. An entry whose state
+    left "ready", or whose `ready_seq` changed since it was queued, is stale and skipped."""
+
+    @property
+    def resource(self) -> str: ...
+
+    @property
+    def ready_seq(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +140,7 @@ class Admission:
     def names(self) -> list[str]:
         return list(self._resources)
 
-    def push(self, program: Hashable, task: Queued) -> None:
+    def push(self, program: Any, task: Queued) -> None:
         """Queue a ready task; `OverloadedError` if its resource's wait queue is full."""
         res = self._resources[task.resource]
         if res.waiting >= res.limits.max_waiting:

@@ -2,35 +2,79 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
 
+from ._calls import CallSite, LLMCalls, Program
 from ._clock import Clock
-from ._llm import LLMRequest, LLMResponse, Usage
-from ._task import DEFAULT_BACKEND
-
-if TYPE_CHECKING:
-    from ._workflow import Workflow
+from ._llm import DEFAULT_BACKEND, LLMRequest, LLMResponse, Usage
 
 T = TypeVar("T")
 
 
-class _Runtime(Protocol):
-    """What a context needs from the engine; implemented by the engine's run state."""
+class WorkflowEditor(Protocol):
+    """The running workflow as a task sees it: read it, and change it while it runs.
 
-    async def complete(
+    It is the task's own `Workflow` (this protocol names its methods so that the context
+    does not depend on the workflow module, which depends on tasks, which take a context)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def id(self) -> str: ...
+
+    def __contains__(self, task_id: object) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+    def add(
         self,
-        ctx: TaskContext,
-        request: LLMRequest,
-        backend: str,
+        task_id: str,
+        action: Any,
         *,
-        expected_output_tokens: int | None,
-        keep_alive_s: float | None,
-        last_call: bool,
-        prefix_key: str | None,
-    ) -> LLMResponse: ...
+        after: Iterable[str] = (),
+        before: Iterable[str] = (),
+        retry: Any = None,
+        timeout: float | None = None,
+        resource: str | None = None,
+        estimate: float | None = None,
+        when: Callable[[Mapping[str, Any]], bool] | None = None,
+        trigger: Any = "all_success",
+    ) -> str: ...
 
-    def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]: ...
+    def add_edge(self, source: str, target: str) -> None: ...
+
+    def remove_edge(self, source: str, target: str) -> None: ...
+
+    def remove(self, task_id: str) -> None: ...
+
+    def replace(
+        self,
+        task_id: str,
+        action: Any,
+        *,
+        retry: Any = None,
+        timeout: float | None = None,
+        resource: str | None = None,
+        estimate: float | None = None,
+    ) -> None: ...
+
+    def dependencies(self, task_id: str) -> list[str]: ...
+
+    def dependents(self, task_id: str) -> list[str]: ...
+
+
+class Caller(Program, Protocol):
+    """The run a task belongs to, as its context needs it (a `Run` implements it)."""
+
+    def next_steps(self, task_id: str) -> Sequence[tuple[str, str]]:
+        """(label, resource) of the tasks waiting for `task_id`."""
+        ...
+
+    def is_last_call(self, task_id: str) -> bool: ...
+
+    def holds_slot(self, task_id: str, backend: str) -> bool: ...
 
 
 class TaskContext:
@@ -40,16 +84,30 @@ class TaskContext:
     succeeded, for tasks with `trigger="all_done"`).
     """
 
-    __slots__ = ("workflow", "task_id", "inputs", "attempt", "clock", "usage", "llm_calls", "_rt")
+    __slots__ = (
+        "workflow",
+        "task_id",
+        "inputs",
+        "attempt",
+        "clock",
+        "usage",
+        "llm_calls",
+        "_calls",
+        "_caller",
+        "_to_thread",
+    )
 
     def __init__(
         self,
-        workflow: Workflow,
+        workflow: WorkflowEditor,
         task_id: str,
         inputs: Mapping[str, Any],
         attempt: int,
         clock: Clock,
-        runtime: _Runtime,
+        *,
+        calls: LLMCalls,
+        caller: Caller,
+        to_thread: Callable[..., Awaitable[Any]],
     ) -> None:
         self.workflow = workflow
         self.task_id = task_id
@@ -58,7 +116,9 @@ class TaskContext:
         self.clock = clock
         self.usage = Usage()
         self.llm_calls = 0
-        self._rt = runtime
+        self._calls = calls
+        self._caller = caller
+        self._to_thread = to_thread
 
     def input(self, task_id: str) -> Any:
         """The result of dependency `task_id`, with a clear error if it is not an input."""
@@ -73,7 +133,8 @@ class TaskContext:
 
     async def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run blocking `fn` in the engine's worker threads (bounded by `Engine(threads=)`)."""
-        return await self._rt.to_thread(fn, *args, **kwargs)
+        result: T = await self._to_thread(fn, *args, **kwargs)
+        return result
 
     async def complete(
         self,
@@ -90,8 +151,16 @@ class TaskContext:
         A task that is not itself an LLM task on `backend` (a function running an agent
         loop, say) waits for a slot of that backend first, in the scheduler's order, so the
         backend's `max_in_flight` holds for every call."""
-        response = await self._rt.complete(
-            self,
+        caller, task_id = self._caller, self.task_id
+        site = CallSite(
+            task_id,
+            holds_slot=caller.holds_slot(task_id, backend),
+            next_steps=caller.next_steps(task_id),
+            last_call=caller.is_last_call(task_id),
+        )
+        response = await self._calls.complete(
+            caller,
+            site,
             request,
             backend,
             expected_output_tokens=expected_output_tokens,

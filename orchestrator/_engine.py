@@ -5,20 +5,20 @@
 
 Everything else is a named call out of that loop. Task bodies run as asyncio tasks in the
 engine's TaskGroup and report back through the inbox; they never touch run state directly
-except through the workflow's validated mutations.
+except through the workflow's validated mutations. The LLM call path belongs to `LLMCalls`,
+each workflow's state to its `Run`; the engine wires them together and owns the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import contextvars
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar, cast
 
 from tenacity import (
     AsyncRetrying,
@@ -29,6 +29,8 @@ from tenacity import (
 )
 
 from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
+from ._bus import EventBus
+from ._calls import LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._context import TaskContext
 from ._errors import (
@@ -38,19 +40,13 @@ from ._errors import (
     UsageError,
     WorkflowStateError,
 )
-from ._events import DeadlineMissed, Event, TaskRetrying, TaskStarted, WorkflowStarted
-from ._keepalive import DEFAULT_KEEP_ALIVE, CacheBudget, KeepAlive, PausePredictor
-from ._llm import Hints, LLMBackend, LLMRequest, Usage, WallClockBackend
-from ._resilience import (
-    DEFAULT_BREAKER,
-    DEFAULT_CALL_RETRY,
-    Breaker,
-    CallRetry,
-    CircuitBreaker,
-)
-from ._run import Run, RunResult
-from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, urgency
-from ._task import LLMCall, Task, check_seconds, check_serializable
+from ._events import DeadlineMissed, Event, TaskState, WorkflowStarted
+from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
+from ._llm import LLMBackend, Usage
+from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
+from ._run import Run, RunResult, RunServices
+from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key
+from ._task import TaskRun, check_seconds, check_serializable
 from ._workflow import Workflow
 
 
@@ -63,8 +59,8 @@ class _Outcome:
     def __init__(
         self,
         run: Run,
-        task: Task,
-        state: Literal["done", "failed", "cancelled"],
+        task: TaskRun,
+        state: TaskState,
         result: Any,
         error: BaseException | None,
         usage: Usage,
@@ -148,41 +144,49 @@ class Engine:
         call_retry: CallRetry = DEFAULT_CALL_RETRY,
         breaker: Breaker | None = DEFAULT_BREAKER,
     ) -> None:
-        self.backends: dict[str, LLMBackend] = dict(backends or {})
-        # Keep-alive hints go to LLM backends: without one, nothing to learn pauses for.
-        self.pauses = PausePredictor(keep_alive) if keep_alive and self.backends else None
+        backends = dict(backends or {})
         self.policy = get_policy(policy)
         self._clock = clock
         merged = dict(DEFAULT_LIMITS)
-        for name in self.backends:
+        for name in backends:
             merged.setdefault(name, Limits())
         merged.update(limits or {})
         static = self._static_key if self.policy.static else None
         self.admission = Admission(merged, static_key=static, held=self._held_back)
-        self._budgets = {
-            name: CacheBudget(lim.kv_tokens)
-            for name, lim in merged.items()
-            if lim.kv_tokens is not None
-        }
+        self.bus = EventBus()
+        self.calls = LLMCalls(
+            backends,
+            policy=self.policy,
+            limits=merged,
+            admission=self.admission,
+            bus=self.bus,
+            wake=self.wake,
+            next_seq=self.next_seq,
+            keep_alive=keep_alive,
+            call_retry=call_retry,
+            breaker=breaker,
+        )
         self.max_workflows = max_workflows
         self.default_estimate = default_estimate
         if threads < 1:
             raise UsageError(f"Engine(threads={threads}) must be at least 1")
         self.threads = threads
-        self.call_retry = call_retry
-        self.breaker = breaker
-        self._circuits: dict[str, CircuitBreaker] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._services: RunServices | None = None
         self._runs: dict[str, Run] = {}
+        self._settled: list[Run] = []
+        self._applying = False
         self._programs = 0
         self._seq = 0
         self._finished = 0
-        self._events: list[tuple[Run, Event]] = []
-        self._listeners: list[asyncio.Queue[Event]] = []
         self._inbox: asyncio.Queue[_Outcome | _Wake] | None = None
         self._woken = False
         self._tg: asyncio.TaskGroup | None = None
         self._closing = False
+
+    @property
+    def backends(self) -> Mapping[str, LLMBackend]:
+        return self.calls.backends
 
     @property
     def clock(self) -> Clock:
@@ -199,13 +203,22 @@ class Engine:
         if self._clock is None:
             self._clock = running_clock()
         self._clock.check_running_loop()
-        if isinstance(self._clock, VirtualClock):
-            _refuse_wall_clock_backends(self.backends)
+        tg = asyncio.TaskGroup()
+        self.calls.start(self._clock, tg, virtual=isinstance(self._clock, VirtualClock))
+        self._services = RunServices(
+            clock=self._clock,
+            policy=self.policy,
+            admission=self.admission,
+            bus=self.bus,
+            next_seq=self.next_seq,
+            changed=self._changed,
+            default_estimate=self.default_estimate,
+        )
         self._inbox = asyncio.Queue()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="plait-task"
         )
-        self._tg = asyncio.TaskGroup()
+        self._tg = tg
         await self._tg.__aenter__()
         self._tg.create_task(self._loop(), name="plait-engine")
         return self
@@ -232,6 +245,7 @@ class Engine:
             return None
         finally:
             self._abandon_runs()
+            self.calls.stop()
             if self._executor is not None:
                 # A stuck sync function keeps its thread; the engine does not wait for it.
                 self._executor.shutdown(wait=False, cancel_futures=True)
@@ -250,11 +264,13 @@ class Engine:
         assert self._inbox is not None
         inbox = self._inbox
         while True:
+            self._finish_settled()  # first: a finished run may free what others wait for
             self._admit()
-            self._flush()
+            self.bus.flush()
             if self._closing and not self._runs:
                 return
             item = await inbox.get()
+            self._applying = True
             while True:
                 if isinstance(item, _Outcome):
                     self._apply(item)
@@ -263,6 +279,7 @@ class Engine:
                 if inbox.empty():
                     break
                 item = inbox.get_nowait()
+            self._applying = False
 
     def _admit(self) -> None:
         now = self.clock.monotonic()
@@ -273,62 +290,75 @@ class Engine:
                 if not item.future.done():
                     item.future.set_result(None)
             else:
-                self._start(run, item)
+                self._start(run, cast(TaskRun, item))
 
     def _static_key(self, run: Run) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(0.0), 0.0)
 
-    def _start(self, run: Run, task: Task) -> None:
+    def _held_back(self, run: Run, resource: str) -> bool:
+        return self.calls.held_back(run, resource)
+
+    def _start(self, run: Run, record: TaskRun) -> None:
         assert self._tg is not None
-        task.state = "running"
-        task.attempts = 1
-        task.started_at = self.clock.monotonic()
-        run.running += 1
-        if run.observed:
-            run.emit(TaskStarted(workflow=run.id, task=task.id, attempt=1, at=task.started_at))
-        handle = self._tg.create_task(self._execute(run, task), name=f"{run.id}/{task.id}")
-        handle.add_done_callback(functools.partial(self._report, run, task))
-        task.handle = handle
+        run.begin(record)
+        handle = self._tg.create_task(self._execute(run, record), name=f"{run.id}/{record.id}")
+        handle.add_done_callback(functools.partial(self._report, run, record))
+        record.handle = handle
 
     def _apply(self, outcome: _Outcome) -> None:
-        run, task = outcome.run, outcome.task
-        self.admission.release(task.resource)
-        task.handle = None
-        run.running -= 1
-        run.record(outcome.elapsed, outcome.llm_calls, outcome.usage)
+        run, record = outcome.run, outcome.task
+        self.admission.release(record.resource)
         if not outcome.llm_calls:
-            if self.pauses is not None and outcome.state == "done":
-                self.pauses.observe(task.action.label, outcome.elapsed)  # a tool's pause
-            if self._budgets and task.resource in self._budgets:
-                self._budgets[task.resource].unreserve(run.id)  # let in, made no call
-        if task.state in ("running", "waiting"):
-            if outcome.state == "cancelled":
-                reason = task.cancel_reason or run.cancelling or "cancelled"
-                run.finalize(task, "cancelled", reason=reason)
-            else:
-                run.finalize(
-                    task,
-                    outcome.state,
-                    result=outcome.result,
-                    error=outcome.error,
-                    usage=outcome.usage if outcome.llm_calls else None,
-                    llm_calls=outcome.llm_calls,
-                )
-        run._maybe_finish()
+            task = record.task
+            self.calls.task_ended(
+                run.id, task.action.label, record.resource, outcome.elapsed, outcome.state == "done"
+            )
+        run.ended(
+            record,
+            outcome.state,
+            result=outcome.result,
+            error=outcome.error,
+            usage=outcome.usage,
+            llm_calls=outcome.llm_calls,
+            elapsed=outcome.elapsed,
+        )
+
+    def _changed(self, run: Run) -> None:
+        """A run tells the engine to look at it again (work became ready, or it ended)."""
+        if run.complete:
+            self._settled.append(run)
+        if not self._applying:
+            self.wake()
+
+    def _finish_settled(self) -> None:
+        while self._settled:
+            settled, self._settled = self._settled, []
+            for run in settled:
+                if run.complete and not run.done.done():
+                    self._finish(run)
 
     # --- running one task --------------------------------------------------------------------
 
-    async def _execute(self, run: Run, task: Task) -> _Outcome:
+    async def _execute(self, run: Run, task: TaskRun) -> _Outcome:
         """Run a task's attempts and say how it ended. Raises only when the engine itself
         is cancelled; `_report` turns that (and a cancel before the first step) into an
         outcome too, so every started task reports exactly once."""
         started = self.clock.monotonic()
-        ctx = TaskContext(run.workflow, task.id, run.inputs_of(task), 1, self.clock, run)
-        state: Literal["done", "failed", "cancelled"] = "done"
+        ctx = TaskContext(
+            run.workflow,
+            task.id,
+            run.inputs_of(task),
+            1,
+            self.clock,
+            calls=self.calls,
+            caller=run,
+            to_thread=self.to_thread,
+        )
+        state: TaskState = "done"
         result: Any = None
         error: BaseException | None = None
         try:
-            if task.retry.attempts == 1:
+            if task.task.retry.attempts == 1:
                 result = await self._attempt(task, ctx)
             else:
                 result = await self._with_retries(run, task, ctx)
@@ -354,7 +384,7 @@ class Engine:
         elapsed = self.clock.monotonic() - started
         return _Outcome(run, task, state, result, error, ctx.usage, ctx.llm_calls, elapsed)
 
-    def _report(self, run: Run, task: Task, handle: asyncio.Task[_Outcome]) -> None:
+    def _report(self, run: Run, task: TaskRun, handle: asyncio.Task[_Outcome]) -> None:
         assert self._inbox is not None
         if not handle.cancelled() and handle.exception() is None:
             self._inbox.put_nowait(handle.result())
@@ -363,7 +393,8 @@ class Engine:
         task.cancel_reason = task.cancel_reason or "the engine was closed"
         self._inbox.put_nowait(_Outcome(run, task, "cancelled", None, None, Usage(), 0, 0.0))
 
-    async def _attempt(self, task: Task, ctx: TaskContext) -> Any:
+    async def _attempt(self, record: TaskRun, ctx: TaskContext) -> Any:
+        task = record.task
         if task.timeout is None:
             return await task.action.run(ctx)
         deadline = asyncio.timeout(task.timeout)
@@ -375,23 +406,13 @@ class Engine:
                 raise TaskTimeoutError(task.id, task.timeout) from exc
             raise
 
-    async def _with_retries(self, run: Run, task: Task, ctx: TaskContext) -> Any:
-        spec = task.retry
+    async def _with_retries(self, run: Run, record: TaskRun, ctx: TaskContext) -> Any:
+        spec = record.task.retry
 
         def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             delay = state.upcoming_sleep
-            task.state = "waiting"
-            run.emit(
-                TaskRetrying(
-                    workflow=run.id,
-                    task=task.id,
-                    attempt=state.attempt_number,
-                    error=f"{type(error).__name__}: {error}",
-                    delay=delay,
-                    at=self.clock.monotonic(),
-                )
-            )
+            run.retry_waits(record, state.attempt_number, f"{type(error).__name__}: {error}", delay)
             self.wake()
 
         retrying = AsyncRetrying(
@@ -408,16 +429,10 @@ class Engine:
             with attempt:
                 number = attempt.retry_state.attempt_number
                 if number > 1:
-                    task.state = "running"
-                    task.attempts = number
                     ctx.attempt = number
-                    run.emit(
-                        TaskStarted(
-                            workflow=run.id, task=task.id, attempt=number, at=self.clock.monotonic()
-                        )
-                    )
+                    run.retry_starts(record, number)
                     self.wake()
-                return await self._attempt(task, ctx)
+                return await self._attempt(record, ctx)
         raise AssertionError("unreachable: tenacity reraises the last error")
 
     # --- services for running tasks (TaskContext) --------------------------------------------
@@ -429,133 +444,11 @@ class Engine:
         call = functools.partial(context.run, fn, *args, **kwargs)
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
-    @contextlib.asynccontextmanager
-    async def slot(self, run: Run, resource: str) -> AsyncIterator[None]:
-        """Hold one in-flight place of `resource`, waiting for it in the scheduler's order."""
-        ticket = Ticket(resource, self.next_seq(), asyncio.get_running_loop().create_future())
-        self.admission.push(run, ticket)  # OverloadedError if its queue is full
-        self.wake()
-        try:
-            await ticket.future
-        except asyncio.CancelledError:
-            if ticket.state == "ready":
-                self.admission.discard(ticket)
-            elif ticket.state == "running":
-                self.admission.release(resource)
-                self.wake()
-            ticket.state = "cancelled"
-            raise
-        try:
-            yield
-        finally:
-            ticket.state = "done"
-            self.admission.release(resource)
-            self.wake()
-
-    # --- the LLM call path (TaskContext.complete) --------------------------------------------
-
-    def hints_for(self, run: Run, **fields: Any) -> Hints:
-        now = self.clock.monotonic()
-        view = run.view(now)
-        return Hints(
-            program_id=run.id,
-            urgency=urgency(self.policy, view, now),
-            priority_class=run.priority_class,
-            deadline_s=None if run.deadline is None else run.deadline - now,
-            **fields,
-        )
-
-    def keep_alive_for(self, run: Run, task_id: str, request: LLMRequest) -> float | None:
-        """The pause expected after this call: that of the tools the task's dependents run,
-        else of the tools the request offers the model (an agent loop inside one task)."""
-        if self.pauses is None:
-            return None
-        wf = run.workflow
-        tools = [
-            wf._tasks[d].action.label
-            for d in wf.dependents(task_id)
-            if wf._tasks[d].resource not in self.backends
-        ]
-        if not tools:
-            tools = [f"tool {t.name}" for t in request.tools]
-        return self.pauses.predict(tools)
-
-    def _held_back(self, run: Run, resource: str) -> bool:
-        return self._budgets[resource].holds_back(run.id, self.clock.monotonic())
-
-    def call_started(self, run: Run, backend: str, context: int) -> None:
-        """A call of `run` with a `context`-token prompt is going to `backend` (hold-back)."""
-        budget = self._budgets.get(backend)
-        if budget is not None:
-            budget.start(run.id, context)
-
-    def call_ended(self, run: Run, backend: str, context: int, held: int, keep_s: float) -> None:
-        """That call is over; `held` tokens stay in the server's cache for `keep_s`."""
-        budget = self._budgets.get(backend)
-        if budget is None:
-            return
-        budget.end(run.id, context, held, keep_s, self.clock.monotonic())
-        self.admission.look_again()
-        self.wake()
-        if keep_s > 0:  # then the budget frees: look again (a little late, never early)
-            asyncio.get_running_loop().call_later(keep_s * 1.0001 + 1e-6, self._cache_expired)
-
-    def _cache_expired(self) -> None:
-        self.admission.look_again()
-        self.wake()
-
-    def is_last_call(self, run: Run, task_id: str) -> bool:
-        """A one-call LLM task with nothing left after it in its run: the program's last call."""
-        task = run.workflow._tasks.get(task_id)
-        return (
-            task is not None
-            and isinstance(task.action, LLMCall)
-            and run.unfinished == 1
-            and not run.workflow.dependents(task_id)
-        )
-
     def circuit(self, backend: str) -> CircuitBreaker | None:
-        """The circuit breaker of backend `backend`: None if `Engine(breaker=None)`, or if
-        the backend isolates failures itself (`isolates_failures`: a router over replicas
-        ejects the failing one; one breaker over all of them would stop the healthy too)."""
-        if self.breaker is None or getattr(self.backends.get(backend), "isolates_failures", False):
-            return None
-        circuit = self._circuits.get(backend)
-        if circuit is None:
-            circuit = CircuitBreaker(self.breaker.failures, self.breaker.cooldown_s)
-            self._circuits[backend] = circuit
-        return circuit
-
-    def backend(self, name: str) -> LLMBackend:
-        try:
-            return self.backends[name]
-        except KeyError:
-            known = ", ".join(sorted(self.backends)) or "none"
-            raise UsageError(
-                f"no LLM backend named {name!r} (known: {known}); with plait run, add a "
-                f"[backends.{name}] table to the config file or return it from the module's "
-                "backends(clock); in Python, pass it to Engine(backends={...})"
-            ) from None
+        """The circuit breaker of backend `backend` (see `LLMCalls.circuit`)."""
+        return self.calls.circuit(backend)
 
     # --- events ------------------------------------------------------------------------------
-
-    @property
-    def has_listeners(self) -> bool:
-        return bool(self._listeners)
-
-    def emit(self, run: Run, event: Event) -> None:
-        self._events.append((run, event))
-
-    def _flush(self) -> None:
-        if not self._events:
-            return
-        events, self._events = self._events, []
-        listeners = self._listeners
-        for run, event in events:
-            for queue in run.subscribers:
-                queue.put_nowait(event)
-            for queue in listeners:
-                queue.put_nowait(event)
 
     def wake(self) -> None:
         """Make the loop look again (after a mutation or a note from a running task)."""
@@ -595,18 +488,20 @@ class Engine:
         if workflow.id in self._runs:
             workflow.id = f"{workflow.name}#{program}"
         now = self.clock.monotonic()
+        assert self._services is not None
         run = Run(
-            self,
             workflow,
             program,
+            self._services,
             priority_class=priority,
             deadline=None if deadline is None else now + deadline,
-            subscribers=[_subscriber] if _subscriber is not None else [],
         )
-        workflow._attach(run)
+        workflow._attach(run, run.records)
+        if _subscriber is not None:
+            self.bus.subscribe(run.id, _subscriber)
         try:
-            self.emit(
-                run,
+            self.bus.emit(
+                run.id,
                 WorkflowStarted(
                     workflow=run.id,
                     program=program,
@@ -617,7 +512,7 @@ class Engine:
             )
             self._runs[run.id] = run
             run.start()
-            if deadline is not None and not run.done.done():
+            if deadline is not None and not run.complete:
                 run.deadline_timer = asyncio.get_running_loop().call_later(
                     deadline, self._deadline_passed, run
                 )
@@ -625,7 +520,8 @@ class Engine:
             # Refused (an unknown resource, say): nothing ran, so the caller may fix the
             # workflow and submit it again; its half-told story leaves the event stream.
             self._runs.pop(run.id, None)
-            self._events = [(r, e) for r, e in self._events if r is not run]
+            self._settled = [r for r in self._settled if r is not run]
+            self.bus.drop(run.id)
             workflow._reset()
             raise
         self.wake()
@@ -661,12 +557,12 @@ class Engine:
     async def events(self) -> AsyncIterator[Event]:
         """Every event of every workflow from now on (until the consumer stops)."""
         queue: asyncio.Queue[Event] = asyncio.Queue()
-        self._listeners.append(queue)
+        self.bus.listen(queue)
         try:
             while True:
                 yield await queue.get()
         finally:
-            self._listeners.remove(queue)
+            self.bus.unlisten(queue)
 
     def cancel(self, workflow: Workflow | str, reason: str = "cancelled by the caller") -> None:
         """Cancel a running workflow: its running tasks are cancelled, the rest never start."""
@@ -679,7 +575,8 @@ class Engine:
     ) -> None:
         """Cancel one task; its dependents are skipped, the rest of the workflow goes on."""
         run = self._find(workflow)
-        run.cancel_task(run.workflow.task(task_id), reason)
+        run.workflow.task(task_id)  # UnknownTaskError if it has no such task
+        run.cancel_task(run.records[task_id], reason)
         self.wake()
 
     def _find(self, workflow: Workflow | str) -> Run:
@@ -694,56 +591,25 @@ class Engine:
     def _deadline_passed(self, run: Run) -> None:
         run.deadline_timer = None
         if not run.done.done() and run.deadline is not None:
-            self.emit(
-                run,
+            self.bus.emit(
+                run.id,
                 DeadlineMissed(workflow=run.id, deadline=run.deadline, at=self.clock.monotonic()),
             )
             self.wake()  # listeners hear it now, not with the next outcome
 
-    def finish(self, run: Run, result: RunResult) -> None:
-        """Called by a run when its last task is final."""
+    def _finish(self, run: Run) -> None:
+        """The run's last task is final: tell everyone, and let go of the workflow."""
+        result = run.result()
         if run.deadline_timer is not None:
             run.deadline_timer.cancel()
             run.deadline_timer = None
-        self.emit(run, run.finished_event(result))
+        self.bus.emit(run.id, run.finished_event(result))
         self._runs.pop(run.id, None)
         self._finished += 1
         self.admission.forget(run)
-        for budget in self._budgets.values():
-            budget.drop(run.id)
-        if self._budgets:
-            self.admission.look_again()
-        self._tell_backends_done(run.id)
+        self.calls.program_done(run.id)
         run.workflow._detach()
         run.done.set_result(result)
 
-    def _tell_backends_done(self, program_id: str) -> None:
-        """Backends that keep something per program (an SGLang session) hear that it ended,
-        whether or not its last call said so; best effort, in the background."""
-        if self._tg is None or self._closing:
-            return
-        for backend in self.backends.values():
-            note = getattr(backend, "program_done", None)
-            if note is not None:
-                self._tg.create_task(_quietly(note(program_id)))
-
     def stats(self) -> EngineStats:
         return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))
-
-
-async def _quietly(note: Awaitable[None]) -> None:
-    with contextlib.suppress(Exception):  # a courtesy to the server: nothing depends on it
-        await note
-
-
-def _refuse_wall_clock_backends(backends: Mapping[str, LLMBackend]) -> None:
-    """A virtual clock jumps to the next timer whenever every task waits, so it would jump
-    over a socket's wait straight to the call's timeout: refuse before the first call."""
-    for name, backend in backends.items():
-        if isinstance(backend, WallClockBackend) and backend.needs_wall_clock():
-            raise UsageError(
-                f"backend {name!r} ({type(backend).__name__}) talks to a server over the "
-                "network and needs the system clock, but the engine runs on a VirtualClock "
-                "(virtual time would jump over the wait to the call's timeout); use "
-                'clock=SystemClock() in Python, or clock = "system" / --clock system with plait run'
-            )

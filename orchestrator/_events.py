@@ -7,7 +7,7 @@ Events are frozen dataclasses tagged by `kind`; `Event` is their discriminated u
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter
 
@@ -22,6 +22,39 @@ waiting: between two attempts (retry backoff); the last four are final."""
 FINAL_STATES: frozenset[str] = frozenset({"done", "failed", "cancelled", "skipped"})
 
 WorkflowStatus = Literal["pending", "running", "succeeded", "failed", "cancelled"]
+
+
+ActionKind = Literal["function", "llm", "tool", "custom"]
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSpec:
+    """What a task runs, as data: enough to rebuild the action from a registry.
+
+    `kind`: a Python function, an agent's LLM call, a tool call, or another `Action`.
+    `name`: the registered name (`module:qualname` of a function or a prompt builder, the
+    agent's or tool's name, an action's class). `args`: the arguments as JSON-able data
+    (a tool's arguments, an LLM call's prompt and settings)."""
+
+    kind: ActionKind
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """A task's settings as data (the `when` condition by its registered name)."""
+
+    retry: int = 1
+    timeout: float | None = None
+    resource: str = ""
+    estimate: float | None = None
+    trigger: str = "all_success"
+    when: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,9 +93,12 @@ class DeadlineMissed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskAdded:
+    """A task joined the run: what it runs, its settings and what it waits for."""
+
     workflow: str
     task: str
-    action: str
+    action: ActionSpec
+    options: TaskOptions = TaskOptions()
     after: tuple[str, ...]
     at: float
     kind: Literal["task_added"] = "task_added"
@@ -72,7 +108,8 @@ class TaskAdded:
 class TaskReplaced:
     workflow: str
     task: str
-    action: str
+    action: ActionSpec
+    options: TaskOptions = TaskOptions()
     at: float
     kind: Literal["task_replaced"] = "task_replaced"
 
@@ -149,9 +186,12 @@ class CallRetrying:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TaskSucceeded:
+    """The task's result is in the event: JSON-able, as checked when the task ended."""
+
     workflow: str
     task: str
     duration: float
+    result: Any = None
     usage: Usage | None = None
     llm_calls: int = 0
     at: float

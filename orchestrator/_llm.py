@@ -15,6 +15,9 @@ from ._errors import UsageError
 
 Role = Literal["system", "user", "assistant", "tool"]
 
+DEFAULT_BACKEND = "default"
+"""The backend an LLM task uses unless it names another."""
+
 
 @dataclass(frozen=True, slots=True)
 class Message:

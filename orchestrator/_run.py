@@ -1,19 +1,23 @@
 """The state of one running workflow (one *program*): readiness, outcomes and its result.
 
 All of it runs on the engine's loop thread: the engine applies task outcomes here, and the
-workflow reports its mutations here (`_Hooks`), whoever makes them.
+workflow reports its mutations here (`_Hooks`), whoever makes them. Every change of a
+task's state goes through `Run._move`, and only there. The run knows nothing of the engine:
+what it needs (clock, policy, admission queues, the event bus) is handed to it
+(`RunServices`), and it tells whoever runs it that it changed through `services.changed`.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
+from ._admission import Admission
+from ._bus import EventBus
+from ._clock import Clock
 from ._errors import (
-    BackendError,
-    CircuitOpenError,
     OverloadedError,
     UnknownResourceError,
     WorkflowFailedError,
@@ -21,30 +25,26 @@ from ._errors import (
 )
 from ._events import (
     FINAL_STATES,
-    CallRetrying,
     EdgeAdded,
     EdgeRemoved,
-    Event,
     TaskAdded,
     TaskCancelled,
     TaskFailed,
     TaskReady,
     TaskRemoved,
     TaskReplaced,
+    TaskRetrying,
     TaskSkipped,
+    TaskStarted,
+    TaskState,
     TaskSucceeded,
     WorkflowFinished,
     WorkflowStatus,
 )
-from ._llm import LLMRequest, LLMResponse, Usage
-from ._resilience import call_with_retries
-from ._scheduler import PriorityClass, ProgramView, remaining_critical_path
-from ._task import Task
+from ._llm import Usage
+from ._scheduler import Policy, PriorityClass, ProgramView, remaining_critical_path
+from ._task import LLMCall, Task, TaskRun, describe
 from ._workflow import Workflow
-
-if TYPE_CHECKING:
-    from ._context import TaskContext
-    from ._engine import Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +103,24 @@ class RunResult:
         return self
 
 
-T = TypeVar("T")
-
 _VERBS = {"failed": "failed", "skipped": "was skipped", "cancelled": "was cancelled"}
+
+_Verdict = tuple[TaskState, BaseException | None, str | None]
+"""The final state a task takes instead of running, with its error or reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunServices:
+    """What a run needs from whoever runs it, handed down once (the engine builds it)."""
+
+    clock: Clock
+    policy: Policy
+    admission: Admission
+    bus: EventBus
+    next_seq: Callable[[], int]
+    changed: Callable[[Run], None]
+    """Look at this run again: a task of it became ready, or it may have ended."""
+    default_estimate: float = 1.0
 
 
 class Run:
@@ -113,23 +128,22 @@ class Run:
 
     def __init__(
         self,
-        engine: Engine,
         workflow: Workflow,
         program: int,
+        services: RunServices,
         *,
         priority_class: PriorityClass,
         deadline: float | None,
-        subscribers: list[asyncio.Queue[Event]],
     ) -> None:
-        self.engine = engine
         self.workflow = workflow
         self.id = workflow.id
         self.program = program
         self.priority_class: PriorityClass = priority_class
         self.deadline = deadline
-        self.subscribers = subscribers
+        self.services = services
+        self.records: dict[str, TaskRun] = {}
         self.attained = 0.0
-        self.started_at = engine.clock.monotonic()
+        self.started_at = services.clock.monotonic()
         self.unfinished = 0
         self.running = 0
         self.cancelling: str | None = None
@@ -137,23 +151,30 @@ class Run:
         self.llm_calls = 0
         self.usage = Usage()
         self.done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
+        self.complete = False
+        """Every task is final and none is running: the run can be finished."""
         self._remaining: float | None = None
         self.deadline_timer: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, program={self.program})"
 
+    # --- the one place a task's state changes ----------------------------------------------
+
+    def _move(self, record: TaskRun, state: TaskState) -> None:
+        record.state = state
+
     # --- scheduling ------------------------------------------------------------------------
 
     def view(self, now: float) -> ProgramView:
         remaining = 0.0
-        if self.engine.policy.needs_remaining and self.deadline is not None:
+        if self.services.policy.needs_remaining and self.deadline is not None:
             if self._remaining is None:
-                default = self.engine.default_estimate
+                default = self.services.default_estimate
                 unfinished = {
-                    t.id: (t.estimate if t.estimate is not None else default)
-                    for t in self.workflow
-                    if t.state not in FINAL_STATES
+                    r.task.id: (r.task.estimate if r.task.estimate is not None else default)
+                    for r in self.records.values()
+                    if r.state not in FINAL_STATES
                 }
                 self._remaining = remaining_critical_path(self.workflow.graph, unfinished)
             remaining = self._remaining
@@ -161,84 +182,206 @@ class Run:
             self.program, self.priority_class, self.attained, self.deadline, remaining
         )
 
+    # --- what a task's context asks (facts for its LLM calls) -----------------------------
+
+    def next_steps(self, task_id: str) -> Sequence[tuple[str, str]]:
+        tasks = self.workflow._tasks
+        return [
+            (tasks[d].action.label, tasks[d].resource)
+            for d in self.workflow.graph.successors(task_id)
+            if d in tasks
+        ]
+
+    def is_last_call(self, task_id: str) -> bool:
+        """A one-call LLM task with nothing left after it in its run: the program's last call."""
+        task = self.workflow._tasks.get(task_id)
+        return (
+            task is not None
+            and isinstance(task.action, LLMCall)
+            and self.unfinished == 1
+            and not self.workflow.graph.out_degree(task_id)
+        )
+
+    def holds_slot(self, task_id: str, backend: str) -> bool:
+        record = self.records.get(task_id)
+        return record is not None and record.resource == backend
+
     # --- start and readiness ---------------------------------------------------------------
 
     def start(self) -> None:
         graph = self.workflow.graph
-        for task in self.workflow:
+        tasks = list(self.workflow)
+        for task in tasks:
             self.validate(task)
-        now = self.engine.clock.monotonic()
+        records = self.records
+        for task in tasks:
+            records[task.id] = TaskRun(task)
+        now = self.services.clock.monotonic()
         observed = self.observed
-        for task in self.workflow:
-            task.waiting_on = graph.in_degree(task.id)
+        for task in tasks:
+            record = records[task.id]
+            record.waiting_on = graph.in_degree(task.id)
             if observed:
-                after = tuple(graph.predecessors(task.id))
-                label = task.action.label
-                self.emit(
-                    TaskAdded(workflow=self.id, task=task.id, action=label, after=after, at=now)
-                )
-        self.unfinished = len(self.workflow)
-        for task in list(self.workflow):
-            if task.waiting_on == 0 and task.state == "pending":
-                self._decide(task)
-        self._maybe_finish()
+                self._added_event(task, tuple(graph.predecessors(task.id)), now)
+        self.unfinished = len(records)
+        for record in list(records.values()):
+            if record.waiting_on == 0 and record.state == "pending":
+                self._decide(record)
+        self._check_complete()
+
+    def _added_event(self, task: Task, after: tuple[str, ...], now: float) -> None:
+        self.services.bus.emit(
+            self.id,
+            TaskAdded(
+                workflow=self.id,
+                task=task.id,
+                action=describe(task.action),
+                options=task.options(),
+                after=after,
+                at=now,
+            ),
+        )
 
     def validate(self, task: Task) -> None:
         """Refuse a task on a resource the engine does not know (before it joins)."""
-        if not self.engine.admission.knows(task.resource):
-            raise UnknownResourceError(task.id, task.resource, self.engine.admission.names)
+        admission = self.services.admission
+        if not admission.knows(task.resource):
+            raise UnknownResourceError(task.id, task.resource, admission.names)
 
-    def inputs_of(self, task: Task) -> dict[str, Any]:
-        tasks = self.workflow._tasks
+    def inputs_of(self, record: TaskRun) -> dict[str, Any]:
+        records = self.records
         inputs = {}
-        for dep in self.workflow.graph.predecessors(task.id):
-            t = tasks[dep]
-            if t.state == "done":
-                inputs[dep] = t.result
+        for dep in self.workflow.graph.predecessors(record.task.id):
+            r = records[dep]
+            if r.state == "done":
+                inputs[dep] = r.result
         return inputs
 
-    def _decide(self, task: Task) -> None:
-        """All inputs of `task` are final: make it ready, or skip, cancel or fail it."""
-        verdict = self._verdict(task)
+    def _decide(self, record: TaskRun) -> None:
+        """All inputs of the task are final: make it ready, or skip, cancel or fail it."""
+        verdict = self._verdict(record)
         if verdict is not None:
             state, error, reason = verdict
-            self.finalize(task, state, error=error, reason=reason)
+            self.finalize(record, state, error=error, reason=reason)
 
-    def _verdict(self, task: Task) -> tuple[str, BaseException | None, str | None] | None:
-        """Queue `task` and return None, or say which final state it takes instead."""
+    def _verdict(
+        self, record: TaskRun
+    ) -> tuple[TaskState, BaseException | None, str | None] | None:
+        """Queue the task and return None, or say which final state it takes instead."""
         if self.cancelling is not None:
             return "cancelled", None, self.cancelling
-        tasks = self.workflow._tasks
+        task = record.task
+        records = self.records
         if task.trigger == "all_success":
             for dep in self.workflow.graph.predecessors(task.id):
-                state = tasks[dep].state
+                state = records[dep].state
                 if state != "done":
                     verb = _VERBS.get(state, f"is {state}")
                     return "skipped", None, f"dependency {dep!r} {verb}"
         if task.when is not None:
             try:
-                go = task.when(self.inputs_of(task))
+                go = task.when(self.inputs_of(record))
             except Exception as exc:
                 return "failed", exc, None
             if not go:
                 return "skipped", None, "its condition was false"
-        engine = self.engine
-        task.state = "ready"
-        task.ready_seq = engine.next_seq()
+        services = self.services
+        self._move(record, "ready")
+        record.ready_seq = services.next_seq()
         try:
-            engine.admission.push(self, task)
+            services.admission.push(self, record)
         except OverloadedError as exc:
-            task.state = "pending"
+            self._move(record, "pending")
             return "failed", exc, None
         if self.observed:
-            now = engine.clock.monotonic()
-            self.emit(TaskReady(workflow=self.id, task=task.id, resource=task.resource, at=now))
+            now = services.clock.monotonic()
+            services.bus.emit(
+                self.id, TaskReady(workflow=self.id, task=task.id, resource=task.resource, at=now)
+            )
+        services.changed(self)
         return None
+
+    # --- attempts (the engine runs them) ---------------------------------------------------
+
+    def begin(self, record: TaskRun) -> float:
+        """The task was admitted and starts its first attempt; returns the start time."""
+        now = self.services.clock.monotonic()
+        self._move(record, "running")
+        record.attempts = 1
+        record.started_at = now
+        self.running += 1
+        if self.observed:
+            self.services.bus.emit(
+                self.id, TaskStarted(workflow=self.id, task=record.task.id, attempt=1, at=now)
+            )
+        return now
+
+    def retry_waits(self, record: TaskRun, attempt: int, error: str, delay: float) -> None:
+        self._move(record, "waiting")
+        self.services.bus.emit(
+            self.id,
+            TaskRetrying(
+                workflow=self.id,
+                task=record.task.id,
+                attempt=attempt,
+                error=error,
+                delay=delay,
+                at=self.services.clock.monotonic(),
+            ),
+        )
+
+    def retry_starts(self, record: TaskRun, attempt: int) -> None:
+        self._move(record, "running")
+        record.attempts = attempt
+        self.services.bus.emit(
+            self.id,
+            TaskStarted(
+                workflow=self.id,
+                task=record.task.id,
+                attempt=attempt,
+                at=self.services.clock.monotonic(),
+            ),
+        )
+
+    def ended(
+        self,
+        record: TaskRun,
+        state: TaskState,
+        *,
+        result: Any,
+        error: BaseException | None,
+        usage: Usage,
+        llm_calls: int,
+        elapsed: float,
+    ) -> None:
+        """The task's asyncio task has ended (after the engine released its slot)."""
+        record.handle = None
+        self.running -= 1
+        self.attained += elapsed
+        if llm_calls:
+            self.llm_calls += llm_calls
+            self.usage = self.usage + usage
+        if record.state in ("running", "waiting"):
+            if state == "cancelled":
+                reason = record.cancel_reason or self.cancelling or "cancelled"
+                self.finalize(record, "cancelled", reason=reason)
+            else:
+                self.finalize(
+                    record,
+                    state,
+                    result=result,
+                    error=error,
+                    usage=usage if llm_calls else None,
+                    llm_calls=llm_calls,
+                )
+        self._check_complete()
+
+    # --- final states ----------------------------------------------------------------------
 
     def finalize(
         self,
-        task: Task,
-        state: str,
+        record: TaskRun,
+        state: TaskState,
         *,
         result: Any = None,
         error: BaseException | None = None,
@@ -246,235 +389,135 @@ class Run:
         usage: Usage | None = None,
         llm_calls: int = 0,
     ) -> None:
-        """Move `task` to a final state, emit it, and settle the dependents it unblocks."""
-        if task.state == "ready":
-            self.engine.admission.discard(task)
-        task.state = state
+        """Move the task to a final state, emit it, and settle the dependents it unblocks."""
+        if record.state == "ready":
+            self.services.admission.discard(record)
+        self._move(record, state)
         self.unfinished -= 1
         self._remaining = None
         if state == "done":
-            task.result = result
+            record.result = result
             if self.observed:
-                now = self.engine.clock.monotonic()
-                duration = now - task.started_at if task.started_at is not None else 0.0
-                self.emit(
+                now = self.services.clock.monotonic()
+                started = record.started_at
+                duration = now - started if started is not None else 0.0
+                self.services.bus.emit(
+                    self.id,
                     TaskSucceeded(
                         workflow=self.id,
-                        task=task.id,
+                        task=record.task.id,
                         duration=duration,
+                        result=result,
                         usage=usage,
                         llm_calls=llm_calls,
                         at=now,
-                    )
+                    ),
                 )
         else:
-            self._report(task, state, error, reason)
-        self._release_dependents(task)
+            self._report(record, state, error, reason)
+        self._release_dependents(record)
 
-    def _report(self, task: Task, state: str, error: BaseException | None, why: str | None) -> None:
-        now = self.engine.clock.monotonic()
-        wid, tid = self.id, task.id
+    def _report(
+        self, record: TaskRun, state: TaskState, error: BaseException | None, why: str | None
+    ) -> None:
+        now = self.services.clock.monotonic()
+        wid, tid = self.id, record.task.id
+        emit = self.services.bus.emit
         if state == "failed":
             assert error is not None
-            task.error = error
+            record.error = error
             self.failures[tid] = error
-            message = error_text(error)
-            self.emit(
+            emit(
+                wid,
                 TaskFailed(
                     workflow=wid,
                     task=tid,
-                    error=message,
+                    error=error_text(error),
                     error_type=type(error).__name__,
-                    attempts=task.attempts,
+                    attempts=record.attempts,
                     at=now,
-                )
+                ),
             )
         elif state == "skipped":
-            task.reason = why
-            self.emit(TaskSkipped(workflow=wid, task=tid, reason=why or "", at=now))
+            record.reason = why
+            emit(wid, TaskSkipped(workflow=wid, task=tid, reason=why or "", at=now))
         else:
-            task.reason = why
-            self.emit(TaskCancelled(workflow=wid, task=tid, reason=why or "", at=now))
+            record.reason = why
+            emit(wid, TaskCancelled(workflow=wid, task=tid, reason=why or "", at=now))
 
-    def _release_dependents(self, first: Task) -> None:
+    def _release_dependents(self, first: TaskRun) -> None:
         # Dependents that end without running (skipped, cancelled) go on a stack instead of
         # recursing: a failure at the head of a 10,000-task chain must not overflow the stack.
-        tasks = self.workflow._tasks
+        records = self.records
         successors = self.workflow.graph.successors
         stack = [first]
         while stack:
-            task = stack.pop()
-            if tasks.get(task.id) is not task:
+            record = stack.pop()
+            if records.get(record.task.id) is not record:
                 continue  # removed while it ran: nothing depends on it any more
-            for dep in successors(task.id):
-                nxt = tasks[dep]
+            for dep in successors(record.task.id):
+                nxt = records[dep]
                 nxt.waiting_on -= 1
                 if nxt.waiting_on == 0 and nxt.state == "pending":
                     verdict = self._verdict(nxt)
                     if verdict is not None:
                         state, error, why = verdict
-                        nxt.state = state
+                        self._move(nxt, state)
                         self.unfinished -= 1
                         self._report(nxt, state, error, why)
                         stack.append(nxt)
 
-    # --- outcomes --------------------------------------------------------------------------
-
-    def record(self, elapsed: float, llm_calls: int, usage: Usage) -> None:
-        self.attained += elapsed
-        if llm_calls:
-            self.llm_calls += llm_calls
-            self.usage = self.usage + usage
-
-    async def complete(
-        self,
-        ctx: TaskContext,
-        request: LLMRequest,
-        backend: str,
-        *,
-        expected_output_tokens: int | None,
-        keep_alive_s: float | None,
-        last_call: bool,
-        prefix_key: str | None,
-    ) -> LLMResponse:
-        """One LLM call on behalf of a task of this run, carrying the program's hints.
-
-        Failed sends are retried as `engine.call_retry` says, each retry an event, and
-        every send passes the backend's circuit breaker."""
-        engine = self.engine
-        llm = engine.backend(backend)
-        if keep_alive_s is None:
-            keep_alive_s = engine.keep_alive_for(self, ctx.task_id, request)
-        last_call = last_call or engine.is_last_call(self, ctx.task_id)
-        circuit = engine.circuit(backend)
-        clock = engine.clock
-
-        context = sum(len(m.content) for m in request.messages) // 4  # ~4 characters a token
-
-        async def send() -> LLMResponse:
-            # The program holds cache on the backend from here (after any slot was granted:
-            # a call still queued for one holds nothing) until its keep-alive runs out.
-            engine.call_started(self, backend, context)
-            held, keep = context, 0.0
-            try:
-                response = await hinted_send()
-                usage = response.usage
-                held = usage.prompt_tokens + usage.completion_tokens or context
-                keep = 0.0 if last_call else keep_alive_s or 0.0
-                return response
-            finally:
-                engine.call_ended(self, backend, context, held, keep)
-
-        async def hinted_send() -> LLMResponse:
-            # Hints are taken per attempt: urgency and the deadline move while a retry waits.
-            hints = engine.hints_for(
-                self,
-                expected_output_tokens=expected_output_tokens,
-                keep_alive_s=keep_alive_s,
-                last_call=last_call,
-                prefix_key=prefix_key,
-            )
-            if circuit is None:
-                return await llm.complete(request, hints)
-            wait = circuit.acquire(clock.monotonic())
-            if wait is not None:
-                raise CircuitOpenError(backend, circuit.consecutive_failures, wait)
-            try:
-                response = await llm.complete(request, hints)
-            except BackendError as exc:
-                if exc.retryable:
-                    circuit.failed(clock.monotonic())
-                else:
-                    circuit.succeeded()  # it answered: the server is up, the request was bad
-                raise
-            except BaseException:
-                circuit.abandoned()
-                raise
-            circuit.succeeded()
-            return response
-
-        task = self.workflow._tasks.get(ctx.task_id)
-        if task is not None and task.resource == backend:
-            # The task itself holds the slot, and keeps it while a retry waits: the slot is
-            # the task's admission, released once by the engine when the task ends; giving
-            # it back mid-task would let the backend's limit be exceeded when it resumes.
-            attempt = send
-        else:
-
-            async def attempt() -> LLMResponse:
-                # A slot taken for this call alone is given back while a retry waits, and
-                # queued for again in the scheduler's order.
-                async with engine.slot(self, backend):
-                    return await send()
-
-        def retrying(number: int, error: BaseException, delay: float) -> None:
-            self.emit(
-                CallRetrying(
-                    workflow=self.id,
-                    task=ctx.task_id,
-                    backend=backend,
-                    attempt=number,
-                    error=f"{type(error).__name__}: {error}",
-                    delay=delay,
-                    at=clock.monotonic(),
-                )
-            )
-            engine.wake()
-
-        return await call_with_retries(
-            attempt, engine.call_retry, sleep=clock.sleep, on_retry=retrying
-        )
-
-    def to_thread(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Awaitable[T]:
-        return self.engine.to_thread(fn, *args, **kwargs)
+    # --- cancelling and ending -------------------------------------------------------------
 
     def abandon(self, reason: str) -> None:
         """End this run as cancelled without the loop (it is gone)."""
         if self.done.done():
             return
         self.cancelling = self.cancelling or reason
-        for task in self.workflow:
-            if task.state not in FINAL_STATES:
-                task.state = "cancelled"
-                task.reason = reason
+        for record in self.records.values():
+            if record.state not in FINAL_STATES:
+                self._move(record, "cancelled")
+                record.reason = reason
         self.workflow._detach()
-        self.done.set_result(self._result())
+        self.done.set_result(self.result())
 
     def cancel(self, reason: str) -> None:
         if self.cancelling is not None or self.done.done():
             return
         self.cancelling = reason
-        for task in list(self.workflow):
-            self.cancel_task(task, reason)
-        self._maybe_finish()
+        for record in list(self.records.values()):
+            self.cancel_task(record, reason)
+        self._check_complete()
 
-    def cancel_task(self, task: Task, reason: str) -> None:
-        if task.state in FINAL_STATES:
+    def cancel_task(self, record: TaskRun, reason: str) -> None:
+        if record.state in FINAL_STATES:
             return
-        if task.handle is not None and task.state in ("running", "waiting"):
-            if task.cancel_reason is None:
-                task.cancel_reason = reason
-                task.handle.cancel(reason)
+        if record.handle is not None and record.state in ("running", "waiting"):
+            if record.cancel_reason is None:
+                record.cancel_reason = reason
+                record.handle.cancel(reason)
             return
-        self.finalize(task, "cancelled", reason=reason)
-        self._maybe_finish()
+        self.finalize(record, "cancelled", reason=reason)
+        self._check_complete()
 
-    def _maybe_finish(self) -> None:
-        if self.unfinished > 0 or self.running > 0 or self.done.done():
+    def _check_complete(self) -> None:
+        if self.unfinished > 0 or self.running > 0 or self.done.done() or self.complete:
             return
-        self.engine.finish(self, self._result())
+        self.complete = True
+        self.services.changed(self)
 
-    def _result(self) -> RunResult:
+    def result(self) -> RunResult:
         results: dict[str, Any] = {}
         skipped: dict[str, str] = {}
         cancelled: dict[str, str] = {}
-        for task in self.workflow:
-            if task.state == "done":
-                results[task.id] = task.result
-            elif task.state == "skipped":
-                skipped[task.id] = task.reason or ""
-            elif task.state == "cancelled":
-                cancelled[task.id] = task.reason or ""
+        for record in self.records.values():
+            state = record.state
+            if state == "done":
+                results[record.task.id] = record.result
+            elif state == "skipped":
+                skipped[record.task.id] = record.reason or ""
+            elif state == "cancelled":
+                cancelled[record.task.id] = record.reason or ""
         status: WorkflowStatus
         if self.cancelling is not None:
             status = "cancelled"
@@ -491,7 +534,7 @@ class Run:
             skipped=skipped,
             cancelled=cancelled,
             started_at=self.started_at,
-            finished_at=self.engine.clock.monotonic(),
+            finished_at=self.services.clock.monotonic(),
             llm_calls=self.llm_calls,
             usage=self.usage,
             deadline=self.deadline,
@@ -510,97 +553,105 @@ class Run:
 
     @property
     def observed(self) -> bool:
-        """Whether anyone reads this run's events. Hot paths build events only if so: on a
-        100,000-task graph that nobody watches, building them would be a third of the cost."""
-        return bool(self.subscribers) or self.engine.has_listeners
+        """Whether anyone reads this run's events (hot paths build events only if so)."""
+        return self.services.bus.observed(self.id)
 
-    def emit(self, event: Event) -> None:
-        if self.observed:
-            self.engine.emit(self, event)
+    def _emit(self, event: Any) -> None:
+        self.services.bus.emit(self.id, event)
 
     # --- workflow mutation hooks -------------------------------------------------------------
 
     def added(self, task: Task, after: tuple[str, ...]) -> None:
-        tasks = self.workflow._tasks
-        task.waiting_on = sum(1 for dep in after if tasks[dep].state not in FINAL_STATES)
+        records = self.records
+        record = records[task.id] = TaskRun(task)
+        record.waiting_on = sum(1 for dep in after if records[dep].state not in FINAL_STATES)
         self.unfinished += 1
+        self.complete = False
         self._remaining = None
-        now = self.engine.clock.monotonic()
-        self.emit(
-            TaskAdded(workflow=self.id, task=task.id, action=task.action.label, after=after, at=now)
-        )
-        if task.waiting_on == 0:
-            self._decide(task)
-        self.engine.wake()
+        if self.observed:
+            self._added_event(task, after, self.services.clock.monotonic())
+        if record.waiting_on == 0:
+            self._decide(record)
+        self._check_complete()
 
     def replaced(self, old: Task, task: Task) -> None:
-        if old.state == "ready":
-            self.engine.admission.discard(old)
-        old.state = "cancelled"  # the stale copy must never be admitted from a queue
-        graph, tasks = self.workflow.graph, self.workflow._tasks
-        task.waiting_on = sum(
-            1 for dep in graph.predecessors(task.id) if tasks[dep].state not in FINAL_STATES
+        record = self.records[task.id]
+        if record.state == "ready":
+            self.services.admission.discard(record)  # its queue entry is stale from now
+            self._move(record, "pending")
+        record.task = task
+        record.resource = task.resource
+        graph, records = self.workflow.graph, self.records
+        record.waiting_on = sum(
+            1 for dep in graph.predecessors(task.id) if records[dep].state not in FINAL_STATES
         )
-        self.emit(
-            TaskReplaced(
-                workflow=self.id,
-                task=task.id,
-                action=task.action.label,
-                at=self.engine.clock.monotonic(),
+        if self.observed:
+            self._emit(
+                TaskReplaced(
+                    workflow=self.id,
+                    task=task.id,
+                    action=describe(task.action),
+                    options=task.options(),
+                    at=self.services.clock.monotonic(),
+                )
             )
-        )
-        if task.waiting_on == 0:
-            self._decide(task)
-        self.engine.wake()
+        if record.waiting_on == 0:
+            self._decide(record)
 
     def removed(self, task: Task, dependents: list[str]) -> None:
-        self.emit(TaskRemoved(workflow=self.id, task=task.id, at=self.engine.clock.monotonic()))
+        # Out of the run first: a running one reports to its own record, which nothing reads
+        # any more (and which releases no dependents); an id added again gets a new record.
+        record = self.records.pop(task.id)
+        self._emit(TaskRemoved(workflow=self.id, task=task.id, at=self.services.clock.monotonic()))
         self._remaining = None
-        was_final = task.state in FINAL_STATES
-        if task.state in ("running", "waiting"):
-            self.cancel_task(task, "removed from its workflow")
+        was_final = record.state in FINAL_STATES
+        if record.state in ("running", "waiting"):
+            self.cancel_task(record, "removed from its workflow")
         elif not was_final:
-            self.finalize(task, "cancelled", reason="removed from its workflow")
+            self.finalize(record, "cancelled", reason="removed from its workflow")
         if not was_final:
-            tasks = self.workflow._tasks
+            records = self.records
             for dep in dependents:
-                nxt = tasks[dep]
+                nxt = records[dep]
                 nxt.waiting_on -= 1
                 if nxt.waiting_on == 0 and nxt.state == "pending":
                     self._decide(nxt)
-        self._maybe_finish()
-        self.engine.wake()
+        self._check_complete()
 
     def edge_added(self, source: str, target: str) -> None:
-        tasks = self.workflow._tasks
+        records = self.records
         self._remaining = None
-        self.emit(
+        self._emit(
             EdgeAdded(
-                workflow=self.id, source=source, target=target, at=self.engine.clock.monotonic()
+                workflow=self.id,
+                source=source,
+                target=target,
+                at=self.services.clock.monotonic(),
             )
         )
-        nxt = tasks[target]
+        nxt = records[target]
         if nxt.state == "ready":
             # Its inputs changed: back to pending, and judged again below if they are final.
-            self.engine.admission.discard(nxt)
-            nxt.state = "pending"
-        if tasks[source].state not in FINAL_STATES:
+            self.services.admission.discard(nxt)
+            self._move(nxt, "pending")
+        if records[source].state not in FINAL_STATES:
             nxt.waiting_on += 1
         elif nxt.waiting_on == 0 and nxt.state == "pending":
             self._decide(nxt)
-        self.engine.wake()
 
     def edge_removed(self, source: str, target: str) -> None:
-        tasks = self.workflow._tasks
+        records = self.records
         self._remaining = None
-        self.emit(
+        self._emit(
             EdgeRemoved(
-                workflow=self.id, source=source, target=target, at=self.engine.clock.monotonic()
+                workflow=self.id,
+                source=source,
+                target=target,
+                at=self.services.clock.monotonic(),
             )
         )
-        if tasks[source].state not in FINAL_STATES:
-            nxt = tasks[target]
+        if records[source].state not in FINAL_STATES:
+            nxt = records[target]
             nxt.waiting_on -= 1
             if nxt.waiting_on == 0 and nxt.state == "pending":
                 self._decide(nxt)
-        self.engine.wake()

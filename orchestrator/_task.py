@@ -1,4 +1,8 @@
-"""Tasks and the actions they run: a Python function, an LLM call, or anything with `run(ctx)`."""
+"""Tasks and the actions they run: a Python function, an LLM call, or anything with `run(ctx)`.
+
+A `Task` is a definition (what to run and how: retries, timeout, resource); a `TaskRun` is
+its state in one run of its workflow, owned and written by that run alone.
+"""
 
 from __future__ import annotations
 
@@ -11,19 +15,19 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from ._admission import DEFAULT_FUNCTION_RESOURCE, DEFAULT_TOOL_RESOURCE
 from ._errors import ResultNotSerializableError, UsageError
-from ._llm import LLMRequest
+from ._events import ActionSpec, TaskOptions, TaskState
+from ._llm import DEFAULT_BACKEND, LLMRequest
 
 if TYPE_CHECKING:
     from ._context import TaskContext
 
+__all__ = ["DEFAULT_BACKEND", "DEFAULT_FUNCTION_RESOURCE", "DEFAULT_TOOL_RESOURCE"]
+
 Trigger = Literal["all_success", "all_done"]
 """all_success: run only if every input succeeded (otherwise skip);
 all_done: run once every input is final, with the inputs that succeeded."""
-
-DEFAULT_FUNCTION_RESOURCE = "local"
-DEFAULT_TOOL_RESOURCE = "tools"
-DEFAULT_BACKEND = "default"
 
 
 @runtime_checkable
@@ -39,6 +43,33 @@ class Action(Protocol):
         ...
 
     def run(self, ctx: TaskContext) -> Awaitable[Any]: ...
+
+
+@runtime_checkable
+class Describable(Protocol):
+    """An action that says what it runs as data (`ActionSpec`), so the event log can
+    rebuild it. Actions without it are described by their class."""
+
+    @property
+    def spec(self) -> ActionSpec: ...
+
+
+def describe(action: Action) -> ActionSpec:
+    """The action's `ActionSpec` (its own, or `custom` named by its class)."""
+    if isinstance(action, FunctionAction | LLMCall):  # the common ones, without a protocol check
+        return action.spec
+    if isinstance(action, Describable):
+        return action.spec
+    cls = type(action)
+    return ActionSpec("custom", f"{cls.__module__}:{cls.__qualname__}")
+
+
+def registered_name(fn: object) -> str:
+    """`module:qualname` of a function: how a registry finds it again (a lambda or a
+    function defined inside another has a name no registry can import)."""
+    module = getattr(fn, "__module__", None) or "?"
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{module}:{qualname}"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -72,7 +103,7 @@ class FunctionAction:
     Sync functions run in a worker thread so a slow one cannot stall the loop.
     """
 
-    __slots__ = ("_fn", "_is_async", "_takes_ctx", "_resource")
+    __slots__ = ("_fn", "_is_async", "_takes_ctx", "_resource", "_spec")
 
     def __init__(self, fn: Callable[..., Any], *, resource: str = DEFAULT_FUNCTION_RESOURCE):
         if not callable(fn):
@@ -83,6 +114,7 @@ class FunctionAction:
         except TypeError:  # an unhashable callable object: inspect it without the cache
             self._is_async, self._takes_ctx = _shape.__wrapped__(fn)
         self._resource = resource
+        self._spec: ActionSpec | None = None
 
     @property
     def resource(self) -> str:
@@ -91,6 +123,12 @@ class FunctionAction:
     @property
     def label(self) -> str:
         return f"function {getattr(self._fn, '__qualname__', type(self._fn).__name__)}"
+
+    @property
+    def spec(self) -> ActionSpec:
+        if self._spec is None:
+            self._spec = ActionSpec("function", registered_name(self._fn))
+        return self._spec
 
     async def run(self, ctx: TaskContext) -> Any:
         fn = self._fn
@@ -112,10 +150,18 @@ class LLMCall:
     backend: str = DEFAULT_BACKEND
     label: str = "llm call"
     expected_output_tokens: int | None = None
+    description: ActionSpec | None = None
+    """What the call is, as data (an agent's name, its prompt); `Agent.ask` fills it in."""
 
     @property
     def resource(self) -> str:
         return self.backend
+
+    @property
+    def spec(self) -> ActionSpec:
+        if self.description is not None:
+            return self.description
+        return ActionSpec("llm", registered_name(self.build), {"backend": self.backend})
 
     async def run(self, ctx: TaskContext) -> Any:
         request = self.build(ctx)
@@ -160,28 +206,10 @@ Condition = Callable[[Mapping[str, Any]], bool]
 
 
 class Task:
-    """One node of a workflow: its action, its settings, and its run state."""
+    """One node of a workflow, as defined: its action and its settings. Immutable once
+    made; its state in a run is its `TaskRun`."""
 
-    __slots__ = (
-        "id",
-        "action",
-        "retry",
-        "timeout",
-        "resource",
-        "estimate",
-        "when",
-        "trigger",
-        "state",
-        "result",
-        "error",
-        "reason",
-        "attempts",
-        "started_at",
-        "ready_seq",
-        "waiting_on",
-        "handle",
-        "cancel_reason",
-    )
+    __slots__ = ("id", "action", "retry", "timeout", "resource", "estimate", "when", "trigger")
 
     def __init__(
         self,
@@ -219,7 +247,46 @@ class Task:
         self.estimate = estimate
         self.when = when
         self.trigger: Trigger = trigger
-        self.state: str = "pending"
+
+    def __repr__(self) -> str:
+        return f"Task({self.id!r}, {self.action.label!r})"
+
+    def options(self) -> TaskOptions:
+        return TaskOptions(
+            retry=self.retry.attempts,
+            timeout=self.timeout,
+            resource=self.resource,
+            estimate=self.estimate,
+            trigger=self.trigger,
+            when=None if self.when is None else registered_name(self.when),
+        )
+
+
+class TaskRun:
+    """A task's state in one run: written by that run (`Run`) alone, read by anyone.
+
+    `state` moves pending -> ready -> running (<-> waiting between attempts) -> one of the
+    final states; `waiting_on` counts its dependencies that are not final yet."""
+
+    __slots__ = (
+        "task",
+        "resource",
+        "state",
+        "result",
+        "error",
+        "reason",
+        "attempts",
+        "started_at",
+        "ready_seq",
+        "waiting_on",
+        "handle",
+        "cancel_reason",
+    )
+
+    def __init__(self, task: Task) -> None:
+        self.task = task
+        self.resource = task.resource
+        self.state: TaskState = "pending"
         self.result: Any = None
         self.error: BaseException | None = None
         self.reason: str | None = None
@@ -227,12 +294,15 @@ class Task:
         self.started_at: float | None = None
         self.ready_seq = 0
         self.waiting_on = 0
-        """How many of its dependencies are not final yet (kept by the engine)."""
         self.handle: asyncio.Task[Any] | None = None
         self.cancel_reason: str | None = None
 
+    @property
+    def id(self) -> str:
+        return self.task.id
+
     def __repr__(self) -> str:
-        return f"Task({self.id!r}, {self.action.label!r}, state={self.state!r})"
+        return f"TaskRun({self.task.id!r}, state={self.state!r}, attempts={self.attempts})"
 
 
 def as_action(action: Action | Callable[..., Any]) -> Action:

@@ -11,7 +11,7 @@ import asyncio
 import concurrent.futures
 import functools
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 import networkx as nx
@@ -23,8 +23,8 @@ from ._errors import (
     UnknownTaskError,
     UsageError,
 )
-from ._events import FINAL_STATES
-from ._task import Action, Condition, Retry, Task, Trigger, as_action, as_retry
+from ._events import FINAL_STATES, TaskState
+from ._task import Action, Condition, Retry, Task, TaskRun, Trigger, as_action, as_retry
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
@@ -84,6 +84,8 @@ class Workflow:
         """Unique among the engine's running workflows; the engine may suffix `#N`."""
         self.graph: nx.DiGraph[str] = nx.DiGraph()
         self._tasks: dict[str, Task] = {}
+        self._records: Mapping[str, TaskRun] = {}
+        """Each task's state in the run, owned and written by the run (kept after it ends)."""
         self._hooks: _Hooks | None = None
         self._started = False
         self._finished = False
@@ -109,6 +111,18 @@ class Workflow:
             return self._tasks[task_id]
         except KeyError:
             raise UnknownTaskError(self.name, task_id) from None
+
+    def state(self, task_id: str) -> TaskState:
+        """The task's state in this workflow's run ("pending" before the run starts)."""
+        self.task(task_id)
+        record = self._records.get(task_id)
+        return "pending" if record is None else record.state
+
+    def run_of(self, task_id: str) -> TaskRun:
+        """The task's run state: state, attempts, result, error, reason (read-only)."""
+        task = self.task(task_id)
+        record = self._records.get(task_id)
+        return TaskRun(task) if record is None else record
 
     def dependencies(self, task_id: str) -> list[str]:
         self.task(task_id)
@@ -302,13 +316,16 @@ class Workflow:
             )
 
     def _check_not_started(self, task_id: str, action: str) -> None:
-        state = self._tasks[task_id].state
+        record = self._records.get(task_id)
+        if record is None:
+            return
+        state = record.state
         if state == "running" or state == "waiting" or state in FINAL_STATES:
             raise TaskStartedError(self.name, task_id, state, action)
 
     # --- for the engine --------------------------------------------------------------------
 
-    def _attach(self, hooks: _Hooks) -> None:
+    def _attach(self, hooks: _Hooks, records: Mapping[str, TaskRun]) -> None:
         if self._started:
             raise UsageError(
                 f"workflow {self.name!r} has already been run; a Workflow runs once: "
@@ -316,6 +333,7 @@ class Workflow:
             )
         self._started = True
         self._hooks = hooks
+        self._records = records
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
 
@@ -325,10 +343,7 @@ class Workflow:
         self._started = False
         self._loop = None
         self.id = self.name
-        for task in self._tasks.values():
-            task.waiting_on = 0
-            if task.state == "ready":
-                task.state = "pending"
+        self._records = {}
 
     def _detach(self) -> None:
         self._hooks = None

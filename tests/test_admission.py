@@ -2,27 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
-from orchestrator import Limits, OverloadedError, Task, TaskContext, UsageError
+from orchestrator import Limits, OverloadedError, UsageError
 from orchestrator._admission import Admission
 
 
-async def noop(ctx: TaskContext) -> None:
-    return None
+@dataclass
+class Item:
+    """A queued entry as admission sees one (`Queued`): a ready task's run state, say."""
+
+    id: str
+    resource: str
+    ready_seq: int
+    state: str = "ready"
 
 
-def ready(task_id: str, seq: int, resource: str = "llm") -> Task:
-    task = Task(task_id, _action(resource))
-    task.state = "ready"
-    task.ready_seq = seq
-    return task
-
-
-def _action(resource: str) -> object:
-    from orchestrator import FunctionAction
-
-    return FunctionAction(noop, resource=resource)
+def ready(task_id: str, seq: int, resource: str = "llm") -> Item:
+    return Item(task_id, resource, seq)
 
 
 def test_admits_up_to_the_bound_best_program_first() -> None:

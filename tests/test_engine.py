@@ -142,7 +142,7 @@ def test_retries_stop_after_the_last_attempt_and_report_the_error(clock: Virtual
     wf.add("t", always, retry=Retry(attempts=3, initial_delay=1, jitter=0))
     result = run_sync(wf, clock=clock)
     assert result.failures == {"t": "ConnectionError: down at attempt 3"}
-    assert wf.task("t").attempts == 3
+    assert wf.run_of("t").attempts == 3
 
 
 def test_usage_errors_are_not_retried(clock: VirtualClock) -> None:
@@ -533,7 +533,7 @@ def test_an_edge_from_a_failed_task_into_a_waiting_task_skips_it(clock: VirtualC
         async with Engine(limits={"local": Limits(max_in_flight=1)}) as engine:
             handle = engine.submit(wf)
             await asyncio.sleep(5)
-            assert wf.task("target").state == "ready"
+            assert wf.state("target") == "ready"
             wf.add_edge("bad", "target")  # from outside the workflow, while it runs
             return await handle
 
@@ -637,7 +637,7 @@ def test_leaving_the_engine_right_after_submitting_does_not_hang(clock: VirtualC
             await asyncio.sleep(0)
 
     clock.run(main())
-    assert wf.task("t").state in ("done", "cancelled")
+    assert wf.state("t") in ("done", "cancelled")
 
 
 def test_a_cancelled_error_from_the_tasks_own_code_is_its_failure(clock: VirtualClock) -> None:
@@ -906,7 +906,7 @@ def test_a_refused_workflow_can_be_fixed_and_submitted_again(clock: VirtualClock
                 engine.submit(wf)
             wf.replace("t", one, resource="gpu")
             kinds = [e.kind async for e in engine.iter(wf)]
-            return wf.task("t").result, kinds
+            return wf.run_of("t").result, kinds
 
     result, kinds = clock.run(main())
     assert result == 1

@@ -113,6 +113,7 @@ def test_random_mutations_always_settle(seed: int) -> None:
     assert not leaks
     for wf, result in zip(flows, results, strict=True):
         for task in wf:
-            assert task.state in FINAL_STATES, (wf.id, task.id, task.state)
-            assert task.waiting_on >= 0, (wf.id, task.id, task.waiting_on)
+            record = wf.run_of(task.id)
+            assert record.state in FINAL_STATES, (wf.id, task.id, record.state)
+            assert record.waiting_on >= 0, (wf.id, task.id, record.waiting_on)
         assert result.status in ("succeeded", "failed", "cancelled")

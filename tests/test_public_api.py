@@ -36,6 +36,8 @@ EXPECTED = {
         "CircuitState",
         "Capabilities", "FailureIsolating", "HealthChecked", "LoadReport", "LoadReporting",
         "ProgramAware", "capabilities",
+        "ActionKind", "ActionSpec", "CallSite", "Describable", "LLMCalls", "TaskOptions",
+        "TaskRun", "WorkflowEditor", "describe", "registered_name",
     },
     "executors": {
         "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",
@@ -92,3 +94,66 @@ def test_orchestrator_imports_none_of_the_packages_that_build_on_it() -> None:
         for module in imports_of(path):
             top = module.partition(".")[0]
             assert top not in {"agents", "executors", "memory"}, f"{path} imports {module}"
+
+
+def internal_imports(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports, relative imports and imports
+    under `if TYPE_CHECKING:` included (ast.walk sees every import statement)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / package).glob("*.py")):
+        name = path.stem
+        edges = graph.setdefault(name, set())
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                if node.module:
+                    edges.add(node.module.partition(".")[0])
+                else:
+                    edges.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                top, _, rest = node.module.partition(".")
+                if top == package and rest:
+                    edges.add(rest.partition(".")[0])
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` as a path that returns to its start, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (cycle := visit(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)) is not None:
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("package", ["orchestrator", "executors", "agents", "memory"])
+def test_no_import_cycles_inside_a_package(package: str) -> None:
+    graph = internal_imports(package)
+    assert graph, f"no modules read in {package}"
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle in {package}: {' -> '.join(cycle or [])}"
+
+
+def test_the_engine_and_a_run_do_not_import_each_other() -> None:
+    graph = internal_imports("orchestrator")
+    assert "_run" in graph["_engine"]
+    assert "_engine" not in graph["_run"] and "_engine" not in graph["_calls"]
