@@ -602,13 +602,13 @@ class Run:
         # Out of the run first: a running one reports to its own record, which nothing reads
         # any more (and which releases no dependents); an id added again gets a new record.
         record = self.records.pop(task.id)
-        self._emit(TaskRemoved(workflow=self.id, task=task.id, at=self.services.clock.monotonic()))
         self._remaining = None
         was_final = record.state in FINAL_STATES
         if record.state in ("running", "waiting"):
-            self.cancel_task(record, "removed from its workflow")
+            self.cancel_task(record, "removed from its workflow")  # it ends later, removed
         elif not was_final:
             self.finalize(record, "cancelled", reason="removed from its workflow")
+        self._emit(TaskRemoved(workflow=self.id, task=task.id, at=self.services.clock.monotonic()))
         if not was_final:
             records = self.records
             for dep in dependents:

@@ -157,3 +157,43 @@ def test_the_engine_and_a_run_do_not_import_each_other() -> None:
     graph = internal_imports("orchestrator")
     assert "_run" in graph["_engine"]
     assert "_engine" not in graph["_run"] and "_engine" not in graph["_calls"]
+
+
+def state_writes(package: str) -> set[tuple[str, str, str]]:
+    """(module, function, object) of every `obj.state = ...` in the package's modules."""
+    found: set[tuple[str, str, str]] = set()
+    for path in sorted((ROOT / package).glob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(func):
+                targets: list[ast.expr] = []
+                if isinstance(node, ast.Assign):
+                    targets = [
+                        t for target in node.targets
+                        for t in (target.elts if isinstance(target, ast.Tuple) else [target])
+                    ]  # fmt: skip
+                elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+                    targets = [node.target]
+                for target in targets:
+                    if isinstance(target, ast.Attribute) and target.attr == "state":
+                        found.add((path.stem, func.name, ast.unparse(target.value)))
+    return found
+
+
+def test_a_tasks_state_is_written_in_one_place() -> None:
+    """`TaskRun.state` changes in `Run._move` alone; the other writes are not a task's run
+    state: an admission `Ticket` (a call waiting for a slot), an outcome, a replayed image."""
+    writes = state_writes("orchestrator")
+    assert ("_run", "_move", "record") in writes
+    assert {w for w in writes if w[:2] != ("_run", "_move")} == {
+        ("_task", "__init__", "self"),  # TaskRun starts pending
+        ("_admission", "__init__", "self"),  # Ticket starts ready
+        ("_calls", "slot", "ticket"),
+        ("_engine", "_admit", "item"),  # a Ticket: tasks go to Run.begin
+        ("_engine", "__init__", "self"),  # an _Outcome says how a task ended
+        ("_replay", "_apply", "old"),  # a TaskImage, folded from events
+        ("_replay", "_apply", "task"),
+        ("_replay", "_apply", "tasks[event.task]"),
+    }
