@@ -24,6 +24,7 @@ from executors._simengine import SimRequest
 from orchestrator import (
     Clock,
     Engine,
+    FailureIsolating,
     Hints,
     KeepAlive,
     Limits,
@@ -363,10 +364,11 @@ def _call(step: LLMStep, replies: dict[str, str]) -> Callable[[TaskContext], Awa
 class RoundRobin:
     """Calls spread over backends in turn: replicas without prefix routing (an ablation)."""
 
-    isolates_failures = True  # as a Router: one failing replica must not stop the others
-
     def __init__(self, backends: Sequence[LLMBackend]) -> None:
         self._turn = itertools.cycle(backends)
+
+    def isolates_failures(self) -> bool:
+        return True  # as a Router: one failing replica must not stop the others
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
         return await next(self._turn).complete(request, hints)
@@ -382,7 +384,10 @@ class NoKeepAlive:
     def __init__(self, backend: LLMBackend) -> None:
         self.backend = backend
         # A Router under it ejects failing replicas itself: keep the engine's breaker off.
-        self.isolates_failures = bool(getattr(backend, "isolates_failures", False))
+        self._isolates = isinstance(backend, FailureIsolating) and backend.isolates_failures()
+
+    def isolates_failures(self) -> bool:
+        return self._isolates
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
         return await self.backend.complete(request, dataclasses.replace(hints, keep_alive_s=None))

@@ -6,6 +6,9 @@ times: they are scheduled in the same step, before any of them has filled a cach
 the prefix in the cache (and a prefix-aware `Router` underneath sends them where it is).
 Calls whose prefix is already computed, or shares too little with the one in flight, go at
 once; a sibling whose leader fails is released and becomes a leader itself.
+
+The grouper declares every optional capability and forwards each to its backend where that
+declares it (a `Router`'s health checks, an `OpenAIBackend`'s load), so wrapping hides none.
 """
 
 from __future__ import annotations
@@ -13,10 +16,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from orchestrator import Hints, LLMBackend, LLMRequest, LLMResponse, WallClockBackend
+from orchestrator import (
+    FailureIsolating,
+    HealthChecked,
+    Hints,
+    LLMBackend,
+    LLMRequest,
+    LLMResponse,
+    LoadReport,
+    LoadReporting,
+    ProgramAware,
+    WallClockBackend,
+)
 
 from ._prefix import Tokenize, prompt_hashes
 
@@ -28,7 +43,7 @@ class GroupingStats:
     """Calls that waited for a sibling to compute their shared prefix first."""
 
 
-class PrefixGrouper:
+class PrefixGrouper(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallClockBackend):
     """Wraps `backend`, holding calls that share `min_shared_blocks` uncomputed prefix blocks
     with a call in flight until that call returns.
 
@@ -54,11 +69,12 @@ class PrefixGrouper:
         self._computed: OrderedDict[int, None] = OrderedDict()
         self._calls = 0
         self._held = 0
-
-    @property
-    def isolates_failures(self) -> bool:
-        """As the backend it wraps (a `Router` does)."""
-        return bool(getattr(self.backend, "isolates_failures", False))
+        # What the backend declared, read once.
+        self._program_aware = backend if isinstance(backend, ProgramAware) else None
+        self._checked = backend if isinstance(backend, HealthChecked) else None
+        self._reporting = backend if isinstance(backend, LoadReporting) else None
+        self._isolating = backend if isinstance(backend, FailureIsolating) else None
+        self._wall_clock = backend if isinstance(backend, WallClockBackend) else None
 
     async def __aenter__(self) -> PrefixGrouper:
         if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
@@ -74,7 +90,7 @@ class PrefixGrouper:
         if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
             await self.backend.__aexit__(exc_type, exc, tb)
 
-    def _leader(self, hashes: list[int]) -> asyncio.Future[None] | None:
+    def _leader(self, hashes: Sequence[int]) -> asyncio.Future[None] | None:
         """The call computing the deepest part of this prompt's prefix, if it shares enough."""
         shared = 0
         leader: asyncio.Future[None] | None = None
@@ -113,14 +129,30 @@ class PrefixGrouper:
                 self._computed.popitem(last=False)
             done.set_result(None)
 
+    # --- capabilities: as the backend's ----------------------------------------------------
+
+    def isolates_failures(self) -> bool:
+        """As the backend it wraps (a `Router` does)."""
+        return self._isolating is not None and self._isolating.isolates_failures()
+
     def needs_wall_clock(self) -> bool:
         """The grouper waits on whatever its backend waits on."""
-        return isinstance(self.backend, WallClockBackend) and self.backend.needs_wall_clock()
+        return self._wall_clock is not None and self._wall_clock.needs_wall_clock()
 
     async def program_done(self, program_id: str) -> None:
-        note = getattr(self.backend, "program_done", None)
-        if note is not None:
-            await note(program_id)
+        if self._program_aware is not None:
+            await self._program_aware.program_done(program_id)
+
+    async def check(self) -> None:
+        """The backend's health check; passes if it has none (nothing here can fail)."""
+        if self._checked is not None:
+            await self._checked.check()
+
+    async def load(self) -> LoadReport:
+        """The backend's load; a report of unknowns if it reports none."""
+        if self._reporting is not None:
+            return await self._reporting.load()
+        return LoadReport()
 
     def stats(self) -> GroupingStats:
         return GroupingStats(self._calls, self._held)

@@ -40,7 +40,7 @@ from ._errors import (
 )
 from ._events import DeadlineMissed, Event, TaskRetrying, TaskStarted, WorkflowStarted
 from ._keepalive import DEFAULT_KEEP_ALIVE, CacheBudget, KeepAlive, PausePredictor
-from ._llm import Hints, LLMBackend, LLMRequest, Usage, WallClockBackend
+from ._llm import FailureIsolating, Hints, LLMBackend, LLMRequest, Usage, WallClockBackend
 from ._resilience import (
     DEFAULT_BREAKER,
     DEFAULT_CALL_RETRY,
@@ -518,7 +518,10 @@ class Engine:
         """The circuit breaker of backend `backend`: None if `Engine(breaker=None)`, or if
         the backend isolates failures itself (`isolates_failures`: a router over replicas
         ejects the failing one; one breaker over all of them would stop the healthy too)."""
-        if self.breaker is None or getattr(self.backends.get(backend), "isolates_failures", False):
+        wrapped = self.backends.get(backend)
+        if self.breaker is None or (
+            isinstance(wrapped, FailureIsolating) and wrapped.isolates_failures()
+        ):
             return None
         circuit = self._circuits.get(backend)
         if circuit is None:
