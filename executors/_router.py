@@ -6,7 +6,8 @@ backend that cannot be reached is ejected at once, its prefixes forgotten, and t
 fails over to another; a backend that says it is busy (429, 503) keeps its place, and only
 this request goes elsewhere. Backends that are `HealthChecked` are probed every
 `health_interval_s`: a failed probe ejects, a passing one re-admits. Backends without a
-check are tried again after `readmit_after_s`.
+check are tried again after `readmit_after_s`. Calls whose hints carry the same
+`prefix_key` go to the replica that key was placed on, while it is healthy and not overloaded.
 
 The router declares every optional capability and answers for its replicas, which it sorts
 by capability once, when it is built.
@@ -247,12 +248,12 @@ class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallC
                 # Our calls in flight, or the server's own count if it says it is busier
                 # (other clients share it; its figure is as old as the latest probe).
                 load = [max(m, r) for m, r in zip(self._in_flight, self._server_load, strict=True)]
-                choice = self.policy.choose(hashes, load, allowed)
+                choice = self.policy.choose(hashes, load, allowed, hints.prefix_key)
             except LookupError:
                 break
             i = choice.replica
             tried[i] = True
-            self.policy.record(hashes, i)
+            self.policy.record(hashes, i, hints.prefix_key)
             self._in_flight[i] += 1
             self._requests[i] += 1
             try:
