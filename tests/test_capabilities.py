@@ -118,17 +118,18 @@ def test_a_router_is_healthy_while_one_replica_is(clock: VirtualClock) -> None:
 
 
 def test_a_router_sums_its_replicas_load_reports(clock: VirtualClock) -> None:
+    c = Probed(LoadReport(running=4, waiting=4))
     replicas = {
         "a": Probed(LoadReport(running=2, waiting=1, kv_cache_usage=0.5, prefix_cache_hits=10)),
         "b": Probed(LoadReport(running=1, kv_cache_usage=0.25, prefix_cache_hits=6)),
-        "c": Probed(LoadReport(running=4, waiting=4)),
+        "c": c,
         "quiet": FunctionLLM(echo),  # reports nothing and is left out
     }
 
     async def main() -> tuple[LoadReport, LoadReport]:
         router = Router(replicas, health_interval_s=None)
         total = await router.load()
-        replicas["c"].up = False  # a replica that cannot report is left out of the sum
+        c.up = False  # a replica that cannot report is left out of the sum
         return total, await router.load()
 
     total, without_c = clock.run(main())
