@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Protocol, runtime_checkable
 
 from orchestrator import (
     FailureIsolating,
@@ -34,6 +35,13 @@ from orchestrator import (
 )
 
 from ._prefix import Tokenize, prompt_hashes
+
+
+@runtime_checkable
+class _Described(Protocol):
+    """A backend with a line for people (what `plait run` prints at the end), as `SimServer`."""
+
+    def describe(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +83,7 @@ class PrefixGrouper(ProgramAware, HealthChecked, LoadReporting, FailureIsolating
         self._reporting = backend if isinstance(backend, LoadReporting) else None
         self._isolating = backend if isinstance(backend, FailureIsolating) else None
         self._wall_clock = backend if isinstance(backend, WallClockBackend) else None
+        self._described = backend if isinstance(backend, _Described) else None
 
     async def __aenter__(self) -> PrefixGrouper:
         if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
@@ -158,6 +167,6 @@ class PrefixGrouper(ProgramAware, HealthChecked, LoadReporting, FailureIsolating
         return GroupingStats(self._calls, self._held)
 
     def describe(self) -> str:
-        inner = getattr(self.backend, "describe", None)
+        """One line for people: the backend's own line, if it has one, and what was held."""
         text = f"grouping held {self._held} of {self._calls} calls"
-        return f"{inner()}; {text}" if callable(inner) else text
+        return f"{self._described.describe()}; {text}" if self._described is not None else text

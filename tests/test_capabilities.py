@@ -164,3 +164,10 @@ def test_program_done_reaches_the_replicas_that_want_it_through_every_wrapper(
 
     clock.run(main())
     assert listening.done == ["p1"]
+
+
+def test_a_grouper_describes_itself_after_its_backend() -> None:
+    from executors import SimServer
+
+    assert PrefixGrouper(SimServer()).describe().startswith("simulated h100-llama3-8b: 0 requests")
+    assert PrefixGrouper(FunctionLLM(echo)).describe() == "grouping held 0 of 0 calls"
