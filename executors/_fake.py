@@ -31,7 +31,8 @@ class FunctionLLM:
 
     `latency` is a number or a function of the request. Every call is recorded in `calls`
     with its hints, so tests can assert what the scheduler sent. Usage is estimated with
-    `approx_tokens` unless the reply is a full `LLMResponse`.
+    `approx_tokens` unless the reply is a full `LLMResponse`. A text reply longer than the
+    request's `max_tokens` is cut there (`finish_reason="length"`), as a server cuts it.
     """
 
     def __init__(
@@ -57,10 +58,14 @@ class FunctionLLM:
             out = await out
         if isinstance(out, LLMResponse):
             return out
+        finish = "stop"
+        if request.max_tokens is not None and approx_tokens(out) > request.max_tokens:
+            out, finish = out[: request.max_tokens * 4], "length"
         prompt = sum(approx_tokens(m.content) for m in request.messages)
         return LLMResponse(
             text=out,
             usage=Usage(prompt_tokens=prompt, completion_tokens=approx_tokens(out)),
+            finish_reason=finish,
             model=request.model,
         )
 

@@ -25,14 +25,18 @@ from orchestrator import (
     BackendRequestError,
     BackendUnavailableError,
     Clock,
+    HealthChecked,
     Hints,
     LLMRequest,
     LLMResponse,
     LoadReport,
+    LoadReporting,
     Message,
+    ProgramAware,
     ToolCall,
     Usage,
     UsageError,
+    WallClockBackend,
     running_clock,
 )
 
@@ -50,8 +54,12 @@ _CLIENT_FIELDS = frozenset({"stream", "stream_options", "n"})
 """Body fields this backend owns even when a request does not set them."""
 
 
-class OpenAIBackend:
+class OpenAIBackend(ProgramAware, HealthChecked, LoadReporting, WallClockBackend):
     """One OpenAI-compatible endpoint (vLLM, SGLang, Dynamo, llama.cpp, OpenAI, the simulator).
+
+    Its capabilities, declared: it hears that a program is done (`program_done`, to close
+    an SGLang session), can be probed (`check()`) and reports the server's load (`load()`),
+    and needs the system clock unless `local`. It does not isolate failures: one server.
 
     One HTTP connection pool per backend (the client's), also used for the probes. The client
     does not retry on its own (`max_retries=0`): retries are plait's, so they follow the

@@ -8,15 +8,22 @@ characters, four to a token, which is close enough to tell prompts apart by pref
 
 from __future__ import annotations
 
+import functools
 from array import array
 from collections.abc import Callable, Sequence
 
-from orchestrator import LLMRequest
+from orchestrator import LLMRequest, Message
 
 from ._simtext import block_hashes, chained_hashes, render
 
 Tokenize = Callable[[str], Sequence[int]]
 """Text to token ids, e.g. `AutoTokenizer.from_pretrained(...).encode`."""
+
+MEMO_SIZE = 256
+"""Prompts whose hashes are remembered. A call passes a grouper and then a router that hash
+it with the same settings, one right after the other: a short memory is enough for the
+second to be free, and it bounds what is kept (the key holds the messages, the value one
+int per block)."""
 
 
 def token_block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
@@ -26,9 +33,36 @@ def token_block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
 
 def prompt_hashes(
     request: LLMRequest, block_tokens: int, tokenize: Tokenize | None = None
-) -> list[int]:
-    """The chained block hashes of `request`'s rendered prompt."""
-    text = render(request.messages)
-    if tokenize is None:
-        return block_hashes(text, block_tokens)
-    return token_block_hashes(tokenize(text), block_tokens)
+) -> tuple[int, ...]:
+    """The chained block hashes of `request`'s rendered prompt.
+
+    Computed once per prompt and settings: the hashes depend only on the messages, so the
+    latest `MEMO_SIZE` answers are kept and an equal request is answered from them."""
+    return _hashes(request.messages, block_tokens, _Identity(tokenize))
+
+
+class _Identity:
+    """A tokenizer as a memo key: by identity, since a tokenizer object need not be hashable
+    (and two equal ones may still tokenize differently). The memo holds it, so its id is
+    not reused while its hashes are remembered."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Tokenize | None) -> None:
+        self.fn = fn
+
+    def __hash__(self) -> int:
+        return id(self.fn)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Identity) and other.fn is self.fn
+
+
+@functools.lru_cache(maxsize=MEMO_SIZE)
+def _hashes(
+    messages: tuple[Message, ...], block_tokens: int, tokenize: _Identity
+) -> tuple[int, ...]:
+    text = render(messages)
+    if tokenize.fn is None:
+        return tuple(block_hashes(text, block_tokens))
+    return tuple(token_block_hashes(tokenize.fn(text), block_tokens))

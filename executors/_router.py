@@ -4,28 +4,37 @@ Each request goes where its prompt's longest known prefix already sits (`PrefixR
 so replicas reuse their KV caches instead of recomputing what another replica holds. A
 backend that cannot be reached is ejected at once, its prefixes forgotten, and the request
 fails over to another; a backend that says it is busy (429, 503) keeps its place, and only
-this request goes elsewhere. Backends with an `async def check()` are probed every
-`health_interval_s`: a failed probe ejects, a passing one re-admits. Backends without one are
-tried again after `readmit_after_s`.
+this request goes elsewhere. Backends that are `HealthChecked` are probed every
+`health_interval_s`: a failed probe ejects, a passing one re-admits. Backends without a
+check are tried again after `readmit_after_s`. Calls whose hints carry the same
+`prefix_key` go to the replica that key was placed on, while it is healthy and not overloaded.
+
+The router declares every optional capability and answers for its replicas, which it sorts
+by capability once, when it is built.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
 
 from orchestrator import (
+    BackendError,
     BackendOverloadedError,
     BackendUnavailableError,
     Clock,
+    FailureIsolating,
+    HealthChecked,
     Hints,
     LLMBackend,
     LLMRequest,
     LLMResponse,
+    LoadReport,
+    LoadReporting,
+    ProgramAware,
     UsageError,
     WallClockBackend,
     running_clock,
@@ -53,24 +62,19 @@ class ReplicaStats:
     (all its clients', not only ours); 0 when it reports none."""
 
 
-class Router:
+class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallClockBackend):
     """Routes each call to one of `backends` by prompt prefix and load.
 
     `block_tokens`: the prefix granularity (prompts are hashed in blocks of that many
     tokens: of `tokenize`'s when given, else of four characters; match the servers' KV block
-    size where you can). `health_interval_s`: how often to probe the backends that have a
-    `check()` (None: never); a probe that does not finish in `health_timeout_s` fails.
-    A probe also reads the server's own load (`load()`, from its metrics) where it has one:
-    a replica busy with other clients' requests then counts as busy here too.
+    size where you can). `health_interval_s`: how often to probe the backends that are
+    `HealthChecked` (None: never); a probe that does not finish in `health_timeout_s` fails.
+    A probe also reads the server's own load (`load()`, from its metrics) where it is
+    `LoadReporting`: a replica busy with other clients' requests then counts as busy here too.
     `cache_blocks`: each server's KV cache in such blocks, if known (vLLM logs its size at
     start-up): the router then models each server's LRU eviction instead of assuming that
     what it sent somewhere stays there.
     """
-
-    def isolates_failures(self) -> bool:
-        """Failing replicas are ejected here, one by one: the engine puts no circuit breaker
-        over the whole router (it would stop every replica for one replica's faults)."""
-        return True
 
     def __init__(
         self,
@@ -106,12 +110,15 @@ class Router:
         )
         self._clock = clock
         n = len(self.backends)
-        self._checks: list[Callable[[], Awaitable[None]] | None] = [
-            getattr(backend, "check", None) for backend in self.backends
+        # What each replica declared, read once.
+        self._checks: list[HealthChecked | None] = [
+            b if isinstance(b, HealthChecked) else None for b in self.backends
         ]
-        self._loads: list[Callable[[], Awaitable[Any]] | None] = [
-            getattr(backend, "load", None) for backend in self.backends
+        self._loads: list[LoadReporting | None] = [
+            b if isinstance(b, LoadReporting) else None for b in self.backends
         ]
+        self._program_aware = [b for b in self.backends if isinstance(b, ProgramAware)]
+        self._wall_clock = [b for b in self.backends if isinstance(b, WallClockBackend)]
         self._server_load = [0] * n
         self._in_flight = [0] * n
         self._healthy = [True] * n
@@ -127,7 +134,7 @@ class Router:
 
     @property
     def _probing(self) -> bool:
-        return self.health_interval_s is not None and any(self._checks)
+        return self.health_interval_s is not None and any(c is not None for c in self._checks)
 
     async def __aenter__(self) -> Router:
         self._clock = self._clock or running_clock()
@@ -194,23 +201,21 @@ class Router:
         return out
 
     async def _probe(self, replica: int) -> bool:
-        check = self._checks[replica]
-        assert check is not None
+        checked = self._checks[replica]
+        assert checked is not None
         try:
             async with asyncio.timeout(self.health_timeout_s):
-                await check()
+                await checked.check()
         except Exception:  # whatever stops a probe (a refused connection, a bug) fails it
             return False
-        load = self._loads[replica]
-        if load is not None:
+        reporting = self._loads[replica]
+        if reporting is not None:
             try:
                 async with asyncio.timeout(self.health_timeout_s):
-                    report = await load()
+                    report = await reporting.load()
             except Exception:  # no metrics is no failure: the server answered its probe
                 return True
-            running = getattr(report, "running", None) or 0
-            waiting = getattr(report, "waiting", None) or 0
-            self._server_load[replica] = int(running + waiting)
+            self._server_load[replica] = (report.running or 0) + (report.waiting or 0)
         return True
 
     def _readmit(self) -> None:
@@ -243,12 +248,12 @@ class Router:
                 # Our calls in flight, or the server's own count if it says it is busier
                 # (other clients share it; its figure is as old as the latest probe).
                 load = [max(m, r) for m, r in zip(self._in_flight, self._server_load, strict=True)]
-                choice = self.policy.choose(hashes, load, allowed)
+                choice = self.policy.choose(hashes, load, allowed, hints.prefix_key)
             except LookupError:
                 break
             i = choice.replica
             tried[i] = True
-            self.policy.record(hashes, i)
+            self.policy.record(hashes, i, hints.prefix_key)
             self._in_flight[i] += 1
             self._requests[i] += 1
             try:
@@ -277,14 +282,55 @@ class Router:
             f"last error: {unavailable}",
         ) from unavailable
 
+    # --- capabilities: the router answers for its replicas ---------------------------------
+
+    def isolates_failures(self) -> bool:
+        """Failing replicas are ejected here, one by one: the engine puts no circuit breaker
+        over the whole router (it would stop every replica for one replica's faults)."""
+        return True
+
     def needs_wall_clock(self) -> bool:
         """A router waits on the network if any of its replicas does."""
-        return any(isinstance(b, WallClockBackend) and b.needs_wall_clock() for b in self.backends)
+        return any(b.needs_wall_clock() for b in self._wall_clock)
 
     async def program_done(self, program_id: str) -> None:
         """Pass the engine's note that a program finished to every replica that wants it."""
-        notes = [getattr(b, "program_done", None) for b in self.backends]
-        await asyncio.gather(*(note(program_id) for note in notes if note is not None))
+        await asyncio.gather(*(b.program_done(program_id) for b in self._program_aware))
+
+    async def check(self) -> None:
+        """Probe the replicas that can be probed (ejecting and re-admitting them as the health
+        loop does); raise `BackendUnavailableError` only when no replica is left healthy."""
+        passed = await self.check_health()
+        self._readmit()
+        if not any(self._healthy):
+            failed = [self.names[i] for i, ok in enumerate(passed) if ok is False]
+            raise BackendUnavailableError(
+                f"no replica of this router is healthy ({len(self.backends)} ejected; "
+                f"failing their probes now: {', '.join(failed) or 'none'})"
+            )
+
+    async def load(self) -> LoadReport:
+        """The replicas' reports added up: requests running and waiting and prefix-cache
+        counters summed, KV cache usage and the servers' own hit rates averaged. A field is
+        None where no replica reports it; a replica whose report fails is left out, and if
+        every one fails the last error is raised."""
+        reporters = [r for r in self._loads if r is not None]
+        answers = await asyncio.gather(*(r.load() for r in reporters), return_exceptions=True)
+        reports = [a for a in answers if isinstance(a, LoadReport)]
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if errors and not reports:
+            last = errors[-1]
+            if isinstance(last, BackendError):
+                raise last
+            raise BackendUnavailableError(f"no replica of this router reported its load: {last}")
+        return LoadReport(
+            running=_sum([r.running for r in reports]),
+            waiting=_sum([r.waiting for r in reports]),
+            kv_cache_usage=_mean([r.kv_cache_usage for r in reports]),
+            prefix_cache_hits=_sum([r.prefix_cache_hits for r in reports]),
+            prefix_cache_queries=_sum([r.prefix_cache_queries for r in reports]),
+            cache_hit_rate=_mean([r.cache_hit_rate for r in reports]),
+        )
 
     def stats(self) -> list[ReplicaStats]:
         return [
@@ -301,3 +347,13 @@ class Router:
             )
             for i in range(len(self.backends))
         ]
+
+
+def _sum(values: Sequence[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None

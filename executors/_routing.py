@@ -32,8 +32,9 @@ class Choice:
     matched_blocks: int
     """How many of the request's leading blocks the chosen replica is believed to hold."""
     reason: str
-    """"prefix": a replica holding the longest known prefix; "least-loaded": nobody holds
-    any of it, or every holder was overloaded."""
+    """"key": where the request's prefix key was placed; "prefix": a replica holding the
+    longest known prefix; "least-loaded": nobody holds any of it, or every holder was
+    overloaded."""
 
 
 def _score(key: int, replica: int, salt: int) -> int:
@@ -63,6 +64,7 @@ class PrefixRouter:
     `blocks_per_replica`: each replica's KV cache in blocks (None: unknown, remember
     everything up to `capacity`). `capacity`: prefix hashes remembered over all replicas.
     `half_life`: after this many routed requests, a replica's past work counts half.
+    `keys`: prefix keys remembered (each names the replica its latest request went to).
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class PrefixRouter:
         load_slack: float = 1.0,
         max_work_imbalance: float = 1.25,
         half_life: float = 1000.0,
+        keys: int = 100_000,
     ) -> None:
         if replicas < 1:
             raise ValueError("a router needs at least one replica")
@@ -82,6 +85,8 @@ class PrefixRouter:
             raise ValueError(f"blocks_per_replica must be positive, got {blocks_per_replica}")
         if half_life <= 0:
             raise ValueError(f"half_life must be positive, got {half_life}")
+        if keys < 1:
+            raise ValueError(f"keys must be positive, got {keys}")
         self.replicas = replicas
         self.max_imbalance = max_imbalance
         self.capacity = capacity
@@ -93,6 +98,9 @@ class PrefixRouter:
         self._held: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
         self._remembered = 0
         self._work = [0.0] * replicas
+        self.keys = keys
+        # Prefix key -> the replica its latest request went to, least recently used first.
+        self._placed: OrderedDict[str, int] = OrderedDict()
 
     def held_prefix(self, hashes: Sequence[int], replica: int) -> int:
         """How many leading blocks of `hashes` `replica` is believed to hold."""
@@ -114,7 +122,11 @@ class PrefixRouter:
         return list(self._work)
 
     def choose(
-        self, hashes: Sequence[int], loads: Sequence[float], healthy: Sequence[bool]
+        self,
+        hashes: Sequence[int],
+        loads: Sequence[float],
+        healthy: Sequence[bool],
+        prefix_key: str | None = None,
     ) -> Choice:
         alive = [r for r in range(self.replicas) if healthy[r]]
         if not alive:
@@ -122,6 +134,9 @@ class PrefixRouter:
         work = self._work
         mean_load = sum(loads[r] for r in alive) / len(alive)
         load_limit = self.max_imbalance * mean_load + self.load_slack
+        placed = self._placed.get(prefix_key) if prefix_key is not None else None
+        if placed is not None and healthy[placed] and loads[placed] <= load_limit:
+            return Choice(placed, self.held_prefix(hashes, placed), "key")
         # Against the least worked replica, so that one just (re)admitted, with an empty
         # cache, draws work even when every other replica holds the prefix. Plus the request
         # itself, so that the first requests of a run do not count as imbalance.
@@ -149,8 +164,14 @@ class PrefixRouter:
         pick = min(spare, key=lambda r: (work[r] + len(hashes) - matched[r], rank(r)))
         return Choice(pick, matched[pick], "least-loaded")
 
-    def record(self, hashes: Sequence[int], replica: int) -> None:
-        """`replica` was sent this request: it will hold every prefix of it."""
+    def record(self, hashes: Sequence[int], replica: int, prefix_key: str | None = None) -> None:
+        """`replica` was sent this request: it will hold every prefix of it (and the
+        requests with its `prefix_key` go there next)."""
+        if prefix_key is not None:
+            self._placed[prefix_key] = replica
+            self._placed.move_to_end(prefix_key)
+            if len(self._placed) > self.keys:
+                self._placed.popitem(last=False)
         computed = len(hashes) - self.held_prefix(hashes, replica)
         decay = self._decay
         self._work = [w * decay for w in self._work]
@@ -176,3 +197,5 @@ class PrefixRouter:
         """A replica restarted or was ejected: it holds nothing any more."""
         self._remembered -= len(self._held[replica])
         self._held[replica] = OrderedDict()
+        for key in [k for k, r in self._placed.items() if r == replica]:
+            del self._placed[key]

@@ -7,8 +7,9 @@ from collections.abc import Callable
 
 import pytest
 
-from executors import PrefixGrouper, SimServer
+from executors import FunctionLLM, PrefixGrouper, Router, SimServer, echo
 from executors._prefix import prompt_hashes
+from executors._simtext import render
 from orchestrator import (
     BackendError,
     Hints,
@@ -182,3 +183,28 @@ def test_calls_sharing_too_little_are_not_held() -> None:
         assert grouper.stats().held == 0
 
     asyncio.run(main())
+
+
+def test_a_prompt_is_hashed_once_through_a_grouper_over_a_router(clock: VirtualClock) -> None:
+    """Grouper and router both hash each prompt with the same settings: the router's
+    hashing is answered from the grouper's."""
+    tokenized: list[str] = []
+
+    def tokenize(text: str) -> list[int]:
+        tokenized.append(text)
+        return [ord(c) for c in text]
+
+    replicas = {f"r{i}": FunctionLLM(echo, latency=1.0) for i in range(2)}
+    router = Router(replicas, block_tokens=16, tokenize=tokenize)
+    grouper = PrefixGrouper(router, block_tokens=16, tokenize=tokenize)
+    documents = [f"document {d}: " + "words " * 200 for d in range(3)]
+    requests = [question(i, documents[i % 3]) for i in range(9)]
+
+    async def main() -> None:
+        async with grouper:
+            await asyncio.gather(*(grouper.complete(r, Hints("p")) for r in requests))
+
+    clock.run(main())
+    assert sum(len(llm.calls) for llm in replicas.values()) == 9
+    assert grouper.stats().held > 0  # siblings waited between the two hashings
+    assert sorted(tokenized) == sorted(render(r.messages) for r in requests)

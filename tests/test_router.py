@@ -339,3 +339,38 @@ def test_a_replica_busy_with_other_clients_is_avoided_after_a_probe(clock: Virtu
 
     first, second, third = clock.run(main())
     assert first == second and third != first
+
+
+def test_calls_with_one_prefix_key_go_to_one_replica_while_it_serves(clock: VirtualClock) -> None:
+    """The key says what the prompts do not: these share a prefix a tokenizer would not see
+    (here, none at all), so they follow the first one; the key moves off a dead replica."""
+    up = {"r0": True, "r1": True, "r2": True}
+
+    def reply(name: str) -> Any:
+        def answer(request: LLMRequest, hints: Hints) -> str:
+            if not up[name]:
+                raise BackendUnavailableError("connection refused", backend=name)
+            return name
+
+        return answer
+
+    llms = {name: FunctionLLM(reply(name), latency=1.0) for name in up}
+    unrelated = [LLMRequest((Message("user", f"{i} " * (50 + i)),), "m") for i in range(12)]
+
+    async def main() -> tuple[set[str], set[str], set[str]]:
+        async with Router(llms, readmit_after_s=1000) as router:
+
+            async def ask(key: str | None, requests: list[LLMRequest]) -> set[str]:
+                hints = Hints("p", prefix_key=key)
+                return {(await router.complete(r, hints)).text for r in requests}
+
+            keyed = await ask("doc", unrelated[:6])
+            unkeyed = await ask(None, unrelated[6:])
+            (home,) = keyed
+            up[home] = False
+            moved = await ask("doc", unrelated[:6])
+            return keyed, unkeyed, moved
+
+    keyed, unkeyed, moved = clock.run(main())
+    assert len(keyed) == 1 and len(unkeyed) > 1
+    assert len(moved) == 1 and moved != keyed

@@ -143,3 +143,43 @@ def test_bad_settings_are_refused() -> None:
         PrefixRouter(2, blocks_per_replica=0)
     with pytest.raises(ValueError):
         PrefixRouter(2, half_life=0)
+
+
+def test_a_prefix_key_goes_where_it_was_placed_whatever_the_hashes_say() -> None:
+    router = PrefixRouter(4)
+    first = router.choose([1, 2], IDLE, ALL, "doc-7")
+    assert first.reason != "key"  # unknown yet: placed as usual
+    router.record([1, 2], first.replica, "doc-7")
+    other = (first.replica + 1) % 4
+    router.record([50, 51, 52], other)  # a longer prefix held elsewhere
+    choice = router.choose([50, 51, 52, 53], IDLE, ALL, "doc-7")
+    assert (choice.replica, choice.reason, choice.matched_blocks) == (first.replica, "key", 0)
+    assert router.choose([50, 51, 52, 53], IDLE, ALL).replica == other  # without the key
+
+
+def test_a_keys_replica_that_is_down_or_overloaded_loses_it() -> None:
+    router = PrefixRouter(4, max_imbalance=1.5, load_slack=1.0)
+    router.record([1], 2, "k")
+    healthy = [True, True, False, True]
+    moved = router.choose([1], IDLE, healthy, "k")
+    assert moved.replica != 2 and moved.reason != "key"
+    router.record([1], moved.replica, "k")  # remembered where it went
+    assert router.choose([1], IDLE, ALL, "k").replica == moved.replica
+    busy = [0.0] * 4
+    busy[moved.replica] = 9.0  # over 1.5 x the mean (2.25) + 1 = 4.375
+    assert router.choose([1], busy, ALL, "k").replica != moved.replica
+    busy = [2.0] * 4
+    busy[moved.replica] = 4.0  # within 1.5 x 2.5 + 1 = 4.75: the key holds
+    assert router.choose([1], busy, ALL, "k").replica == moved.replica
+
+
+def test_keys_are_bounded_and_forgotten_with_their_replica() -> None:
+    router = PrefixRouter(2, keys=2)
+    for k in ("a", "b", "c"):
+        router.record([ord(k)], 1, k)
+    assert router.choose([], IDLE[:2], ALL[:2], "a").reason != "key"  # the oldest went
+    assert router.choose([], IDLE[:2], ALL[:2], "c").reason == "key"
+    router.forget_replica(1)
+    assert router.choose([], IDLE[:2], ALL[:2], "c").reason != "key"
+    with pytest.raises(ValueError, match="keys"):
+        PrefixRouter(2, keys=0)
