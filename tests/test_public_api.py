@@ -36,6 +36,9 @@ EXPECTED = {
         "CircuitState",
         "Capabilities", "FailureIsolating", "HealthChecked", "LoadReport", "LoadReporting",
         "ProgramAware", "capabilities",
+        "CallRecord", "EventRecord", "Journal", "JournalStats", "Store", "StoreBatch",
+        "StoreError", "StoreSize", "StoreVersionError", "WorkflowRow", "payload_digest",
+        "read_events", "restore",
     },
     "executors": {
         "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",
@@ -47,7 +50,7 @@ EXPECTED = {
         "Faults",
     },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
-    "memory": set(),
+    "memory": {"SQLStore", "store_url"},
 }  # fmt: skip
 
 
