@@ -100,6 +100,15 @@ class SQLStore(Store):
     async def open(self) -> None:
         if self._writer is not None:
             return
+        self._connect()
+        try:
+            with self._translate("open"):
+                await self._migrate("head")
+        except BaseException:
+            await self.close()
+            raise
+
+    def _connect(self) -> None:
         if self._sqlite:
             self._check_sqlite_file()
             self._writer = self._sqlite_engine(writer=True)
@@ -109,12 +118,6 @@ class SQLStore(Store):
             if self._schema:
                 args["server_settings"] = {"search_path": self._schema}
             self._writer = create_async_engine(self.url, connect_args=args)
-        try:
-            with self._translate("open"):
-                await self._migrate("head")
-        except BaseException:
-            await self.close()
-            raise
 
     async def close(self) -> None:
         engines, self._writer, self._reader = self.engines, None, None
@@ -168,6 +171,11 @@ class SQLStore(Store):
         """Refuse a file that is not SQLite, or shorter than its header says, before the
         driver fails somewhere less clear."""
         path = Path(self.url.database or "")
+        if not path.parent.is_dir():
+            raise StoreError(
+                f"store file {str(path)!r} cannot be created: its directory does not exist; "
+                "create the directory first, or pass another path"
+            )
         if not path.is_file():
             return
         size = path.stat().st_size
@@ -246,7 +254,7 @@ class SQLStore(Store):
                 .where(t.events.c.workflow_id.in_(chunk))
                 .group_by(t.events.c.workflow_id)
             )
-            stored.update({w: s for w, s in (await conn.execute(query)).tuples()})
+            stored.update({w: s for w, s in (await conn.execute(query))})
         for workflow, seq in first.items():
             expected = stored.get(workflow, 0) + 1
             if seq != expected:
@@ -302,7 +310,7 @@ class SQLStore(Store):
             .order_by(e.seq)
         )
         async with self._read() as conn:
-            rows = (await conn.execute(query)).tuples().all()
+            rows = (await conn.execute(query)).all()
         return [
             EventRecord(workflow=w, seq=s, kind=k, at=at, data=d, refs=json.loads(r) if r else {})
             for w, s, k, at, d, r in rows
@@ -320,7 +328,7 @@ class SQLStore(Store):
         async with self._read() as conn:
             for chunk in _chunks(sorted(set(digests))):
                 query = sa.select(p.digest, p.data).where(p.digest.in_(chunk))
-                found.update({d: bytes(data) for d, data in (await conn.execute(query)).tuples()})
+                found.update({d: bytes(data) for d, data in (await conn.execute(query))})
         return found
 
     async def workflow(self, workflow: str) -> WorkflowRow | None:
