@@ -1,8 +1,8 @@
-"""Persistent memory and the SQL store (SQLite and PostgreSQL through SQLAlchemy).
+"""Persistent memory: the SQL store (SQLite and PostgreSQL through SQLAlchemy).
 
-Nothing is public yet: the store, the event log and agent memory arrive with the
-durability issue. The package exists now so that the import-direction rule is checked
-from the start.
+`SQLStore` implements orchestrator's `Store`; agent memory arrives later.
 """
 
-__all__: list[str] = []
+from ._sql import SQLStore, store_url
+
+__all__ = ["SQLStore", "store_url"]

@@ -59,6 +59,7 @@ from ._events import (
     WorkflowStarted,
     WorkflowStatus,
 )
+from ._journal import Journal, JournalStats, read_events, restore
 from ._keepalive import CacheBudget, KeepAlive, PausePredictor
 from ._llm import (
     Capabilities,
@@ -95,6 +96,17 @@ from ._scheduler import (
     order_programs,
     remaining_critical_path,
     urgency,
+)
+from ._store import (
+    CallRecord,
+    EventRecord,
+    Store,
+    StoreBatch,
+    StoreError,
+    StoreSize,
+    StoreVersionError,
+    WorkflowRow,
+    payload_digest,
 )
 from ._sync import run_sync
 from ._task import (
@@ -230,4 +242,17 @@ __all__ = [
     "run_sync",
     "running_clock",
     "urgency",
+    "CallRecord",
+    "EventRecord",
+    "Journal",
+    "JournalStats",
+    "Store",
+    "StoreBatch",
+    "StoreError",
+    "StoreSize",
+    "StoreVersionError",
+    "WorkflowRow",
+    "payload_digest",
+    "read_events",
+    "restore",
 ]

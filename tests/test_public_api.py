@@ -38,6 +38,9 @@ EXPECTED = {
         "ProgramAware", "capabilities",
         "ActionKind", "ActionSpec", "CallSite", "Describable", "LLMCalls", "TaskOptions",
         "TaskRun", "WorkflowEditor", "describe", "registered_name",
+        "CallRecord", "EventRecord", "Journal", "JournalStats", "Store", "StoreBatch",
+        "StoreError", "StoreSize", "StoreVersionError", "WorkflowRow", "payload_digest",
+        "read_events", "restore",
     },
     "executors": {
         "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",
@@ -49,7 +52,7 @@ EXPECTED = {
         "Faults",
     },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
-    "memory": set(),
+    "memory": {"SQLStore", "store_url"},
 }  # fmt: skip
 
 

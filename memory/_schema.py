@@ -1,0 +1,77 @@
+"""The store's tables as SQLAlchemy Core objects, at the newest schema version.
+
+Migrations (`migrations/versions/`) build the same tables step by step; a test compares
+them. `SCHEMA_VERSION` is the version this plait writes and the highest it can open.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+SCHEMA_VERSION = 2
+"""1: workflows, events, payloads and their references. 2: call results; tenant and labels."""
+
+metadata = sa.MetaData()
+
+meta = sa.Table(
+    "plait_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
+workflows = sa.Table(
+    "plait_workflows",
+    metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("priority", sa.String(16), nullable=False),
+    sa.Column("deadline", sa.Double, nullable=True),
+    sa.Column("created", sa.Double, nullable=False),
+    sa.Column("updated", sa.Double, nullable=False),
+    sa.Column("finished", sa.Double, nullable=True),
+    sa.Column("tenant", sa.String(200), nullable=True),
+    sa.Column("labels", sa.JSON, nullable=True),
+    sa.Index("plait_workflows_status", "status", "created"),
+    sa.Index("plait_workflows_tenant", "tenant", "created"),
+)
+
+events = sa.Table(
+    "plait_events",
+    metadata,
+    sa.Column("workflow_id", sa.String(200), primary_key=True),
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+    sa.Column("refs", sa.Text, nullable=True),
+)
+
+payloads = sa.Table(
+    "plait_payloads",
+    metadata,
+    sa.Column("digest", sa.String(64), primary_key=True),
+    sa.Column("data", sa.LargeBinary, nullable=False),
+)
+
+# Which workflow refers to which payload: what garbage collection keeps, without parsing
+# every event's JSON.
+payload_refs = sa.Table(
+    "plait_payload_refs",
+    metadata,
+    sa.Column("workflow_id", sa.String(200), primary_key=True),
+    sa.Column("digest", sa.String(64), primary_key=True),
+    sa.Index("plait_payload_refs_digest", "digest"),
+)
+
+calls = sa.Table(
+    "plait_calls",
+    metadata,
+    sa.Column("program", sa.String(200), primary_key=True),
+    sa.Column("request_hash", sa.String(128), primary_key=True),
+    sa.Column("digest", sa.String(64), nullable=False),
+    sa.Column("workflow_id", sa.String(200), nullable=True),
+    sa.Index("plait_calls_digest", "digest"),
+    sa.Index("plait_calls_workflow", "workflow_id"),
+)

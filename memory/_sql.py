@@ -1,0 +1,576 @@
+"""`SQLStore`: orchestrator's `Store` on SQLAlchemy 2 async, SQLite or PostgreSQL.
+
+SQLite (the default, `sqlite+aiosqlite:///path` or a plain path) runs in WAL mode, so
+readers never wait for the writer. Writes go through one connection per process, behind an
+asyncio lock, and each starts with BEGIN IMMEDIATE: a transaction takes the write lock
+before it reads, so it can never fail half-way with "database is locked" (the busy timeout
+covers other processes). `synchronous=FULL` is the default: WAL mode then syncs the log on
+every commit, so a committed batch survives a power cut too, not only a killed process; group
+commit in the journal pays that sync once per batch, not per event. NORMAL is faster and
+still loses nothing when only the process dies; pass it when the machine is trusted.
+
+PostgreSQL (`postgresql+asyncpg://...`) needs no lock of ours; `schema=` puts the tables in
+their own schema (created if missing), which is how tests share one database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import event
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from orchestrator import (
+    EventRecord,
+    Store,
+    StoreBatch,
+    StoreError,
+    StoreSize,
+    StoreVersionError,
+    WorkflowRow,
+    WorkflowStatus,
+)
+
+from . import _schema as t
+
+_MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+_FINISHED = ("succeeded", "failed", "cancelled")
+_UNFINISHED = ("pending", "running")
+_CHUNK = 500
+"""Ids per IN (...) list: well under SQLite's and asyncpg's bound-parameter limits."""
+_PG_GC_LOCK = 0x706C616974
+"""Advisory lock key: appends hold it shared, garbage collection exclusively, so a payload
+an append is about to reference is never collected in between."""
+
+
+def store_url(target: str) -> str:
+    """A SQLAlchemy URL for `target`: URLs pass through, anything else is a SQLite file path."""
+    return target if "://" in target else f"sqlite+aiosqlite:///{target}"
+
+
+class SQLStore(Store):
+    """The SQL store; see the module docstring. `target` is a URL or a SQLite file path."""
+
+    def __init__(
+        self,
+        target: str | Path,
+        *,
+        schema: str | None = None,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.url = sa.make_url(store_url(str(target)))
+        self._sqlite = self.url.get_backend_name() == "sqlite"
+        if not self._sqlite and self.url.get_backend_name() != "postgresql":
+            raise StoreError(
+                f"store URL {self.url.render_as_string()!r} names neither SQLite nor "
+                "PostgreSQL; use sqlite+aiosqlite:///path or postgresql+asyncpg://host/db"
+            )
+        self.where = (
+            f"file {self.url.database!r}"
+            if self._sqlite
+            else f"database {self.url.render_as_string(hide_password=True)!r}"
+        )
+        self._schema = schema
+        self._synchronous = synchronous
+        self._busy_ms = int(busy_timeout * 1000)
+        self._connect_timeout = connect_timeout
+        self._write_lock = asyncio.Lock()
+        self._writer: AsyncEngine | None = None
+        self._reader: AsyncEngine | None = None
+
+    @property
+    def engines(self) -> tuple[AsyncEngine, ...]:
+        """The open engines (the writer first): for instrumentation and tests."""
+        return tuple(e for e in (self._writer, self._reader) if e is not None)
+
+    # --- open and close ----------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._writer is not None:
+            return
+        self._connect()
+        try:
+            with self._translate("open"):
+                await self._migrate("head")
+        except BaseException:
+            await self.close()
+            raise
+
+    def _connect(self) -> None:
+        if self._sqlite:
+            self._check_sqlite_file()
+            self._writer = self._sqlite_engine(writer=True)
+            self._reader = self._sqlite_engine(writer=False)
+        else:
+            args: dict[str, Any] = {"timeout": self._connect_timeout}
+            if self._schema:
+                args["server_settings"] = {"search_path": self._schema}
+            self._writer = create_async_engine(self.url, connect_args=args)
+
+    async def close(self) -> None:
+        engines, self._writer, self._reader = self.engines, None, None
+        for engine in engines:
+            await engine.dispose()
+
+    async def _migrate(self, revision: str) -> None:
+        """Bring the schema to `revision` ("head" in use; tests also build older states)."""
+        async with self._write() as conn:
+            if not self._sqlite:
+                if self._schema:
+                    quoted = conn.dialect.identifier_preparer.quote_identifier(self._schema)
+                    await conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
+                # Two processes opening one fresh database must not both create the tables.
+                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_GC_LOCK + 1)))
+            found = await conn.run_sync(_schema_version)
+            if found is not None and found > t.SCHEMA_VERSION:
+                raise StoreVersionError(self.where, found, t.SCHEMA_VERSION)
+            await conn.run_sync(_alembic_upgrade, revision)
+
+    def _sqlite_engine(self, *, writer: bool) -> AsyncEngine:
+        engine = create_async_engine(
+            self.url,
+            # One connection writes; readers share a small pool (WAL lets them run beside it).
+            pool_size=1 if writer else 4,
+            max_overflow=0,
+        )
+        busy_ms, synchronous = self._busy_ms, self._synchronous
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _connect(dbapi_connection: Any, _record: Any) -> None:
+            if writer:
+                # The driver must not open transactions on its own: we BEGIN IMMEDIATE below.
+                dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"PRAGMA busy_timeout = {busy_ms}")
+            if writer:
+                cursor.execute("PRAGMA journal_mode = WAL")
+                cursor.execute(f"PRAGMA synchronous = {synchronous}")
+            cursor.close()
+
+        if writer:
+
+            @event.listens_for(engine.sync_engine, "begin")
+            def _begin(conn: sa.Connection) -> None:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+
+    def _check_sqlite_file(self) -> None:
+        """Refuse a file that is not SQLite, or shorter than its header says, before the
+        driver fails somewhere less clear."""
+        path = Path(self.url.database or "")
+        if not path.parent.is_dir():
+            raise StoreError(
+                f"store file {str(path)!r} cannot be created: its directory does not exist; "
+                "create the directory first, or pass another path"
+            )
+        if not path.is_file():
+            return
+        size = path.stat().st_size
+        if size == 0:
+            return
+        with path.open("rb") as file:
+            header = file.read(100)
+        if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+            raise StoreError(
+                f"store file {str(path)!r} is not a SQLite database (its header is wrong); "
+                "pass the path of a plait store, or move this file away to start a new one"
+            )
+        page_size = int.from_bytes(header[16:18], "big")
+        page_size = 65536 if page_size == 1 else page_size
+        pages = int.from_bytes(header[28:32], "big")
+        # The page count in the header is valid only when its two change counters agree.
+        if header[24:28] == header[92:96] and size < pages * page_size:
+            raise StoreError(
+                f"store file {str(path)!r} is truncated: {size} bytes where its header says "
+                f"{pages * page_size}; restore it from a backup, or move it away to start anew"
+            )
+
+    # --- writes -----------------------------------------------------------------------------
+
+    async def append(self, batch: StoreBatch) -> None:
+        if not len(batch):
+            return
+        async with self._write() as conn:
+            if not self._sqlite and batch.payloads:
+                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock_shared(_PG_GC_LOCK)))
+            if batch.events:
+                await self._check_seqs(conn, batch.events)
+            insert = self._insert
+            if batch.payloads:
+                rows = [{"digest": d, "data": data} for d, data in batch.payloads.items()]
+                await conn.execute(insert(t.payloads).on_conflict_do_nothing(), rows)
+            if batch.events:
+                await self._insert_events(conn, batch.events)
+                refs = {(e.workflow, d) for e in batch.events for d in e.refs.values()}
+                if refs:
+                    rows = [{"workflow_id": w, "digest": d} for w, d in sorted(refs)]
+                    await conn.execute(insert(t.payload_refs).on_conflict_do_nothing(), rows)
+            if batch.workflows:
+                stmt = insert(t.workflows)
+                columns = [c.name for c in t.workflows.columns if c.name not in ("id", "created")]
+                stmt = stmt.on_conflict_do_update(
+                    index_elements=["id"], set_={c: stmt.excluded[c] for c in columns}
+                )
+                await conn.execute(stmt, [_workflow_row(w) for w in batch.workflows])
+            if batch.calls:
+                call_rows: list[dict[str, Any]] = [
+                    {
+                        "program": c.program,
+                        "request_hash": c.request_hash,
+                        "digest": c.digest,
+                        "workflow_id": c.workflow,
+                    }
+                    for c in batch.calls
+                ]
+                # The first recorded result wins: a call is answered once.
+                await conn.execute(insert(t.calls).on_conflict_do_nothing(), call_rows)
+
+    async def _insert_events(self, conn: AsyncConnection, records: Sequence[EventRecord]) -> None:
+        if self._sqlite:
+            # The hottest statement: SQLAlchemy's per-row parameter processing costs more
+            # than SQLite's insert, so rows go to the driver as plain tuples.
+            rows = [(e.workflow, e.seq, e.kind, e.at, e.data, _refs_text(e.refs)) for e in records]
+            await conn.exec_driver_sql(_SQLITE_INSERT_EVENTS, rows)
+        else:
+            await conn.execute(t.events.insert(), [_event_row(e) for e in records])
+
+    async def _check_seqs(self, conn: AsyncConnection, records: Sequence[EventRecord]) -> None:
+        first: dict[str, int] = {}
+        last: dict[str, int] = {}
+        for record in records:
+            expected = last[record.workflow] + 1 if record.workflow in last else None
+            if expected is not None and record.seq != expected:
+                raise _gap(record, expected)
+            first.setdefault(record.workflow, record.seq)
+            last[record.workflow] = record.seq
+        stored: dict[str, int] = {}
+        for chunk in _chunks(sorted(first)):
+            query = (
+                sa.select(t.events.c.workflow_id, sa.func.max(t.events.c.seq))
+                .where(t.events.c.workflow_id.in_(chunk))
+                .group_by(t.events.c.workflow_id)
+            )
+            stored.update({w: s for w, s in (await conn.execute(query))})
+        for workflow, seq in first.items():
+            expected = stored.get(workflow, 0) + 1
+            if seq != expected:
+                raise _gap(next(r for r in records if r.workflow == workflow), expected)
+
+    async def delete(self, workflows: Sequence[str]) -> int:
+        async with self._write() as conn:
+            return await self._delete(conn, sorted(set(workflows)))
+
+    async def _delete(self, conn: AsyncConnection, ids: Sequence[str]) -> int:
+        deleted = 0
+        for chunk in _chunks(ids):
+            for table in (t.events, t.payload_refs, t.calls):
+                await conn.execute(table.delete().where(table.c.workflow_id.in_(chunk)))
+            result = await conn.execute(t.workflows.delete().where(t.workflows.c.id.in_(chunk)))
+            deleted += result.rowcount
+        return deleted
+
+    async def retain(
+        self, *, finished_before: float | None = None, keep_last: int | None = None
+    ) -> int:
+        w = t.workflows.c
+        finished = sa.select(w.id).where(w.status.in_(_FINISHED))
+        async with self._write() as conn:
+            doomed: set[str] = set()
+            if finished_before is not None:
+                old = finished.where(w.finished < finished_before)
+                doomed.update((await conn.execute(old)).scalars())
+            if keep_last is not None:
+                beyond = finished.order_by(w.finished.desc(), w.id.desc()).offset(keep_last)
+                doomed.update((await conn.execute(beyond)).scalars())
+            return await self._delete(conn, sorted(doomed))
+
+    async def collect_garbage(self) -> int:
+        p = t.payloads
+        referenced = sa.or_(
+            sa.exists().where(t.payload_refs.c.digest == p.c.digest),
+            sa.exists().where(t.calls.c.digest == p.c.digest),
+        )
+        async with self._write() as conn:
+            if not self._sqlite:
+                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_GC_LOCK)))
+            result = await conn.execute(p.delete().where(sa.not_(referenced)))
+            return result.rowcount
+
+    # --- reads ------------------------------------------------------------------------------
+
+    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
+        e = t.events.c
+        query = (
+            sa.select(e.workflow_id, e.seq, e.kind, e.at, e.data, e.refs)
+            .where(e.workflow_id == workflow, e.seq > after_seq)
+            .order_by(e.seq)
+        )
+        async with self._read() as conn:
+            rows = (await conn.execute(query)).all()
+        return [
+            EventRecord(workflow=w, seq=s, kind=k, at=at, data=d, refs=json.loads(r) if r else {})
+            for w, s, k, at, d, r in rows
+        ]
+
+    async def last_seq(self, workflow: str) -> int:
+        e = t.events.c
+        query = sa.select(sa.func.coalesce(sa.func.max(e.seq), 0)).where(e.workflow_id == workflow)
+        async with self._read() as conn:
+            return int((await conn.execute(query)).scalar_one())
+
+    async def payloads(self, digests: Sequence[str]) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        p = t.payloads.c
+        async with self._read() as conn:
+            for chunk in _chunks(sorted(set(digests))):
+                query = sa.select(p.digest, p.data).where(p.digest.in_(chunk))
+                found.update({d: bytes(data) for d, data in (await conn.execute(query))})
+        return found
+
+    async def workflow(self, workflow: str) -> WorkflowRow | None:
+        query = sa.select(t.workflows).where(t.workflows.c.id == workflow)
+        async with self._read() as conn:
+            row = (await conn.execute(query)).mappings().first()
+        return None if row is None else _workflow_from(row)
+
+    async def workflows(
+        self,
+        *,
+        status: WorkflowStatus | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[WorkflowRow]:
+        w = t.workflows.c
+        query = sa.select(t.workflows).order_by(w.created.desc(), w.id.desc())
+        if status is not None:
+            query = query.where(w.status == status)
+        if tenant is not None:
+            query = query.where(w.tenant == tenant)
+        query = query.limit(limit).offset(offset)
+        async with self._read() as conn:
+            rows = (await conn.execute(query)).mappings().all()
+        return [_workflow_from(row) for row in rows]
+
+    async def unfinished(self) -> list[str]:
+        w = t.workflows.c
+        query = sa.select(w.id).where(w.status.in_(_UNFINISHED)).order_by(w.created, w.id)
+        async with self._read() as conn:
+            return list((await conn.execute(query)).scalars())
+
+    async def find_call(self, program: str, request_hash: str) -> bytes | None:
+        c, p = t.calls.c, t.payloads.c
+        query = (
+            sa.select(p.data)
+            .join_from(t.calls, t.payloads, c.digest == p.digest)
+            .where(c.program == program, c.request_hash == request_hash)
+        )
+        async with self._read() as conn:
+            data = (await conn.execute(query)).scalar_one_or_none()
+        return None if data is None else bytes(data)
+
+    async def size(self) -> StoreSize:
+        def count(table: sa.Table) -> sa.ScalarSelect[int]:
+            return sa.select(sa.func.count()).select_from(table).scalar_subquery()
+
+        def total(column: sa.Column[Any]) -> sa.ScalarSelect[int]:
+            return sa.select(
+                sa.func.coalesce(sa.func.sum(sa.func.length(column)), 0)
+            ).scalar_subquery()
+
+        query = sa.select(
+            count(t.workflows),
+            count(t.events),
+            count(t.payloads),
+            count(t.calls),
+            total(t.events.c.data),
+            total(t.payloads.c.data),
+        )
+        async with self._read() as conn:
+            row = (await conn.execute(query)).one()
+        return StoreSize(
+            workflows=row[0],
+            events=row[1],
+            payloads=row[2],
+            calls=row[3],
+            event_bytes=int(row[4]),
+            payload_bytes=int(row[5]),
+        )
+
+    # --- inside -----------------------------------------------------------------------------
+
+    @property
+    def _insert(self) -> Any:
+        return sqlite.insert if self._sqlite else postgresql.insert
+
+    @contextmanager
+    def _translate(self, action: str) -> Iterator[None]:
+        """Turn driver and SQLAlchemy errors into a `StoreError` naming the store."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except (sa.exc.SQLAlchemyError, sqlite3.Error, OSError, TimeoutError) as exc:
+            raise StoreError(self._explain(action, exc)) from exc
+
+    def _explain(self, action: str, exc: BaseException) -> str:
+        cause = getattr(exc, "orig", None) or exc
+        detail = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        lowered = detail.lower()
+        if self._sqlite and ("not a database" in lowered or "malformed" in lowered):
+            fix = (
+                "the file is damaged or not a plait store: restore it from a backup, "
+                "or move it away to start a new store"
+            )
+        elif self._sqlite and "unable to open" in lowered:
+            fix = "check that its directory exists and is writable"
+        elif self._sqlite:
+            fix = "check the file's permissions and the disk's free space"
+        elif isinstance(cause, OSError | TimeoutError) or "connect" in lowered:
+            fix = (
+                "the database cannot be reached: check that it runs and that the URL's "
+                "host, port, user and database are right"
+            )
+        else:
+            fix = "check the database's log"
+        return f"could not {action} the store, {self.where}: {detail}; {fix}"
+
+    def _engine(self, *, writer: bool) -> AsyncEngine:
+        engine = self._writer if writer or self._reader is None else self._reader
+        if engine is None:
+            raise StoreError(f"the store, {self.where}, is not open; use `async with store:`")
+        return engine
+
+    def _write(self) -> _Transaction:
+        return _Transaction(self, writer=True)
+
+    def _read(self) -> _Transaction:
+        return _Transaction(self, writer=False)
+
+
+class _Transaction:
+    """`async with store._write() as conn`: the process's write lock (SQLite), one
+    transaction, and errors translated."""
+
+    def __init__(self, store: SQLStore, *, writer: bool) -> None:
+        self._store = store
+        self._writer = writer
+        self._conn: Any = None
+
+    async def __aenter__(self) -> AsyncConnection:
+        store = self._store
+        if self._writer and store._sqlite:
+            await store._write_lock.acquire()
+        try:
+            with store._translate("write to" if self._writer else "read"):
+                self._conn = store._engine(writer=self._writer).begin()
+                conn: AsyncConnection = await self._conn.__aenter__()
+        except BaseException:
+            self._release()
+            raise
+        return conn
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        action = "write to" if self._writer else "read"
+        try:
+            with self._store._translate(action):
+                await self._conn.__aexit__(exc_type, exc, tb)
+        finally:
+            self._release()
+        if isinstance(exc, sa.exc.SQLAlchemyError | sqlite3.Error | OSError | TimeoutError):
+            raise StoreError(self._store._explain(action, exc)) from exc
+
+    def _release(self) -> None:
+        if self._writer and self._store._sqlite:
+            self._store._write_lock.release()
+
+
+def _schema_version(conn: sa.Connection) -> int | None:
+    if not sa.inspect(conn).has_table(t.meta.name):
+        return None
+    query = sa.select(t.meta.c.value).where(t.meta.c.key == "schema_version")
+    value = conn.execute(query).scalar_one_or_none()
+    return None if value is None else int(value)
+
+
+def _alembic_upgrade(conn: sa.Connection, revision: str) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(_MIGRATIONS))
+    config.attributes["connection"] = conn
+    command.upgrade(config, revision)
+
+
+_SQLITE_INSERT_EVENTS = (
+    "INSERT INTO plait_events (workflow_id, seq, kind, at, data, refs) VALUES (?, ?, ?, ?, ?, ?)"
+)
+
+
+def _refs_text(refs: Mapping[str, str]) -> str | None:
+    return json.dumps(dict(refs), sort_keys=True) if refs else None
+
+
+def _event_row(record: EventRecord) -> dict[str, Any]:
+    return {
+        "workflow_id": record.workflow,
+        "seq": record.seq,
+        "kind": record.kind,
+        "at": record.at,
+        "data": record.data,
+        "refs": _refs_text(record.refs),
+    }
+
+
+def _workflow_row(row: WorkflowRow) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "name": row.name,
+        "status": row.status,
+        "priority": row.priority,
+        "deadline": row.deadline,
+        "created": row.created,
+        "updated": row.updated,
+        "finished": row.finished,
+        "tenant": row.tenant,
+        "labels": dict(row.labels) if row.labels else None,
+    }
+
+
+def _workflow_from(row: sa.RowMapping) -> WorkflowRow:
+    return WorkflowRow(
+        id=row["id"],
+        name=row["name"],
+        status=row["status"],
+        priority=row["priority"],
+        deadline=row["deadline"],
+        created=row["created"],
+        updated=row["updated"],
+        finished=row["finished"],
+        tenant=row["tenant"],
+        labels=row["labels"] or {},
+    )
+
+
+def _gap(record: EventRecord, expected: int) -> StoreError:
+    return StoreError(
+        f"event seq {record.seq} for workflow {record.workflow!r} would leave a gap or a "
+        f"duplicate (the next is {expected}); one journal per workflow assigns seqs: do not "
+        "append to a workflow from two journals"
+    )
+
+
+def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
+    for start in range(0, len(items), _CHUNK):
+        yield items[start : start + _CHUNK]

@@ -1,0 +1,305 @@
+"""The journal: group commit in front of a `Store`.
+
+The engine calls `append` (synchronous, no I/O) for every event; one writer task takes
+everything appended since its last commit and writes it as one `StoreBatch`, so while one
+transaction is in flight the next one fills up and many events share a commit. Nothing is
+durable until `await journal.durable()` returns; what the engine must wait for before it
+goes on (a result handed to dependents, an LLM call sent) is the engine's decision.
+
+Input is plain JSON-able data (`EVENT_ADAPTER.dump_python(event, mode="json")`), so the
+journal does not depend on the events' fields. A top-level field whose JSON is longer than
+`inline_limit` bytes goes to the payloads table under its sha256 and the event keeps a
+reference; the same bytes are stored once however many events carry them.
+
+Usage, inside the task group that owns the engine:
+
+    journal = Journal(store)
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(journal.run())
+        ...                      # journal.append(...), await journal.durable()
+        await journal.close()    # flushes, stops the writer, raises its error if any
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import OverloadedError, UsageError
+from ._store import (
+    CallRecord,
+    EventRecord,
+    Store,
+    StoreBatch,
+    StoreError,
+    WorkflowRow,
+    payload_digest,
+)
+
+_DUMPS = json.JSONEncoder(separators=(",", ":")).encode
+"""ASCII-only JSON (the default escaping), so a text's length is its size in bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class JournalStats:
+    appended: int
+    """Records accepted so far (events, workflow rows, call results)."""
+    committed: int
+    """Records of those that are durable."""
+    commits: int
+    """Transactions written; `committed / commits` is the grouping achieved."""
+    max_pending: int
+
+    @property
+    def pending(self) -> int:
+        return self.appended - self.committed
+
+
+class Journal:
+    """Groups appended records into few transactions; see the module docstring.
+
+    `max_pending` bounds how far the store may fall behind, in records: `append` raises
+    `OverloadedError` (accepting nothing) when that many are not yet committed. The engine
+    avoids it by awaiting `room()` before it starts more work; the error is there so that a
+    caller that does not wait fails loudly instead of growing memory without bound.
+    """
+
+    def __init__(self, store: Store, *, max_pending: int = 10_000, inline_limit: int = 1024):
+        if max_pending < 1:
+            raise UsageError(f"max_pending must be at least 1, not {max_pending}")
+        if inline_limit < 0:
+            raise UsageError(f"inline_limit must be 0 or more bytes, not {inline_limit}")
+        self._store = store
+        self._max_pending = max_pending
+        self._inline_limit = inline_limit
+        self._seqs: dict[str, int] = {}
+        self._events: list[EventRecord] = []
+        self._rows: dict[str, WorkflowRow] = {}
+        self._payloads: dict[str, bytes] = {}
+        self._calls: list[CallRecord] = []
+        self._appended = 0
+        self._committed = 0
+        self._commits = 0
+        # Waiters sorted by nothing in particular: few at a time, each woken once.
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._closing = False
+        self._stopped = False
+        self._error: BaseException | None = None
+
+    # --- the engine's side: synchronous, no I/O ------------------------------------------------
+
+    def start_at(self, workflow: str, last_seq: int) -> None:
+        """Continue a stored workflow: its next event gets `last_seq + 1`."""
+        self._seqs[workflow] = last_seq
+
+    def forget(self, workflow: str) -> None:
+        """Drop a finished workflow's sequence counter (appending to it again starts at 1)."""
+        self._seqs.pop(workflow, None)
+
+    def append(self, workflow: str, kind: str, at: float, data: Mapping[str, Any]) -> int:
+        """Accept one event and return its `seq`. `data` must be JSON-able; it is encoded
+        now, so a bad value fails here, at the call that passed it."""
+        self._accept()
+        text, refs = self._encode(data)
+        seq = self._seqs.get(workflow, 0) + 1
+        self._seqs[workflow] = seq
+        self._events.append(
+            EventRecord(workflow=workflow, seq=seq, kind=kind, at=at, data=text, refs=refs)
+        )
+        self._accepted()
+        return seq
+
+    def upsert(self, row: WorkflowRow) -> None:
+        """Accept a workflow row; of several for one id in a batch, the last is written."""
+        self._accept()
+        self._rows[row.id] = row
+        self._accepted()
+
+    def record_call(
+        self, program: str, request_hash: str, result: bytes, *, workflow: str | None = None
+    ) -> str:
+        """Accept an LLM call's result; return its payload digest."""
+        self._accept()
+        digest = payload_digest(result)
+        self._payloads[digest] = result
+        self._calls.append(
+            CallRecord(program=program, request_hash=request_hash, digest=digest, workflow=workflow)
+        )
+        self._accepted()
+        return digest
+
+    @property
+    def stats(self) -> JournalStats:
+        return JournalStats(self._appended, self._committed, self._commits, self._max_pending)
+
+    # --- waiting --------------------------------------------------------------------------------
+
+    async def durable(self) -> None:
+        """Return once every record appended before this call is committed. Raises the
+        writer's failure as a `StoreError` (to every waiter, now and later)."""
+        self._raise_if_failed()
+        target = self._appended
+        if self._committed >= target:
+            return
+        if self._stopped:
+            raise StoreError("the journal's writer is not running; nothing more can commit")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((target, future))
+        await future
+
+    async def room(self) -> None:
+        """Return once fewer than `max_pending` records wait for a commit."""
+        while not self._room.is_set():
+            self._raise_if_failed()
+            await self._room.wait()
+        self._raise_if_failed()
+
+    # --- the writer -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The writer: commit whatever is pending, one transaction at a time, until `close()`.
+        Run it as a task of the caller's TaskGroup. A failed write stops it; the error goes to
+        `durable()`, `append()` and `close()` callers, and `run` itself returns quietly so it
+        does not cancel the caller's other tasks."""
+        try:
+            while True:
+                if not self._has_pending():
+                    if self._closing:
+                        return
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                batch, upto = self._take()
+                try:
+                    await self._store.append(batch)
+                except Exception as exc:
+                    self._fail(exc)
+                    return
+                self._committed = upto
+                self._commits += 1
+                self._release()
+        except asyncio.CancelledError:
+            self._fail(StoreError("the journal's writer was cancelled before committing"))
+            raise
+        finally:
+            self._stopped = True
+
+    async def close(self) -> None:
+        """Commit what is pending and stop the writer; raise its failure if there was one."""
+        self._closing = True
+        self._wake.set()
+        if not self._stopped or self._has_pending():
+            await self.durable()
+        self._raise_if_failed()
+
+    # --- inside ---------------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        self._raise_if_failed()
+        if self._closing:
+            raise UsageError("the journal is closed; append before close()")
+        if self._appended - self._committed >= self._max_pending:
+            raise OverloadedError("the journal (the store is behind)", self._max_pending)
+
+    def _accepted(self) -> None:
+        self._appended += 1
+        if self._appended - self._committed >= self._max_pending:
+            self._room.clear()
+        self._wake.set()
+
+    def _encode(self, data: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+        text = _DUMPS(data)
+        # A field's JSON is part of the whole, so a small event has no large field.
+        if len(text) <= self._inline_limit:
+            return text, {}
+        fields: dict[str, Any] = {}
+        refs: dict[str, str] = {}
+        for name, value in data.items():
+            encoded = _DUMPS(value)
+            if len(encoded) > self._inline_limit:
+                raw = encoded.encode()
+                digest = payload_digest(raw)
+                self._payloads[digest] = raw
+                refs[name] = digest
+                fields[name] = {"$ref": digest}
+            else:
+                fields[name] = value
+        return (_DUMPS(fields), refs) if refs else (text, refs)
+
+    def _has_pending(self) -> bool:
+        return bool(self._events or self._rows or self._payloads or self._calls)
+
+    def _take(self) -> tuple[StoreBatch, int]:
+        batch = StoreBatch(
+            events=self._events,
+            workflows=list(self._rows.values()),
+            payloads=self._payloads,
+            calls=self._calls,
+        )
+        self._events, self._rows, self._payloads, self._calls = [], {}, {}, []
+        return batch, self._appended
+
+    def _release(self) -> None:
+        if self._appended - self._committed < self._max_pending:
+            self._room.set()
+        still: list[tuple[int, asyncio.Future[None]]] = []
+        for target, future in self._waiters:
+            if target <= self._committed:
+                if not future.done():
+                    future.set_result(None)
+            else:
+                still.append((target, future))
+        self._waiters = still
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._room.set()
+        for _, future in self._waiters:
+            if not future.done():
+                future.set_exception(self._failure())
+        self._waiters = []
+
+    def _failure(self) -> StoreError:
+        error = self._error
+        assert error is not None
+        lost = self._appended - self._committed
+        failure = StoreError(
+            f"the journal could not commit {lost} record(s): {error}; the run cannot be "
+            "made durable, so stop it and resume it once the store is writable again"
+        )
+        failure.__cause__ = error
+        return failure
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._failure()
+
+
+async def read_events(store: Store, workflow: str, after_seq: int = 0) -> list[dict[str, Any]]:
+    """The workflow's events after `after_seq`, as the JSON-able dicts that were appended,
+    with every field that went to the payloads table put back (one payload query)."""
+    records = await store.events(workflow, after_seq)
+    wanted = sorted({digest for record in records for digest in record.refs.values()})
+    payloads = await store.payloads(wanted) if wanted else {}
+    return [restore(record, payloads) for record in records]
+
+
+def restore(record: EventRecord, payloads: Mapping[str, bytes]) -> dict[str, Any]:
+    """One event's data with its referenced fields read back from `payloads`."""
+    data: dict[str, Any] = json.loads(record.data)
+    for name, digest in record.refs.items():
+        try:
+            data[name] = json.loads(payloads[digest])
+        except KeyError:
+            raise StoreError(
+                f"event {record.seq} of workflow {record.workflow!r} refers to payload "
+                f"{digest} for its field {name!r}, which the store does not have; the store "
+                "was damaged or garbage-collected while in use: restore it from a backup"
+            ) from None
+    return data

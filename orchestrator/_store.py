@@ -1,0 +1,221 @@
+"""The store protocol: what the engine needs from a durable event log.
+
+A store keeps four things: one row per workflow (its current status, for listing and for
+finding what to resume), the workflow's events in order (`seq` counts from 1 without gaps
+within each workflow), content-addressed payloads (large event fields, stored once under the
+sha256 of their bytes) and recorded LLM call results (so a resumed run does not pay twice).
+
+`memory` implements it with SQLAlchemy (SQLite, PostgreSQL); the engine only sees `Store`.
+Every write goes through `append`, one transaction per batch, so a batch is all there or
+not there at all: the journal (`_journal.py`) groups many events into one batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
+
+from ._errors import RunError
+from ._events import WorkflowStatus
+
+FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+"""A workflow in one of these is done; `pending` and `running` ones are what resume looks for."""
+
+
+class StoreError(RunError):
+    """The store could not be opened, read or written; the message names it and the fix."""
+
+
+class StoreVersionError(StoreError):
+    """The store's schema is newer than this plait knows: it was written by a newer release."""
+
+    def __init__(self, where: str, found: int, known: int) -> None:
+        super().__init__(
+            f"store {where} has schema version {found}, but this plait knows versions up to "
+            f"{known}; upgrade plait to the release that wrote it, or open another store "
+            "(plait never migrates a store backwards)"
+        )
+        self.found = found
+        self.known = known
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowRow:
+    """A workflow's current summary. Times are wall-clock epoch seconds."""
+
+    id: str
+    name: str
+    status: WorkflowStatus
+    priority: str = "batch"
+    deadline: float | None = None
+    created: float
+    updated: float
+    finished: float | None = None
+    tenant: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRecord:
+    """One event as stored. `data` is the event's JSON text, in which each field moved to the
+    payloads table reads `{"$ref": digest}`; `refs` maps those fields to their digests and is
+    what readers trust (a field of the event's own that looks like a reference stays data)."""
+
+    workflow: str
+    seq: int
+    kind: str
+    at: float
+    data: str
+    refs: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallRecord:
+    """An LLM call's stored result: `digest` names its payload. `workflow`, when set, is the
+    workflow whose deletion drops the record too."""
+
+    program: str
+    request_hash: str
+    digest: str
+    workflow: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreBatch:
+    """Everything one transaction writes. Events must continue their workflow's `seq` without
+    gaps; workflow rows replace the stored row with the same id (its `created` is kept);
+    payloads are inserted if absent (the digest is the sha256 hex of the bytes)."""
+
+    events: Sequence[EventRecord] = ()
+    workflows: Sequence[WorkflowRow] = ()
+    payloads: Mapping[str, bytes] = field(default_factory=dict)
+    calls: Sequence[CallRecord] = ()
+
+    def __len__(self) -> int:
+        return len(self.events) + len(self.workflows) + len(self.payloads) + len(self.calls)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreSize:
+    """Rows per table and the bytes of stored event data and payloads."""
+
+    workflows: int
+    events: int
+    payloads: int
+    calls: int
+    event_bytes: int
+    payload_bytes: int
+
+
+class Store(ABC):
+    """A durable event log. Open it with `async with store:` (or `open()`/`close()`).
+
+    Implementations serialise their own writes: any number of tasks may call `append`
+    concurrently, and it never fails because another writer holds a lock (it waits).
+    Failures are `StoreError`s naming the store and what to do.
+    """
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect, check the schema version and migrate an older schema forward."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections; the store can be opened again."""
+
+    # --- writes ------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def append(self, batch: StoreBatch) -> None:
+        """Write the whole batch in one transaction: all of it is durable when this returns,
+        or none of it when it raises."""
+
+    async def record_call(
+        self, program: str, request_hash: str, result: bytes, *, workflow: str | None = None
+    ) -> str:
+        """Store an LLM call's result (its own transaction) and return the payload digest."""
+        digest = payload_digest(result)
+        call = CallRecord(
+            program=program, request_hash=request_hash, digest=digest, workflow=workflow
+        )
+        await self.append(StoreBatch(payloads={digest: result}, calls=(call,)))
+        return digest
+
+    @abstractmethod
+    async def delete(self, workflows: Sequence[str]) -> int:
+        """Delete these workflows with their events and call records; return how many rows of
+        workflows were deleted. Their payloads stay until `collect_garbage()`."""
+
+    @abstractmethod
+    async def retain(
+        self, *, finished_before: float | None = None, keep_last: int | None = None
+    ) -> int:
+        """Delete finished workflows that finished before `finished_before` (epoch seconds),
+        and all but the `keep_last` most recently finished; return how many were deleted.
+        Unfinished workflows are never touched."""
+
+    @abstractmethod
+    async def collect_garbage(self) -> int:
+        """Delete payloads that no event and no call record references; return how many."""
+
+    # --- reads -------------------------------------------------------------------------------
+
+    @abstractmethod
+    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
+        """The workflow's events with `seq > after_seq`, in `seq` order."""
+
+    @abstractmethod
+    async def last_seq(self, workflow: str) -> int:
+        """The workflow's highest `seq`, 0 when it has no events."""
+
+    @abstractmethod
+    async def payloads(self, digests: Sequence[str]) -> dict[str, bytes]:
+        """The payloads with these digests (one query); absent ones are left out."""
+
+    @abstractmethod
+    async def workflow(self, workflow: str) -> WorkflowRow | None:
+        """The workflow's row, or None."""
+
+    @abstractmethod
+    async def workflows(
+        self,
+        *,
+        status: WorkflowStatus | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[WorkflowRow]:
+        """Workflows, newest first, filtered by status and tenant, in one query."""
+
+    @abstractmethod
+    async def unfinished(self) -> list[str]:
+        """Ids of the workflows still pending or running, oldest first."""
+
+    @abstractmethod
+    async def find_call(self, program: str, request_hash: str) -> bytes | None:
+        """The recorded result of this call in this program, or None."""
+
+    @abstractmethod
+    async def size(self) -> StoreSize:
+        """Row counts and stored bytes."""
+
+
+def payload_digest(data: bytes) -> str:
+    """The content address of a payload: the sha256 of its bytes, in hex."""
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,330 @@
+"""The journal groups appends into few commits, says exactly when they are durable, hands a
+writer failure to whoever waits, and bounds how far the store may fall behind.
+
+`MemoryStore` is a real (in-memory) `Store` that records each batch and can hold a commit
+open until the test lets it go, so every ordering below is set up with events, not sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import pytest
+
+from orchestrator import (
+    EventRecord,
+    Journal,
+    OverloadedError,
+    Store,
+    StoreBatch,
+    StoreError,
+    StoreSize,
+    UsageError,
+    WorkflowRow,
+    WorkflowStatus,
+    payload_digest,
+    read_events,
+)
+
+T = TypeVar("T")
+
+
+class MemoryStore(Store):
+    """Keeps everything in dicts; `hold()` makes the next commits wait for `release()`."""
+
+    def __init__(self) -> None:
+        self.batches: list[StoreBatch] = []
+        self.rows: dict[str, WorkflowRow] = {}
+        self.log: dict[str, list[EventRecord]] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.calls: dict[tuple[str, str], str] = {}
+        self.entered = asyncio.Event()
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self.fail_with: Exception | None = None
+
+    def hold(self) -> None:
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    async def open(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def append(self, batch: StoreBatch) -> None:
+        self.entered.set()
+        await self._gate.wait()
+        self.entered.clear()
+        if self.fail_with is not None:
+            raise self.fail_with
+        for record in batch.events:
+            log = self.log.setdefault(record.workflow, [])
+            assert record.seq == len(log) + 1, "seq must continue without gaps"
+            log.append(record)
+        for row in batch.workflows:
+            self.rows[row.id] = row
+        self.blobs.update(batch.payloads)
+        for call in batch.calls:
+            self.calls.setdefault((call.program, call.request_hash), call.digest)
+        self.batches.append(batch)
+
+    async def delete(self, workflows: Sequence[str]) -> int:
+        for w in workflows:
+            self.log.pop(w, None)
+        return sum(self.rows.pop(w, None) is not None for w in workflows)
+
+    async def retain(
+        self, *, finished_before: float | None = None, keep_last: int | None = None
+    ) -> int:
+        raise NotImplementedError("the journal never deletes")
+
+    async def collect_garbage(self) -> int:
+        raise NotImplementedError("the journal never collects")
+
+    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
+        return self.log.get(workflow, [])[after_seq:]
+
+    async def last_seq(self, workflow: str) -> int:
+        return len(self.log.get(workflow, []))
+
+    async def payloads(self, digests: Sequence[str]) -> dict[str, bytes]:
+        return {d: self.blobs[d] for d in digests if d in self.blobs}
+
+    async def workflow(self, workflow: str) -> WorkflowRow | None:
+        return self.rows.get(workflow)
+
+    async def workflows(
+        self,
+        *,
+        status: WorkflowStatus | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[WorkflowRow]:
+        rows = [r for r in self.rows.values() if status in (None, r.status)]
+        return rows[offset : offset + limit]
+
+    async def unfinished(self) -> list[str]:
+        return [r.id for r in self.rows.values() if r.status in ("pending", "running")]
+
+    async def find_call(self, program: str, request_hash: str) -> bytes | None:
+        digest = self.calls.get((program, request_hash))
+        return None if digest is None else self.blobs[digest]
+
+    async def size(self) -> StoreSize:
+        return StoreSize(
+            workflows=len(self.rows),
+            events=sum(map(len, self.log.values())),
+            payloads=len(self.blobs),
+            calls=len(self.calls),
+            event_bytes=sum(len(e.data) for log in self.log.values() for e in log),
+            payload_bytes=sum(map(len, self.blobs.values())),
+        )
+
+    @property
+    def committed_events(self) -> int:
+        return sum(map(len, self.log.values()))
+
+
+Body = Callable[[Journal, MemoryStore], Coroutine[Any, Any, T]]
+
+
+def with_journal(body: Body[T], **options: Any) -> T:
+    """Run `body` with a journal whose writer runs in the body's task group."""
+
+    async def main() -> T:
+        store = MemoryStore()
+        journal = Journal(store, **options)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(journal.run())
+            result = await body(journal, store)
+            await journal.close()
+        return result
+
+    return asyncio.run(main())
+
+
+def test_appends_while_a_commit_is_in_flight_share_the_next_commit() -> None:
+    async def body(journal: Journal, store: MemoryStore) -> None:
+        store.hold()
+        journal.append("w", "k", 0.0, {"i": 0})
+        await store.entered.wait()  # the writer took the first event and is committing it
+        for i in range(1, 100):
+            journal.append("w" if i % 2 else "v", "k", float(i), {"i": i})
+        store.release()
+        await journal.durable()
+        assert [len(b.events) for b in store.batches] == [1, 99]
+        assert journal.stats.commits == 2
+        assert journal.stats.committed == journal.stats.appended == 100
+        assert [e.seq for e in store.log["w"]] == list(range(1, 52))
+        assert [json.loads(e.data)["i"] for e in store.log["v"]] == list(range(2, 100, 2))
+
+    with_journal(body)
+
+
+def test_durable_waits_for_what_was_appended_before_it_and_no_more() -> None:
+    async def body(journal: Journal, store: MemoryStore) -> None:
+        await journal.durable()  # nothing appended: returns at once
+        store.hold()
+        journal.append("w", "k", 0.0, {"n": 1})
+        first = asyncio.ensure_future(journal.durable())
+        await store.entered.wait()
+        journal.append("w", "k", 1.0, {"n": 2})
+        second = asyncio.ensure_future(journal.durable())
+        await asyncio.sleep(0)
+        assert not first.done()
+        store.release()
+        await first
+        # The first event is committed; the second may not be yet, and `second` waits for it.
+        assert store.committed_events >= 1
+        await second
+        assert store.committed_events == 2
+
+    with_journal(body)
+
+
+def test_rows_are_coalesced_and_calls_recorded() -> None:
+    async def body(journal: Journal, store: MemoryStore) -> None:
+        store.hold()
+        journal.append("w", "k", 0.0, {})
+        await store.entered.wait()
+        statuses: tuple[WorkflowStatus, ...] = ("pending", "running", "succeeded")
+        for status in statuses:
+            journal.upsert(WorkflowRow(id="w", name="n", status=status, created=1.0, updated=2.0))
+        digest = journal.record_call("p", "h", b"answer", workflow="w")
+        store.release()
+        await journal.durable()
+        assert [len(b.workflows) for b in store.batches] == [0, 1]
+        assert store.rows["w"].status == "succeeded"
+        assert digest == payload_digest(b"answer")
+        assert await store.find_call("p", "h") == b"answer"
+
+    with_journal(body)
+
+
+def test_large_fields_go_to_payloads_once_and_read_back_whole() -> None:
+    async def body(journal: Journal, store: MemoryStore) -> None:
+        output = {"text": "x" * 600}
+        for i in range(3):
+            journal.append("w", "task_succeeded", float(i), {"task": f"t{i}", "result": output})
+        journal.append("w", "task_started", 3.0, {"task": "small", "result": "ok"})
+        await journal.durable()
+        records = store.log["w"]
+        digest = payload_digest(json.dumps(output, separators=(",", ":")).encode())
+        assert [r.refs for r in records] == [{"result": digest}] * 3 + [{}]
+        assert json.loads(records[0].data) == {"task": "t0", "result": {"$ref": digest}}
+        assert len(store.blobs) == 1
+        events = await read_events(store, "w")
+        assert events[2] == {"task": "t2", "result": output}
+        assert events[3] == {"task": "small", "result": "ok"}
+        assert await read_events(store, "w", after_seq=3) == [events[3]]
+
+    with_journal(body, inline_limit=512)
+
+
+def test_seq_continues_a_stored_workflow() -> None:
+    async def body(journal: Journal, store: MemoryStore) -> None:
+        assert journal.append("w", "k", 0.0, {}) == 1
+        await journal.durable()
+        journal.forget("w")
+        journal.start_at("w", await store.last_seq("w"))
+        assert journal.append("w", "k", 0.0, {}) == 2
+
+    with_journal(body)
+
+
+def test_data_that_is_not_json_fails_at_append_and_is_not_accepted() -> None:
+    async def body(journal: Journal, store: MemoryStore) -> None:
+        with pytest.raises(TypeError):
+            journal.append("w", "k", 0.0, {"bad": object()})
+        assert journal.append("w", "k", 0.0, {}) == 1
+        assert journal.stats.appended == 1
+
+    with_journal(body)
+
+
+def test_a_failed_commit_reaches_every_waiter_and_later_callers() -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        journal = Journal(store)
+        cause = StoreError("disk full")
+        async with asyncio.TaskGroup() as tg:
+            writer = tg.create_task(journal.run())
+            store.hold()
+            store.fail_with = cause
+            journal.append("w", "k", 0.0, {})
+            waiters = [asyncio.ensure_future(journal.durable()) for _ in range(3)]
+            store.release()
+            for waiter in waiters:
+                with pytest.raises(StoreError, match="could not commit 1 record.*disk full") as got:
+                    await waiter
+                assert got.value.__cause__ is cause
+            await writer  # the writer ends quietly: the error is not lost, it is handed over
+            with pytest.raises(StoreError, match="disk full"):
+                journal.append("w", "k", 1.0, {})
+            with pytest.raises(StoreError, match="disk full"):
+                await journal.durable()
+            with pytest.raises(StoreError, match="disk full"):
+                await journal.close()
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_writer_fails_its_waiters() -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        journal = Journal(store)
+        store.hold()
+        with pytest.raises(ExceptionGroup):
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(journal.run())
+                journal.append("w", "k", 0.0, {})
+                await store.entered.wait()
+                waiter = asyncio.ensure_future(journal.durable())
+                await asyncio.sleep(0)
+                raise RuntimeError("the engine failed")  # cancels the writer mid-commit
+        with pytest.raises(StoreError, match="cancelled"):
+            await waiter
+
+    asyncio.run(main())
+
+
+def test_backpressure_refuses_appends_beyond_the_bound_until_there_is_room() -> None:
+    async def body(journal: Journal, store: MemoryStore) -> None:
+        store.hold()
+        for i in range(3):
+            journal.append("w", "k", float(i), {})
+        with pytest.raises(OverloadedError, match="journal.*3 waiting"):
+            journal.append("w", "k", 9.0, {})
+        assert journal.stats.pending == 3
+        room = asyncio.ensure_future(journal.room())
+        await store.entered.wait()
+        assert not room.done()
+        store.release()
+        await room
+        assert journal.stats.pending < 3
+        assert journal.append("w", "k", 3.0, {}) == 4
+
+    with_journal(body, max_pending=3)
+
+
+def test_bad_options_and_appending_after_close_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="max_pending"):
+        Journal(MemoryStore(), max_pending=0)
+
+    async def main() -> None:
+        journal = Journal(MemoryStore())
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(journal.run())
+            await journal.close()
+        with pytest.raises(UsageError, match="closed"):
+            journal.append("w", "k", 0.0, {})
+
+    asyncio.run(main())

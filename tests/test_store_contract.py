@@ -1,0 +1,497 @@
+"""One contract for every `Store`: the same tests on SQLite (a file under tmp_path) and on the
+local PostgreSQL (a schema of its own per test, dropped afterwards, since other processes
+test against the same database at the same time)."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from memory import SQLStore
+from memory import _schema as schema
+from orchestrator import (
+    EventRecord,
+    Journal,
+    StoreBatch,
+    StoreError,
+    StoreVersionError,
+    WorkflowRow,
+    payload_digest,
+    read_events,
+)
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+PG_HOST = "127.0.0.1:5432"
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+async def _pg_user() -> str | None:
+    import asyncpg
+
+    for user in ("postgres", getpass.getuser()):
+        try:
+            conn = await asyncpg.connect(f"postgresql://{user}@{PG_HOST}/test", timeout=5)
+        except (OSError, asyncpg.PostgresError, TimeoutError):
+            continue
+        await conn.close()
+        return user
+    return None
+
+
+def _find_pg_user() -> str | None:
+    user = run(_pg_user())
+    if user is None and shutil.which("pg_ctlcluster") and Path("/etc/postgresql").is_dir():
+        for version in os.listdir("/etc/postgresql"):
+            subprocess.run(
+                ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "start"],
+                capture_output=True,
+                check=False,
+            )
+        user = run(_pg_user())
+    return user
+
+
+@pytest.fixture(scope="session")
+def pg_user() -> str:
+    user = _find_pg_user()
+    if user is None:
+        pytest.skip(f"no PostgreSQL at {PG_HOST} (database test, user postgres or current)")
+    return user
+
+
+StoreFactory = Callable[..., SQLStore]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Builds unopened stores on one database: every call sees the same data."""
+    if request.param == "sqlite":
+        path = tmp_path / "store.db"
+        yield lambda **kw: SQLStore(path, **kw)
+        return
+    user = request.getfixturevalue("pg_user")
+    url = f"postgresql+asyncpg://{user}@{PG_HOST}/test"
+    name = f"plait_test_{os.getpid()}_{uuid.uuid4().hex[:10]}"
+    yield lambda **kw: SQLStore(url, schema=name, **kw)
+
+    async def drop() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(f"postgresql://{user}@{PG_HOST}/test")
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        await conn.close()
+
+    run(drop())
+
+
+@asynccontextmanager
+async def opened(make_store: StoreFactory, **kw: Any) -> AsyncIterator[SQLStore]:
+    async with make_store(**kw) as store:
+        yield store
+
+
+def ev(workflow: str, seq: int, data: str = "{}", **refs: str) -> EventRecord:
+    return EventRecord(workflow=workflow, seq=seq, kind="k", at=float(seq), data=data, refs=refs)
+
+
+def row(id: str, status: Any = "running", *, created: float = 1.0, **kw: Any) -> WorkflowRow:
+    return WorkflowRow(
+        id=id, name=f"name-{id}", status=status, created=created, updated=created, **kw
+    )
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+def test_events_read_back_in_order_with_gap_free_seq(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with opened(make_store) as store:
+            await store.append(StoreBatch(events=[ev("a", 1), ev("b", 1), ev("a", 2)]))
+            await store.append(StoreBatch(events=[ev("a", 3, '{"x":1}')]))
+            assert [e.seq for e in await store.events("a")] == [1, 2, 3]
+            assert [e.seq for e in await store.events("a", after_seq=2)] == [3]
+            assert (await store.events("a"))[2].data == '{"x":1}'
+            assert await store.last_seq("a") == 3
+            assert await store.last_seq("nobody") == 0
+            # A gap, a duplicate, or a repeated seq inside one batch: refused, nothing written.
+            for events in ([ev("a", 5)], [ev("a", 3)], [ev("b", 2), ev("b", 2)]):
+                with pytest.raises(StoreError, match="gap or a duplicate"):
+                    await store.append(StoreBatch(events=events, workflows=[row("a")]))
+            assert await store.last_seq("b") == 1
+            assert await store.workflow("a") is None
+
+    run(main())
+
+
+def test_a_batch_is_one_transaction(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with opened(make_store) as store:
+            await store.append(StoreBatch(events=[ev("a", 1)]))
+            # The duplicate is only found by the database (another journal wrote seq 2 first).
+            await store.append(StoreBatch(events=[ev("a", 2)]))
+            bad = StoreBatch(events=[ev("c", 1), ev("a", 1)], payloads={"d" * 64: b"x"})
+            with pytest.raises(StoreError):
+                await store.append(bad)
+            assert await store.events("c") == []
+            assert (await store.size()).payloads == 0
+
+    run(main())
+
+
+def test_payloads_are_stored_once(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        big = b"x" * 5000
+        digest = payload_digest(big)
+        async with opened(make_store) as store:
+            for workflow in ("a", "b"):
+                await store.append(
+                    StoreBatch(events=[ev(workflow, 1, p=digest)], payloads={digest: big})
+                )
+            size = await store.size()
+            assert (size.payloads, size.payload_bytes) == (1, 5000)
+            assert await store.payloads([digest, "0" * 64]) == {digest: big}
+            assert (await store.events("b"))[0].refs == {"p": digest}
+
+    run(main())
+
+
+def test_journal_round_trip_restores_large_fields(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        prompt = "long prompt " * 200
+        async with opened(make_store) as store:
+            journal = Journal(store, inline_limit=256)
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(journal.run())
+                for i in range(3):
+                    journal.append("w", "task_added", float(i), {"i": i, "prompt": prompt})
+                await journal.close()
+            assert await read_events(store, "w") == [{"i": i, "prompt": prompt} for i in range(3)]
+            size = await store.size()
+            assert (size.events, size.payloads) == (3, 1)
+            assert size.event_bytes < 3 * 200
+
+    run(main())
+
+
+# --- workflows ------------------------------------------------------------------------------
+
+
+def test_workflow_rows_upsert_and_list_in_one_query(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with opened(make_store) as store:
+            rows = [
+                row("w1", "running", created=1.0, tenant="acme", labels={"team": "x"}),
+                row("w2", "succeeded", created=2.0, finished=3.0),
+                row("w3", "pending", created=3.0, tenant="acme"),
+                row("w4", "failed", created=4.0, finished=5.0, priority="interactive"),
+            ]
+            await store.append(StoreBatch(workflows=rows))
+            later = WorkflowRow(
+                id="w1",
+                name="name-w1",
+                status="succeeded",
+                created=99.0,
+                updated=7.0,
+                finished=7.0,
+                tenant="acme",
+                labels={"team": "x"},
+            )
+            await store.append(StoreBatch(workflows=[later]))
+            got = await store.workflow("w1")
+            assert got is not None
+            assert (got.status, got.created, got.updated, got.finished) == (
+                "succeeded",
+                1.0,
+                7.0,
+                7.0,
+            )
+            assert await store.workflow("w4") == rows[3]
+            assert await store.workflow("nope") is None
+
+            statements: list[str] = []
+
+            def count(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+                statements.append(statement)
+
+            for engine in store.engines:
+                event.listen(engine.sync_engine, "before_cursor_execute", count)
+            listed = await store.workflows()
+            assert len(statements) == 1
+            assert [w.id for w in listed] == ["w4", "w3", "w2", "w1"]
+            assert listed[3].labels == {"team": "x"}
+            assert [w.id for w in await store.workflows(status="succeeded")] == ["w2", "w1"]
+            assert [w.id for w in await store.workflows(tenant="acme")] == ["w3", "w1"]
+            assert [w.id for w in await store.workflows(limit=2, offset=1)] == ["w3", "w2"]
+            assert await store.unfinished() == ["w3"]
+            assert len(statements) == 5
+
+    run(main())
+
+
+# --- calls ----------------------------------------------------------------------------------
+
+
+def test_call_results_are_found_by_program_and_request(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with opened(make_store) as store:
+            assert await store.find_call("p1", "h") is None
+            digest = await store.record_call("p1", "h", b'{"text":"hi"}', workflow="w")
+            assert digest == payload_digest(b'{"text":"hi"}')
+            assert await store.find_call("p1", "h") == b'{"text":"hi"}'
+            assert await store.find_call("p2", "h") is None
+            # Answered once: a second result for the same call does not replace the first.
+            await store.record_call("p1", "h", b"other")
+            assert await store.find_call("p1", "h") == b'{"text":"hi"}'
+
+    run(main())
+
+
+# --- retention ------------------------------------------------------------------------------
+
+
+def test_retention_deletes_finished_workflows_and_gc_their_payloads(
+    make_store: StoreFactory,
+) -> None:
+    shared, own = b"s" * 2000, b"o" * 2000
+    ds, do = payload_digest(shared), payload_digest(own)
+
+    async def main() -> None:
+        async with opened(make_store) as store:
+            for i in range(5):
+                w = f"f{i}"
+                refs = {"a": ds, "b": do} if i == 0 else {"a": ds}
+                await store.append(
+                    StoreBatch(
+                        events=[ev(w, 1, **refs)],
+                        workflows=[row(w, "succeeded", created=i, finished=10.0 + i)],
+                        payloads={ds: shared, do: own},
+                    )
+                )
+            await store.append(StoreBatch(events=[ev("run", 1)], workflows=[row("run")]))
+            await store.record_call("prog", "h", b"c" * 3000, workflow="f1")
+            assert (await store.size()).payloads == 3
+
+            assert await store.retain(finished_before=11.0) == 1  # f0
+            assert await store.retain(keep_last=2) == 2  # f1, f2; f3 and f4 stay
+            assert await store.retain(keep_last=0, finished_before=0.0) == 2
+            assert [w.id for w in await store.workflows()] == ["run"]
+            assert await store.find_call("prog", "h") is None
+            assert (await store.size()).payloads == 3
+            assert await store.collect_garbage() == 3
+            size = await store.size()
+            assert (size.workflows, size.events, size.payloads, size.calls) == (1, 1, 0, 0)
+
+    run(main())
+
+
+def test_gc_keeps_payloads_still_referenced(make_store: StoreFactory) -> None:
+    data = b"k" * 100
+    digest = payload_digest(data)
+
+    async def main() -> None:
+        async with opened(make_store) as store:
+            for w in ("a", "b"):
+                batch = StoreBatch(events=[ev(w, 1, p=digest)], payloads={digest: data})
+                await store.append(batch)
+            await store.record_call("p", "h", b"call")
+            assert await store.delete(["a", "missing"]) == 0  # no workflow rows, events gone
+            assert await store.events("a") == []
+            assert await store.collect_garbage() == 0
+            assert await store.delete(["b"]) == 0
+            assert await store.collect_garbage() == 1
+            assert await store.find_call("p", "h") == b"call"
+
+    run(main())
+
+
+# --- schema versions --------------------------------------------------------------------------
+
+
+def test_a_store_from_a_newer_plait_is_refused(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with opened(make_store) as store, store.engines[0].begin() as conn:
+            await conn.execute(sa.update(schema.meta).values(value="99"))
+        with pytest.raises(StoreVersionError, match=r"schema version 99.*versions up to 2"):
+            await make_store().open()
+
+    run(main())
+
+
+def test_a_store_from_an_older_plait_is_migrated_forward(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        # What plait with schema version 1 left behind: no calls table, no tenant column.
+        old = make_store()
+        old._connect()
+        await old._migrate("v1")
+        async with old.engines[0].begin() as conn:
+            await conn.execute(
+                sa.text(
+                    "INSERT INTO plait_workflows (id, name, status, priority, created, updated)"
+                    " VALUES ('w', 'old', 'running', 'batch', 1.0, 1.0)"
+                )
+            )
+            await conn.execute(
+                sa.text(
+                    "INSERT INTO plait_events (workflow_id, seq, kind, at, data)"
+                    " VALUES ('w', 1, 'k', 0.5, '{}')"
+                )
+            )
+            assert (await conn.execute(sa.select(schema.meta.c.value))).scalar_one() == "1"
+        await old.close()
+
+        async with opened(make_store) as store:
+            got = await store.workflow("w")
+            assert got is not None
+            assert (got.name, got.tenant, got.labels) == ("old", None, {})
+            assert [e.seq for e in await store.events("w")] == [1]
+            await store.record_call("p", "h", b"r")
+            assert await store.find_call("p", "h") == b"r"
+            async with store.engines[0].begin() as conn:
+                version = (await conn.execute(sa.select(schema.meta.c.value))).scalar_one()
+                assert version == str(schema.SCHEMA_VERSION)
+                tables = await conn.run_sync(lambda c: sa.inspect(c).get_table_names())
+                # The migrations build exactly the tables the store's code uses.
+                for table in schema.metadata.sorted_tables:
+                    assert table.name in tables
+                    columns = await conn.run_sync(
+                        lambda c, n=table.name: [
+                            col["name"] for col in sa.inspect(c).get_columns(n)
+                        ]
+                    )
+                    assert sorted(columns) == sorted(table.columns.keys())
+        # Opening an up-to-date store again changes nothing.
+        async with opened(make_store) as store:
+            assert [e.seq for e in await store.events("w")] == [1]
+
+    run(main())
+
+
+# --- faults ---------------------------------------------------------------------------------
+
+
+def test_a_file_that_is_not_sqlite_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.db"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(StoreError, match=r"notes\.db.*not a SQLite database"):
+        run(SQLStore(path).open())
+
+
+def test_a_truncated_or_damaged_sqlite_file_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+
+    async def fill() -> None:
+        async with SQLStore(path) as store:
+            for i in range(1, 60):
+                await store.append(StoreBatch(events=[ev("w", i, '"' + "x" * 3000 + '"')]))
+        # Closing the last connection checkpoints the WAL into the file.
+
+    run(fill())
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(StoreError, match=r"store\.db.*truncated"):
+        run(SQLStore(path).open())
+
+    # The header intact, the pages after it overwritten.
+    path.write_bytes(whole[:100] + b"\xa5" * (len(whole) - 100))
+
+    async def read() -> None:
+        async with SQLStore(path) as store:
+            await store.events("w")
+
+    with pytest.raises(StoreError, match=r"store\.db.*(damaged|malformed|not a database)"):
+        run(read())
+
+
+def test_a_database_that_cannot_be_reached_is_a_clear_error() -> None:
+    store = SQLStore("postgresql+asyncpg://nobody@127.0.0.1:1/none", connect_timeout=5)
+    with pytest.raises(StoreError, match=r"127\.0\.0\.1:1.*cannot be reached"):
+        run(store.open())
+
+
+def test_a_sqlite_file_in_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match=r"missing/store\.db.*directory does not exist"):
+        run(SQLStore(tmp_path / "missing" / "store.db").open())
+
+
+# --- concurrency ------------------------------------------------------------------------------
+
+
+def test_concurrent_appenders_in_one_process_never_see_locked(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with opened(make_store) as first, opened(make_store) as second:
+
+            async def writer(store: SQLStore, workflow: str) -> None:
+                for seq in range(1, 31):
+                    batch = StoreBatch(events=[ev(workflow, seq)], workflows=[row(workflow)])
+                    await store.append(batch)
+                    if seq % 10 == 0:
+                        await store.collect_garbage()
+
+            async with asyncio.TaskGroup() as tg:
+                for i in range(8):
+                    tg.create_task(writer(first if i % 2 else second, f"w{i}"))
+            for i in range(8):
+                assert await first.last_seq(f"w{i}") == 30
+
+    run(main())
+
+
+WRITER_SCRIPT = """
+import asyncio, sys
+from memory import SQLStore
+from orchestrator import EventRecord, StoreBatch
+
+async def main():
+    async with SQLStore(sys.argv[1]) as store:
+        print("ready", flush=True)
+        sys.stdin.readline()
+        for seq in range(1, 201):
+            record = EventRecord(workflow="child", seq=seq, kind="k", at=0.0, data="{}")
+            await store.append(StoreBatch(events=[record]))
+
+asyncio.run(main())
+"""
+
+
+def test_two_processes_write_one_sqlite_file(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+
+    async def main() -> None:
+        async with SQLStore(path) as store:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                WRITER_SCRIPT,
+                str(path),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                cwd=ROOT,
+            )
+            assert child.stdin is not None and child.stdout is not None
+            assert await child.stdout.readline() == b"ready\n"
+            child.stdin.write(b"go\n")
+            await child.stdin.drain()
+            for seq in range(1, 201):
+                await store.append(StoreBatch(events=[ev("parent", seq)]))
+            assert await child.wait() == 0
+            assert await store.last_seq("child") == 200
+            assert await store.last_seq("parent") == 200
+
+    run(main())
