@@ -257,13 +257,19 @@ class SQLStore(Store):
             first.setdefault(record.workflow, record.seq)
             last[record.workflow] = record.seq
         stored: dict[str, int] = {}
+        e = t.events.c
         for chunk in _chunks(sorted(first)):
-            query = (
-                sa.select(t.events.c.workflow_id, sa.func.max(t.events.c.seq))
-                .where(t.events.c.workflow_id.in_(chunk))
-                .group_by(t.events.c.workflow_id)
+            # One max() per workflow, not GROUP BY: each is answered from the primary key's
+            # index in O(log n), where a grouped max reads every event of the workflow.
+            query = sa.union_all(
+                *(
+                    sa.select(sa.literal(w, sa.String), sa.func.max(e.seq)).where(
+                        e.workflow_id == w
+                    )
+                    for w in chunk
+                )
             )
-            stored.update({w: s for w, s in (await conn.execute(query))})
+            stored.update({w: s for w, s in (await conn.execute(query)) if s is not None})
         for workflow, seq in first.items():
             expected = stored.get(workflow, 0) + 1
             if seq != expected:
