@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +53,13 @@ class ToolAction:
         registered name of the function that builds them from the task's inputs."""
         if callable(self.args):
             return ActionSpec("tool", self.tool.name, {"args_from": registered_name(self.args)})
-        return ActionSpec("tool", self.tool.name, {"args": dict(self.args)})
+        args = dict(self.args)
+        try:
+            json.dumps(args, allow_nan=False)
+        except (TypeError, ValueError):
+            # Not data: recorded by its text, and a rebuilt run cannot call it again.
+            return ActionSpec("tool", self.tool.name, {"args_repr": repr(args)})
+        return ActionSpec("tool", self.tool.name, {"args": args})
 
     async def run(self, ctx: TaskContext) -> Any:
         args = self.args(ctx) if callable(self.args) else self.args

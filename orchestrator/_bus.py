@@ -7,7 +7,7 @@ it turns (`flush`), so a listener sees a consistent order without being woken pe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ._events import Event
 
@@ -15,9 +15,11 @@ from ._events import Event
 class EventBus:
     """Owned by the engine; runs and the call path emit into it."""
 
-    __slots__ = ("_listeners", "_pending", "_subscribers")
+    __slots__ = ("_listeners", "_pending", "_subscribers", "recorder")
 
     def __init__(self) -> None:
+        self.recorder: Callable[[str, Event], None] | None = None
+        """Hears every event as it is emitted, watched or not (the engine's journal)."""
         self._pending: list[tuple[str, Event]] = []
         self._listeners: list[asyncio.Queue[Event]] = []
         self._subscribers: dict[str, Sequence[asyncio.Queue[Event]]] = {}
@@ -29,7 +31,7 @@ class EventBus:
     def observed(self, run: str) -> bool:
         """Whether anyone reads `run`'s events. Hot paths build events only if so: on a
         100,000-task graph that nobody watches, building them would be a third of the cost."""
-        return bool(self._listeners) or run in self._subscribers
+        return self.recorder is not None or bool(self._listeners) or run in self._subscribers
 
     def subscribe(self, run: str, queue: asyncio.Queue[Event]) -> None:
         self._subscribers[run] = (*self._subscribers.get(run, ()), queue)
@@ -41,7 +43,9 @@ class EventBus:
         self._listeners.remove(queue)
 
     def emit(self, run: str, event: Event) -> None:
-        if self.observed(run):
+        if self.recorder is not None:
+            self.recorder(run, event)
+        if self._listeners or run in self._subscribers:
             self._pending.append((run, event))
 
     def drop(self, run: str) -> None:

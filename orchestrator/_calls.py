@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from ._admission import Admission, Limits, Ticket
 from ._bus import EventBus
@@ -98,7 +98,11 @@ class LLMCalls:
         self._next_seq = next_seq
         # What each backend declared, read once: its circuit breaker follows from it.
         self._caps = {name: capabilities(b) for name, b in self.backends.items()}
-        self._program_aware = [b for b in self.backends.values() if isinstance(b, ProgramAware)]
+        self._program_aware = [
+            cast(ProgramAware, self.backends[name])
+            for name, caps in self._caps.items()
+            if caps.program_aware
+        ]
         self._circuits: dict[str, CircuitBreaker | None] = {
             name: (
                 CircuitBreaker(breaker.failures, breaker.cooldown_s)
@@ -136,7 +140,9 @@ class LLMCalls:
         self._timers.clear()
 
     def capabilities(self, backend: str) -> Capabilities:
-        return self._caps.get(backend) or capabilities(self.backend(backend))
+        """What `backend` declared (read once, when the engine was built)."""
+        self.backend(backend)
+        return self._caps[backend]
 
     # --- what the engine tells it ------------------------------------------------------------
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
+import secrets
 from collections.abc import AsyncIterator, Callable, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -40,12 +42,22 @@ from ._errors import (
     UsageError,
     WorkflowStateError,
 )
-from ._events import DeadlineMissed, Event, TaskState, WorkflowStarted
+from ._events import (
+    EVENT_ADAPTER,
+    DeadlineMissed,
+    Event,
+    TaskState,
+    WorkflowFinished,
+    WorkflowStarted,
+    WorkflowStatus,
+)
+from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._llm import LLMBackend, Usage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
 from ._run import Run, RunResult, RunServices
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key
+from ._store import Store, StoreError, WorkflowRow
 from ._task import TaskRun, check_seconds, check_serializable
 from ._workflow import Workflow
 
@@ -85,6 +97,11 @@ _WAKE = _Wake()
 
 
 T = TypeVar("T")
+
+_JOURNAL_MAX_PENDING = 2_000_000
+"""Records the journal may hold uncommitted: a 100,000-task workflow is added in one go."""
+_JOURNAL_HIGH_WATER = 50_000
+"""Past this many uncommitted records the loop waits for the store before going on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +144,9 @@ class Engine:
 
     `call_retry` says how often one LLM call is sent before its task sees the error
     (`CallRetry`); `breaker` says when a failing backend's circuit opens (`Breaker`; None
-    turns circuit breakers off).
+    turns circuit breakers off). `store` (an opened `Store`, e.g. `memory.SQLStore`) makes
+    every run durable: each event is appended to its log (grouped commits), and a run's
+    result is handed back once its last event is committed (docs/durability.md).
     """
 
     def __init__(
@@ -143,6 +162,7 @@ class Engine:
         keep_alive: KeepAlive | None = DEFAULT_KEEP_ALIVE,
         call_retry: CallRetry = DEFAULT_CALL_RETRY,
         breaker: Breaker | None = DEFAULT_BREAKER,
+        store: Store | None = None,
     ) -> None:
         backends = dict(backends or {})
         self.policy = get_policy(policy)
@@ -183,6 +203,9 @@ class Engine:
         self._woken = False
         self._tg: asyncio.TaskGroup | None = None
         self._closing = False
+        self.store = store
+        self.journal: Journal | None = None
+        self._store_error: StoreError | None = None
 
     @property
     def backends(self) -> Mapping[str, LLMBackend]:
@@ -214,12 +237,25 @@ class Engine:
             changed=self._changed,
             default_estimate=self.default_estimate,
         )
+        if self.store is not None:
+            outside = (
+                self._clock.outside_work
+                if isinstance(self._clock, VirtualClock)
+                else contextlib.nullcontext
+            )
+            self.journal = Journal(
+                self.store, max_pending=_JOURNAL_MAX_PENDING, outside_work=outside
+            )
+            self._store_error = None
+            self.bus.recorder = self._record
         self._inbox = asyncio.Queue()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="plait-task"
         )
         self._tg = tg
         await self._tg.__aenter__()
+        if self.journal is not None:
+            tg.create_task(self.journal.run(), name="plait-journal")
         self._tg.create_task(self._loop(), name="plait-engine")
         return self
 
@@ -263,23 +299,32 @@ class Engine:
     async def _loop(self) -> None:
         assert self._inbox is not None
         inbox = self._inbox
+        journal = self.journal
         while True:
+            if self._store_error is not None:
+                self._stop_runs(self._store_error)
             self._finish_settled()  # first: a finished run may free what others wait for
             self._admit()
             self.bus.flush()
             if self._closing and not self._runs:
+                if journal is not None:
+                    await self._close_journal(journal)
                 return
+            if journal is not None and journal.stats.pending >= _JOURNAL_HIGH_WATER:
+                await self._catch_up(journal)  # the store is behind: let it commit first
             item = await inbox.get()
             self._applying = True
-            while True:
-                if isinstance(item, _Outcome):
-                    self._apply(item)
-                else:
-                    self._woken = False
-                if inbox.empty():
-                    break
-                item = inbox.get_nowait()
-            self._applying = False
+            try:
+                while True:
+                    if isinstance(item, _Outcome):
+                        self._apply(item)
+                    else:
+                        self._woken = False
+                    if inbox.empty():
+                        break
+                    item = inbox.get_nowait()
+            finally:
+                self._applying = False
 
     def _admit(self) -> None:
         now = self.clock.monotonic()
@@ -481,11 +526,16 @@ class Engine:
         if priority not in CLASS_RANK:
             raise UsageError(f"priority must be one of {', '.join(CLASS_RANK)}, got {priority!r}")
         check_seconds(f"workflow {workflow.name!r}", "deadline", deadline)
+        if self._store_error is not None:
+            raise self._store_error
         if len(self._runs) >= self.max_workflows:
             raise OverloadedError("the engine's set of running workflows", self.max_workflows)
         self._programs += 1
         program = self._programs
-        if workflow.id in self._runs:
+        if self.journal is not None:
+            # Ids name runs in the store for good: unique beyond this process's lifetime.
+            workflow.id = f"{workflow.name}#{secrets.token_hex(6)}"
+        elif workflow.id in self._runs:
             workflow.id = f"{workflow.name}#{program}"
         now = self.clock.monotonic()
         assert self._services is not None
@@ -500,6 +550,7 @@ class Engine:
         if _subscriber is not None:
             self.bus.subscribe(run.id, _subscriber)
         try:
+            self._runs[run.id] = run
             self.bus.emit(
                 run.id,
                 WorkflowStarted(
@@ -512,7 +563,7 @@ class Engine:
             )
             self._runs[run.id] = run
             run.start()
-            if deadline is not None and not run.complete:
+            if deadline is not None:  # _finish cancels it
                 run.deadline_timer = asyncio.get_running_loop().call_later(
                     deadline, self._deadline_passed, run
                 )
@@ -582,7 +633,10 @@ class Engine:
     def _find(self, workflow: Workflow | str) -> Run:
         key = workflow.id if isinstance(workflow, Workflow) else workflow
         try:
-            return self._runs[key]
+            run = self._runs[key]
+            if run.complete:
+                raise KeyError(key)  # done, and finished when the loop next turns
+            return run
         except KeyError:
             raise WorkflowStateError(
                 f"no running workflow {key!r}; it may have finished already"
@@ -598,7 +652,8 @@ class Engine:
             self.wake()  # listeners hear it now, not with the next outcome
 
     def _finish(self, run: Run) -> None:
-        """The run's last task is final: tell everyone, and let go of the workflow."""
+        """The run's last task is final: tell everyone, and let go of the workflow. A
+        durable run's result is handed back once its last event is committed."""
         result = run.result()
         if run.deadline_timer is not None:
             run.deadline_timer.cancel()
@@ -609,7 +664,83 @@ class Engine:
         self.admission.forget(run)
         self.calls.program_done(run.id)
         run.workflow._detach()
-        run.done.set_result(result)
+        if self.journal is None:
+            run.done.set_result(result)
+        else:
+            assert self._tg is not None
+            self._tg.create_task(self._hand_back(run, result), name=f"plait-durable/{run.id}")
+
+    # --- durability ----------------------------------------------------------------------------
+
+    def _record(self, run_id: str, event: Event) -> None:
+        """Every event goes to the journal as it is emitted, in order."""
+        journal = self.journal
+        assert journal is not None
+        if self._store_error is not None:
+            return  # the runs are being stopped; nothing more can be made durable
+        try:
+            journal.append(
+                run_id, event.kind, event.at, EVENT_ADAPTER.dump_python(event, mode="json")
+            )
+            if event.kind in ("workflow_started", "workflow_finished"):
+                journal.upsert(self._row(run_id, event))
+        except StoreError as exc:
+            self._store_error = exc
+            self.wake()
+
+    def _row(self, run_id: str, event: Event) -> WorkflowRow:
+        run = self._runs.get(run_id)
+        clock = self.clock
+        now, mono = clock.now(), clock.monotonic()
+        deadline = None
+        if run is not None and run.deadline is not None:
+            deadline = now + (run.deadline - mono)  # rows keep wall-clock times
+        status: WorkflowStatus = event.status if isinstance(event, WorkflowFinished) else "running"
+        started = now - (mono - run.started_at) if run is not None else now
+        return WorkflowRow(
+            id=run_id,
+            name=run.workflow.name if run is not None else run_id,
+            status=status,
+            priority=run.priority_class if run is not None else "batch",
+            deadline=deadline,
+            created=started,
+            updated=now,
+            finished=now if status != "running" else None,
+        )
+
+    async def _hand_back(self, run: Run, result: RunResult) -> None:
+        assert self.journal is not None
+        try:
+            await self.journal.durable()
+        except StoreError as exc:
+            run.done.set_exception(exc)
+        else:
+            run.done.set_result(result)
+
+    async def _catch_up(self, journal: Journal) -> None:
+        try:
+            await journal.durable()
+        except StoreError as exc:
+            self._store_error = self._store_error or exc
+
+    async def _close_journal(self, journal: Journal) -> None:
+        self.bus.recorder = None
+        try:
+            await journal.close()
+        except StoreError as exc:
+            self._store_error = self._store_error or exc
+
+    def _stop_runs(self, error: StoreError) -> None:
+        """The store failed: no run can be made durable any more. Each one stops (its
+        running tasks are cancelled) and whoever awaits it gets the `StoreError`; what was
+        committed stays, so the runs can be resumed once the store is writable again."""
+        for run in list(self._runs.values()):
+            run.cancel(f"the store failed: {error}")
+            run.workflow._detach()
+            self._runs.pop(run.id, None)
+            if not run.done.done():
+                run.done.set_exception(error)
+            self.admission.forget(run)
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))

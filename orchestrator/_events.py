@@ -50,6 +50,9 @@ class TaskOptions:
     """A task's settings as data (the `when` condition by its registered name)."""
 
     retry: int = 1
+    retry_delay: tuple[float, float, float] = (0.5, 30.0, 0.5)
+    """The retry's initial delay, maximum delay and jitter (the error types it retries on
+    are code, not data: a rebuilt task retries on any error, as by default)."""
     timeout: float | None = None
     resource: str = ""
     estimate: float | None = None

@@ -23,8 +23,10 @@ Usage, inside the task group that owns the engine:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,12 +69,22 @@ class Journal:
     caller that does not wait fails loudly instead of growing memory without bound.
     """
 
-    def __init__(self, store: Store, *, max_pending: int = 10_000, inline_limit: int = 1024):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_pending: int = 10_000,
+        inline_limit: int = 1024,
+        outside_work: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ):
         if max_pending < 1:
             raise UsageError(f"max_pending must be at least 1, not {max_pending}")
         if inline_limit < 0:
             raise UsageError(f"inline_limit must be 0 or more bytes, not {inline_limit}")
         self._store = store
+        self._outside_work = outside_work
+        """Wraps each commit: a virtual clock must not jump (or see a deadlock) while the
+        store's driver works in a thread of its own."""
         self._max_pending = max_pending
         self._inline_limit = inline_limit
         self._seqs: dict[str, int] = {}
@@ -177,7 +189,8 @@ class Journal:
                     continue
                 batch, upto = self._take()
                 try:
-                    await self._store.append(batch)
+                    with self._outside_work():
+                        await self._store.append(batch)
                 except Exception as exc:
                     self._fail(exc)
                     return

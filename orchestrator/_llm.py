@@ -225,7 +225,7 @@ class WallClockBackend(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Capabilities:
-    """What one backend declared, read once when the engine starts."""
+    """What one backend declared, read once when the engine is built."""
 
     program_aware: bool = False
     health_checked: bool = False

@@ -395,6 +395,8 @@ class Run:
         self._move(record, state)
         self.unfinished -= 1
         self._remaining = None
+        if record.removed:
+            return  # its end was told when it left the workflow; nothing depends on it
         if state == "done":
             record.result = result
             if self.observed:
@@ -482,8 +484,8 @@ class Run:
         self.done.set_result(self.result())
 
     def cancel(self, reason: str) -> None:
-        if self.cancelling is not None or self.done.done():
-            return
+        if self.cancelling is not None or self.done.done() or self.complete:
+            return  # a complete run ended as it was; it is finished when the loop turns
         self.cancelling = reason
         for record in list(self.records.values()):
             self.cancel_task(record, reason)
@@ -572,7 +574,7 @@ class Run:
             self._added_event(task, after, self.services.clock.monotonic())
         if record.waiting_on == 0:
             self._decide(record)
-        self._check_complete()
+        self._mutated()
 
     def replaced(self, old: Task, task: Task) -> None:
         record = self.records[task.id]
@@ -597,17 +599,22 @@ class Run:
             )
         if record.waiting_on == 0:
             self._decide(record)
+        self._mutated()
 
     def removed(self, task: Task, dependents: list[str]) -> None:
-        # Out of the run first: a running one reports to its own record, which nothing reads
-        # any more (and which releases no dependents); an id added again gets a new record.
+        # Out of the run first. A running one is cancelled and told as cancelled now, before
+        # it leaves: its asyncio task ends later and reports to a record marked removed,
+        # which says nothing more (an id added again meanwhile has a record of its own).
         record = self.records.pop(task.id)
         self._remaining = None
+        reason = "removed from its workflow"
         was_final = record.state in FINAL_STATES
         if record.state in ("running", "waiting"):
-            self.cancel_task(record, "removed from its workflow")  # it ends later, removed
+            self.cancel_task(record, reason)
+            self._report(record, "cancelled", None, reason)
+            record.removed = True
         elif not was_final:
-            self.finalize(record, "cancelled", reason="removed from its workflow")
+            self.finalize(record, "cancelled", reason=reason)
         self._emit(TaskRemoved(workflow=self.id, task=task.id, at=self.services.clock.monotonic()))
         if not was_final:
             records = self.records
@@ -616,7 +623,7 @@ class Run:
                 nxt.waiting_on -= 1
                 if nxt.waiting_on == 0 and nxt.state == "pending":
                     self._decide(nxt)
-        self._check_complete()
+        self._mutated()
 
     def edge_added(self, source: str, target: str) -> None:
         records = self.records
@@ -638,6 +645,7 @@ class Run:
             nxt.waiting_on += 1
         elif nxt.waiting_on == 0 and nxt.state == "pending":
             self._decide(nxt)
+        self._mutated()
 
     def edge_removed(self, source: str, target: str) -> None:
         records = self.records
@@ -655,3 +663,10 @@ class Run:
             nxt.waiting_on -= 1
             if nxt.waiting_on == 0 and nxt.state == "pending":
                 self._decide(nxt)
+        self._mutated()
+
+    def _mutated(self) -> None:
+        """After every mutation: the run may have ended, and its events should be heard
+        now, not with the next task's outcome."""
+        self._check_complete()
+        self.services.changed(self)

@@ -206,8 +206,9 @@ Condition = Callable[[Mapping[str, Any]], bool]
 
 
 class Task:
-    """One node of a workflow, as defined: its action and its settings. Immutable once
-    made; its state in a run is its `TaskRun`."""
+    """One node of a workflow, as defined: its action and its settings, which running it
+    never changes (`Workflow.replace` puts a new one in its place); its state in a run is
+    its `TaskRun`."""
 
     __slots__ = ("id", "action", "retry", "timeout", "resource", "estimate", "when", "trigger")
 
@@ -252,8 +253,10 @@ class Task:
         return f"Task({self.id!r}, {self.action.label!r})"
 
     def options(self) -> TaskOptions:
+        retry = self.retry
         return TaskOptions(
-            retry=self.retry.attempts,
+            retry=retry.attempts,
+            retry_delay=(retry.initial_delay, retry.max_delay, retry.jitter),
             timeout=self.timeout,
             resource=self.resource,
             estimate=self.estimate,
@@ -281,6 +284,7 @@ class TaskRun:
         "waiting_on",
         "handle",
         "cancel_reason",
+        "removed",
     )
 
     def __init__(self, task: Task) -> None:
@@ -296,6 +300,8 @@ class TaskRun:
         self.waiting_on = 0
         self.handle: asyncio.Task[Any] | None = None
         self.cancel_reason: str | None = None
+        self.removed = False
+        """Removed from its workflow while it ran: its end is not told again."""
 
     @property
     def id(self) -> str:
