@@ -202,10 +202,13 @@ class Engine:
         self._inbox: asyncio.Queue[_Outcome | _Wake] | None = None
         self._woken = False
         self._tg: asyncio.TaskGroup | None = None
+        self._group: asyncio.TaskGroup | None = None
+        """The same task group, kept while the engine winds down (`_tg` refuses new runs)."""
         self._closing = False
         self.store = store
         self.journal: Journal | None = None
         self._store_error: StoreError | None = None
+        self._suspended = False
 
     @property
     def backends(self) -> Mapping[str, LLMBackend]:
@@ -247,12 +250,13 @@ class Engine:
                 self.store, max_pending=_JOURNAL_MAX_PENDING, outside_work=outside
             )
             self._store_error = None
+            self._suspended = False
             self.bus.recorder = self._record
         self._inbox = asyncio.Queue()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="plait-task"
         )
-        self._tg = tg
+        self._tg = self._group = tg
         await self._tg.__aenter__()
         if self.journal is not None:
             tg.create_task(self.journal.run(), name="plait-journal")
@@ -267,6 +271,10 @@ class Engine:
     ) -> bool | None:
         assert self._tg is not None
         self._closing = True
+        if self.journal is not None:
+            # A durable run outlives the engine: what was committed stays as it is, unfinished,
+            # for a resume; the cancellations below are this process's, not the run's.
+            self._suspended = True
         for run in list(self._runs.values()):
             run.cancel("the engine was closed")
         self.wake()
@@ -280,6 +288,7 @@ class Engine:
             await tg.__aexit__(exc_type, exc, tb)
             return None
         finally:
+            self._group = None
             self._abandon_runs()
             self.calls.stop()
             if self._executor is not None:
@@ -667,8 +676,8 @@ class Engine:
         if self.journal is None:
             run.done.set_result(result)
         else:
-            assert self._tg is not None
-            self._tg.create_task(self._hand_back(run, result), name=f"plait-durable/{run.id}")
+            assert self._group is not None
+            self._group.create_task(self._hand_back(run, result), name=f"plait-durable/{run.id}")
 
     # --- durability ----------------------------------------------------------------------------
 
@@ -676,8 +685,8 @@ class Engine:
         """Every event goes to the journal as it is emitted, in order."""
         journal = self.journal
         assert journal is not None
-        if self._store_error is not None:
-            return  # the runs are being stopped; nothing more can be made durable
+        if self._store_error is not None or self._suspended:
+            return  # stopping: nothing more is recorded (the log stays as the run left it)
         try:
             journal.append(
                 run_id, event.kind, event.at, EVENT_ADAPTER.dump_python(event, mode="json")

@@ -1,0 +1,189 @@
+"""An engine with a store: every event of every run is in the store's log, in order, and a
+run's result is handed back once its last event is committed. On SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+from conftest import StoreFactory
+
+from agents import Agent
+from executors import FunctionLLM, echo
+from orchestrator import (
+    EVENT_ADAPTER,
+    Engine,
+    EventRecord,
+    Store,
+    StoreBatch,
+    StoreError,
+    TaskContext,
+    VirtualClock,
+    Workflow,
+    read_events,
+)
+from orchestrator._replay import rebuild
+
+writer = Agent("writer", "You write.")
+
+
+async def plan(ctx: TaskContext) -> int:
+    for i in range(3):
+        ctx.workflow.add(f"part {i}", writer.ask(f"Part {i}"), before=["join"])
+    return 3
+
+
+async def join(ctx: TaskContext) -> str:
+    return " / ".join(str(v) for k, v in sorted(ctx.inputs.items()) if k != "plan")
+
+
+def build(name: str = "durable") -> Workflow:
+    wf = Workflow(name)
+    wf.add("plan", plan)
+    wf.add("join", join, after=["plan"])
+    return wf
+
+
+async def stored_image(store: Store, workflow: str) -> object:
+    events = [EVENT_ADAPTER.validate_python(d) for d in await read_events(store, workflow)]
+    return rebuild(events)
+
+
+# A store does real I/O (a driver's thread, a socket), which a VirtualClock would jump over:
+# these tests run on the system clock, and wait on events, never on time.
+
+
+def test_a_durable_run_is_in_the_store_when_it_returns(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with make_store() as store:
+            llm = FunctionLLM(echo)
+            async with Engine(backends={"default": llm}, store=store) as engine:
+                first = await engine.run(build())
+                second = await engine.run(build())
+                # Returned: its last event is committed, before the engine closes.
+                row = await store.workflow(first.workflow)
+                assert row is not None and row.status == "succeeded" and row.name == "durable"
+            assert first.workflow != second.workflow  # ids are unique in the store for good
+            assert first.workflow.startswith("durable#")
+            for result in (first, second):
+                image = await stored_image(store, result.workflow)
+                assert image.status == "succeeded"  # type: ignore[attr-defined]
+                assert image.results() == dict(result.results)  # type: ignore[attr-defined]
+                assert len(image.tasks) == 5  # type: ignore[attr-defined]
+            records = await store.events(first.workflow)
+            assert [r.seq for r in records] == list(range(1, len(records) + 1))
+            assert records[0].kind == "workflow_started"
+            assert records[-1].kind == "workflow_finished"
+            assert await store.unfinished() == []
+
+    asyncio.run(main())
+
+
+def test_a_run_the_engine_left_unfinished_stays_unfinished_in_the_store(
+    make_store: StoreFactory,
+) -> None:
+    """What an engine had committed when it stopped mid-run is what a resume starts from."""
+
+    async def main() -> None:
+        started = asyncio.Event()
+
+        async def slow(ctx: TaskContext) -> None:
+            started.set()
+            await asyncio.Event().wait()  # until the engine stops
+
+        async with make_store() as store:
+            async with Engine(store=store) as engine:
+                wf = Workflow("cut")
+                wf.add("quick", join)
+                wf.add("slow", slow, after=["quick"])
+                engine.submit(wf)
+                await started.wait()
+            (unfinished,) = await store.unfinished()
+            assert unfinished == wf.id
+            image = await stored_image(store, wf.id)
+            assert image.status is None  # type: ignore[attr-defined]
+            assert image.tasks["quick"].state == "done"  # type: ignore[attr-defined]
+            assert image.unfinished() == ["slow"]  # type: ignore[attr-defined]
+
+    asyncio.run(main())
+
+
+class FailingStore(Store):
+    """A store whose appends fail after `ok` batches (a disk that fills, a database that
+    goes away): a real small implementation of the protocol that keeps what it accepted."""
+
+    def __init__(self, ok: int) -> None:
+        self.ok = ok
+        self.batches: list[StoreBatch] = []
+
+    async def open(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    async def append(self, batch: StoreBatch) -> None:
+        if len(self.batches) >= self.ok:
+            raise OSError(28, "No space left on device")
+        self.batches.append(batch)
+
+    async def record_call(self, *args: object, **kwargs: object) -> str:
+        raise NotImplementedError
+
+    async def delete(self, workflows: Sequence[str]) -> int:
+        return 0
+
+    async def retain(self, *args: object, **kwargs: object) -> int:
+        return 0
+
+    async def collect_garbage(self) -> int:
+        return 0
+
+    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
+        return [e for b in self.batches for e in b.events if e.workflow == workflow]
+
+    async def last_seq(self, workflow: str) -> int:
+        return 0
+
+    async def payloads(self, digests: Sequence[str]) -> dict[str, bytes]:
+        return {}
+
+    async def workflow(self, workflow: str) -> None:
+        return None
+
+    async def workflows(self, *args: object, **kwargs: object) -> list[object]:
+        return []
+
+    async def unfinished(self) -> list[str]:
+        return []
+
+    async def find_call(self, program: str, request_hash: str) -> bytes | None:
+        return None
+
+    async def size(self) -> object:
+        raise NotImplementedError
+
+
+def test_a_store_that_fails_mid_run_stops_the_runs_with_a_store_error() -> None:
+    clock = VirtualClock()
+
+    async def slow(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(10.0)
+
+    async def main() -> tuple[BaseException, int]:
+        store = FailingStore(ok=1)
+        async with Engine(clock=clock, store=store) as engine:
+            wf = Workflow("w")
+            wf.add("a", slow)
+            wf.add("b", slow, after=["a"])
+            handle = engine.submit(wf)
+            with pytest.raises(StoreError, match="No space left") as info:
+                await asyncio.wait_for(handle.result(), timeout=60.0)
+            with pytest.raises(StoreError):
+                engine.submit(Workflow("after"))
+        return info.value, len(store.batches)
+
+    error, committed = clock.run(main())
+    assert "resume it once the store is writable" in str(error)
+    assert committed == 1  # what was committed before the failure stays
