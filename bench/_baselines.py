@@ -75,7 +75,8 @@ async def _lg_noop(state: _LGState) -> None:
     return None
 
 
-def _lg_compile(graph: Graph) -> Any:
+def _lg_compile(graph: Graph, checkpointer: Any = None) -> Any:
+    """One StateGraph node per task; ``checkpointer`` (a LangGraph saver) makes it durable."""
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(_LGState)
@@ -92,7 +93,7 @@ def _lg_compile(graph: Graph) -> Any:
             builder.add_edge([f"t{p}" for p in preds], f"t{i}")
     for i in sinks(graph):
         builder.add_edge(f"t{i}", END)
-    return builder.compile()
+    return builder.compile(checkpointer=checkpointer)
 
 
 async def _lg_scenario(compiled: list[Any], limits: list[int]) -> float:
