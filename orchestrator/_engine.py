@@ -688,9 +688,8 @@ class Engine:
         if self._store_error is not None or self._suspended:
             return  # stopping: nothing more is recorded (the log stays as the run left it)
         try:
-            journal.append(
-                run_id, event.kind, event.at, EVENT_ADAPTER.dump_python(event, mode="json")
-            )
+            text = EVENT_ADAPTER.dump_json(event).decode()
+            journal.append_json(run_id, event.kind, event.at, text)
             if event.kind in ("workflow_started", "workflow_finished"):
                 journal.upsert(self._row(run_id, event))
         except StoreError as exc:

@@ -127,6 +127,19 @@ class Journal:
         self._accepted()
         return seq
 
+    def append_json(self, workflow: str, kind: str, at: float, text: str) -> int:
+        """`append` for an event already encoded as JSON text (pydantic's encoder is several
+        times faster than `json`'s); a text longer than `inline_limit` is decoded once so its
+        large fields can go to the payloads table."""
+        if len(text) > self._inline_limit:
+            return self.append(workflow, kind, at, json.loads(text))
+        self._accept()
+        seq = self._seqs.get(workflow, 0) + 1
+        self._seqs[workflow] = seq
+        self._events.append(EventRecord(workflow=workflow, seq=seq, kind=kind, at=at, data=text))
+        self._accepted()
+        return seq
+
     def upsert(self, row: WorkflowRow) -> None:
         """Accept a workflow row; of several for one id in a batch, the last is written."""
         self._accept()

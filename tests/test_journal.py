@@ -328,3 +328,22 @@ def test_bad_options_and_appending_after_close_are_usage_errors() -> None:
             journal.append("w", "k", 0.0, {})
 
     asyncio.run(main())
+
+
+def test_append_json_keeps_small_events_as_given_and_moves_large_fields() -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        journal = Journal(store, inline_limit=64)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(journal.run())
+            small = '{"task":"a","at":1.0}'
+            assert journal.append_json("w", "k", 1.0, small) == 1
+            big = json.dumps({"task": "b", "result": "x" * 500})
+            assert journal.append_json("w", "k", 2.0, big) == 2
+            await journal.close()
+        events = [e for batch in store.batches for e in batch.events]
+        assert events[0].data == small and not events[0].refs
+        assert set(events[1].refs) == {"result"}
+        assert json.loads(events[1].data)["result"] == {"$ref": events[1].refs["result"]}
+
+    asyncio.run(main())
