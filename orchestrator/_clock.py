@@ -10,11 +10,10 @@ as long as the CPU needs to compute it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import selectors
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from concurrent.futures import Future as ThreadFuture
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -105,17 +104,6 @@ class VirtualClock:
         """Run `main` to completion on a fresh loop that keeps this clock's time."""
         with asyncio.Runner(loop_factory=self.new_event_loop) as runner:
             return runner.run(main)
-
-    @contextlib.contextmanager
-    def outside_work(self) -> Iterator[None]:
-        """Mark work the loop waits for that runs outside it (a database driver's own
-        thread): meanwhile the loop is not idle, so virtual time follows wall time instead of
-        jumping, and waiting for it is no deadlock."""
-        self._threads_running += 1
-        try:
-            yield
-        finally:
-            self._threads_running -= 1
 
     # Called by the loop only.
     def _advance(self, seconds: float) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import contextvars
 import functools
 import secrets
@@ -241,14 +240,13 @@ class Engine:
             default_estimate=self.default_estimate,
         )
         if self.store is not None:
-            outside = (
-                self._clock.outside_work
-                if isinstance(self._clock, VirtualClock)
-                else contextlib.nullcontext
-            )
-            self.journal = Journal(
-                self.store, max_pending=_JOURNAL_MAX_PENDING, outside_work=outside
-            )
+            if isinstance(self._clock, VirtualClock):
+                raise UsageError(
+                    "Engine(store=...) needs the system clock: a store does real I/O (a "
+                    "database driver's thread or socket), which virtual time would jump over "
+                    "to its timeouts; use clock=SystemClock(), or no store for simulations"
+                )
+            self.journal = Journal(self.store, max_pending=_JOURNAL_MAX_PENDING)
             self._store_error = None
             self._suspended = False
             self.bus.recorder = self._record
@@ -721,7 +719,7 @@ class Engine:
         try:
             await self.journal.durable()
         except StoreError as exc:
-            run.done.set_exception(exc)
+            _fail(run.done, exc)
         else:
             run.done.set_result(result)
 
@@ -747,8 +745,15 @@ class Engine:
             run.workflow._detach()
             self._runs.pop(run.id, None)
             if not run.done.done():
-                run.done.set_exception(error)
+                _fail(run.done, error)
             self.admission.forget(run)
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))
+
+
+def _fail(done: asyncio.Future[RunResult], error: BaseException) -> None:
+    """Hand `error` to whoever awaits the run; nobody may (a run submitted and left), and
+    that must not log "exception was never retrieved": the error is the engine's to tell."""
+    done.set_exception(error)
+    done.exception()  # marks it retrieved; awaiting it still raises it

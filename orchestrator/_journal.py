@@ -23,10 +23,8 @@ Usage, inside the task group that owns the engine:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,16 +73,12 @@ class Journal:
         *,
         max_pending: int = 10_000,
         inline_limit: int = 1024,
-        outside_work: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
     ):
         if max_pending < 1:
             raise UsageError(f"max_pending must be at least 1, not {max_pending}")
         if inline_limit < 0:
             raise UsageError(f"inline_limit must be 0 or more bytes, not {inline_limit}")
         self._store = store
-        self._outside_work = outside_work
-        """Wraps each commit: a virtual clock must not jump (or see a deadlock) while the
-        store's driver works in a thread of its own."""
         self._max_pending = max_pending
         self._inline_limit = inline_limit
         self._seqs: dict[str, int] = {}
@@ -202,8 +196,7 @@ class Journal:
                     continue
                 batch, upto = self._take()
                 try:
-                    with self._outside_work():
-                        await self._store.append(batch)
+                    await self._store.append(batch)
                 except Exception as exc:
                     self._fail(exc)
                     return

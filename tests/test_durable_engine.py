@@ -19,6 +19,7 @@ from orchestrator import (
     StoreBatch,
     StoreError,
     TaskContext,
+    UsageError,
     VirtualClock,
     Workflow,
     read_events,
@@ -116,6 +117,7 @@ class FailingStore(Store):
     def __init__(self, ok: int) -> None:
         self.ok = ok
         self.batches: list[StoreBatch] = []
+        self.committed = asyncio.Event()
 
     async def open(self) -> None:
         return None
@@ -127,6 +129,7 @@ class FailingStore(Store):
         if len(self.batches) >= self.ok:
             raise OSError(28, "No space left on device")
         self.batches.append(batch)
+        self.committed.set()
 
     async def record_call(self, *args: object, **kwargs: object) -> str:
         raise NotImplementedError
@@ -166,24 +169,35 @@ class FailingStore(Store):
 
 
 def test_a_store_that_fails_mid_run_stops_the_runs_with_a_store_error() -> None:
-    clock = VirtualClock()
-
-    async def slow(ctx: TaskContext) -> None:
-        await ctx.clock.sleep(10.0)
-
     async def main() -> tuple[BaseException, int]:
+        async def stuck(ctx: TaskContext) -> None:
+            await asyncio.Event().wait()  # only the store's failure ends this run
+
         store = FailingStore(ok=1)
-        async with Engine(clock=clock, store=store) as engine:
+        async with Engine(store=store) as engine:
             wf = Workflow("w")
-            wf.add("a", slow)
-            wf.add("b", slow, after=["a"])
+            wf.add("a", stuck)
+            wf.add("b", stuck, after=["a"])
             handle = engine.submit(wf)
+            await store.committed.wait()  # the first commit went through
+            engine.submit(Workflow("second"))  # its events make the second commit, which fails
             with pytest.raises(StoreError, match="No space left") as info:
                 await asyncio.wait_for(handle.result(), timeout=60.0)
             with pytest.raises(StoreError):
                 engine.submit(Workflow("after"))
         return info.value, len(store.batches)
 
-    error, committed = clock.run(main())
+    error, committed = asyncio.run(main())
     assert "resume it once the store is writable" in str(error)
     assert committed == 1  # what was committed before the failure stays
+
+
+def test_a_store_on_a_virtual_clock_is_refused_before_anything_runs() -> None:
+    clock = VirtualClock()
+
+    async def main() -> None:
+        with pytest.raises(UsageError, match="needs the system clock"):
+            async with Engine(clock=clock, store=FailingStore(ok=0)):
+                pass
+
+    clock.run(main())
