@@ -40,6 +40,21 @@ def random_dag(n: int, seed: int, window: int = 1000, max_preds: int = 3) -> Gra
     return graph
 
 
+def scenario(kind: str, size: int | tuple[int, int], seed: int) -> list[Graph]:
+    """The graphs of one benchmark scenario: `chain`, `fanout` or `dag` of `size` tasks (one
+    graph), or `concurrent` (`size` = (workflows, tasks each))."""
+    if kind == "concurrent" and isinstance(size, tuple):
+        return concurrent(*size, seed)
+    if isinstance(size, int):
+        if kind == "chain":
+            return [chain(size)]
+        if kind == "fanout":
+            return [fanout(size)]
+        if kind == "dag":
+            return [random_dag(size, seed)]
+    raise ValueError(f"size {size!r} does not fit graph kind {kind!r}")
+
+
 def concurrent(workflows: int, size: int, seed: int) -> list[Graph]:
     """Many small independent random DAGs, meant to be run at the same time."""
     # Derive each workflow's seed from one RNG so the whole set depends only on ``seed``.

@@ -36,7 +36,7 @@ if str(_BENCH) not in sys.path:
     sys.path.insert(1, str(_BENCH))
 
 from _baselines import _lg_compile  # noqa: E402
-from _graphs import Graph, chain, concurrent, fanout, random_dag  # noqa: E402
+from _graphs import Graph, random_dag, scenario  # noqa: E402
 
 Durability = Literal["sync", "async"]
 """LangGraph's modes that save every step. "async" (its default) saves a step's checkpoint
@@ -247,20 +247,6 @@ SIZES: dict[str, dict[str, int | tuple[int, int]]] = {
     "quick": {"chain": 200, "fanout": 200, "dag": 400, "concurrent": (40, 10)},
     "full": {"chain": 1_000, "fanout": 1_000, "dag": 2_000, "concurrent": (100, 10)},
 }
-
-
-def scenario(kind: str, size: int | tuple[int, int], seed: int) -> list[Graph]:
-    """The overhead benchmark's graph of that kind and size, as a scenario."""
-    if kind == "concurrent" and isinstance(size, tuple):
-        return concurrent(*size, seed)
-    if isinstance(size, int):
-        if kind == "chain":
-            return [chain(size)]
-        if kind == "fanout":
-            return [fanout(size)]
-        if kind == "dag":
-            return [random_dag(size, seed)]
-    raise ValueError(f"size {size!r} does not fit graph kind {kind!r}")
 
 
 def _saver_installed() -> bool:

@@ -34,7 +34,8 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
-from _graphs import Graph, chain, concurrent, fanout, random_dag  # noqa: E402
+from _graphs import Graph, scenario  # noqa: E402
+from overhead import plait_workflow  # noqa: E402
 
 PG_URL = os.environ.get("PLAIT_BENCH_PG", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 SIZES = {
@@ -47,20 +48,10 @@ LANGGRAPH_SIZES = {
 }
 
 
-async def _noop(ctx: object) -> None:
-    return None
-
-
 def _workflows(graphs: list[Graph]) -> list[Any]:
     from orchestrator import Workflow
 
-    flows = []
-    for j, graph in enumerate(graphs):
-        wf = Workflow(f"wf{j}")
-        for i, preds in enumerate(graph):
-            wf.add(f"t{i}", _noop, after=[f"t{p}" for p in preds])
-        flows.append(wf)
-    return flows
+    return [plait_workflow(Workflow, g, f"wf{j}") for j, g in enumerate(graphs)]
 
 
 @dataclass
@@ -119,25 +110,13 @@ async def _drop_schema(schema: str) -> None:
         await conn.close()
 
 
-def graphs_of(kind: str, size: int | tuple[int, int], seed: int) -> list[Graph]:
-    if kind == "concurrent":
-        assert isinstance(size, tuple)
-        return concurrent(size[0], size[1], seed)
-    assert isinstance(size, int)
-    return (
-        [{"chain": chain, "fanout": fanout}[kind](size)]
-        if kind != "dag"
-        else [random_dag(size, seed)]
-    )
-
-
 def measure_plait(
     stores: list[str], quick: bool, seed: int, repeat: int
 ) -> dict[str, dict[str, Any]]:
     """Per graph: us per task in memory and with each store (best of `repeat`)."""
     out: dict[str, dict[str, Any]] = {}
     for kind, size in SIZES["quick" if quick else "full"].items():
-        graphs = graphs_of(kind, size, seed)
+        graphs = scenario(kind, size, seed)
         best: dict[str, float] = {}
         bytes_per_task: dict[str, float] = {}
         for _ in range(repeat):
@@ -168,7 +147,7 @@ def measure_langgraph(quick: bool, seed: int, repeat: int) -> dict[str, Any] | N
     for kind, size in LANGGRAPH_SIZES["quick" if quick else "full"].items():
         print(f"langgraph {kind} {size}", file=sys.stderr)
         try:
-            cost = langgraph_checkpoint_cost(graphs_of(kind, size, seed), repeat=repeat)
+            cost = langgraph_checkpoint_cost(scenario(kind, size, seed), repeat=repeat)
         except Exception as exc:  # a missing saver package: one null, not a traceback
             print(f"langgraph checkpointer unavailable, reporting null: {exc}", file=sys.stderr)
             return None

@@ -36,7 +36,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
         sys.path.insert(1, _path)
 
 from _baselines import RayBaseline, Timing, run_asyncio, run_langgraph  # noqa: E402
-from _graphs import Graph, chain, concurrent, fanout, random_dag  # noqa: E402
+from _graphs import Graph, random_dag, scenario  # noqa: E402
 
 RUNNERS = ("plait", "asyncio", "langgraph", "ray")
 GRAPHS = ("chain", "fanout", "dag", "concurrent")
@@ -91,7 +91,7 @@ async def _plait_noop(ctx: object) -> None:
     return None
 
 
-def _plait_workflow(workflow_cls: Any, graph: Graph, name: str) -> Any:
+def plait_workflow(workflow_cls: Any, graph: Graph, name: str) -> Any:
     wf = workflow_cls(name)
     for i, preds in enumerate(graph):
         wf.add(f"t{i}", _plait_noop, after=[f"t{p}" for p in preds])
@@ -102,7 +102,7 @@ async def _plait_scenario(graphs: list[Graph]) -> Timing:
     from orchestrator import Engine, Workflow
 
     start = perf_counter()
-    workflows = [_plait_workflow(Workflow, g, f"wf{j}") for j, g in enumerate(graphs)]
+    workflows = [plait_workflow(Workflow, g, f"wf{j}") for j, g in enumerate(graphs)]
     build_s = perf_counter() - start
     # Engine start-up and shutdown are one-off costs, like ray.init, so they stay untimed.
     async with Engine() as engine:
@@ -128,7 +128,7 @@ def plait_bytes_per_pending_task(graph: Graph) -> float:
     tracemalloc.start()
     try:
         before, _ = tracemalloc.get_traced_memory()
-        wf = _plait_workflow(Workflow, graph, "memory")
+        wf = plait_workflow(Workflow, graph, "memory")
         gc.collect()  # count only what the workflow keeps alive, not collectable garbage
         after, _ = tracemalloc.get_traced_memory()
     finally:
@@ -166,18 +166,7 @@ class GraphCache:
         return self._cache[key]
 
     def _make(self, kind: str, size: Size) -> list[Graph]:
-        if kind == "concurrent":
-            assert isinstance(size, tuple)
-            workflows, per_workflow = size
-            return concurrent(workflows, per_workflow, self.seed)
-        assert isinstance(size, int)
-        if kind == "chain":
-            return [chain(size)]
-        if kind == "fanout":
-            return [fanout(size)]
-        if kind == "dag":
-            return [random_dag(size, self.seed)]
-        raise ValueError(f"unknown graph kind {kind!r}")
+        return scenario(kind, size, self.seed)
 
 
 def measure(

@@ -639,15 +639,10 @@ class Engine:
 
     def _find(self, workflow: Workflow | str) -> Run:
         key = workflow.id if isinstance(workflow, Workflow) else workflow
-        try:
-            run = self._runs[key]
-            if run.complete:
-                raise KeyError(key)  # done, and finished when the loop next turns
-            return run
-        except KeyError:
-            raise WorkflowStateError(
-                f"no running workflow {key!r}; it may have finished already"
-            ) from None
+        run = self._runs.get(key)
+        if run is None or run.complete:  # complete: finished when the loop next turns
+            raise WorkflowStateError(f"no running workflow {key!r}; it may have finished already")
+        return run
 
     def _deadline_passed(self, run: Run) -> None:
         run.deadline_timer = None

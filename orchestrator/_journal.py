@@ -113,13 +113,7 @@ class Journal:
         now, so a bad value fails here, at the call that passed it."""
         self._accept()
         text, refs = self._encode(data)
-        seq = self._seqs.get(workflow, 0) + 1
-        self._seqs[workflow] = seq
-        self._events.append(
-            EventRecord(workflow=workflow, seq=seq, kind=kind, at=at, data=text, refs=refs)
-        )
-        self._accepted()
-        return seq
+        return self._add(workflow, kind, at, text, refs)
 
     def append_json(self, workflow: str, kind: str, at: float, text: str) -> int:
         """`append` for an event already encoded as JSON text (pydantic's encoder is several
@@ -128,9 +122,14 @@ class Journal:
         if len(text) > self._inline_limit:
             return self.append(workflow, kind, at, json.loads(text))
         self._accept()
+        return self._add(workflow, kind, at, text, {})
+
+    def _add(self, workflow: str, kind: str, at: float, text: str, refs: dict[str, str]) -> int:
         seq = self._seqs.get(workflow, 0) + 1
         self._seqs[workflow] = seq
-        self._events.append(EventRecord(workflow=workflow, seq=seq, kind=kind, at=at, data=text))
+        self._events.append(
+            EventRecord(workflow=workflow, seq=seq, kind=kind, at=at, data=text, refs=refs)
+        )
         self._accepted()
         return seq
 

@@ -27,6 +27,7 @@ from ._events import (
     FINAL_STATES,
     EdgeAdded,
     EdgeRemoved,
+    Event,
     TaskAdded,
     TaskCancelled,
     TaskFailed,
@@ -230,8 +231,7 @@ class Run:
         self._check_complete()
 
     def _added_event(self, task: Task, after: tuple[str, ...], now: float) -> None:
-        self.services.bus.emit(
-            self.id,
+        self._emit(
             TaskAdded(
                 workflow=self.id,
                 task=task.id,
@@ -295,9 +295,7 @@ class Run:
             return "failed", exc, None
         if self.observed:
             now = services.clock.monotonic()
-            services.bus.emit(
-                self.id, TaskReady(workflow=self.id, task=task.id, resource=task.resource, at=now)
-            )
+            self._emit(TaskReady(workflow=self.id, task=task.id, resource=task.resource, at=now))
         services.changed(self)
         return None
 
@@ -311,15 +309,12 @@ class Run:
         record.started_at = now
         self.running += 1
         if self.observed:
-            self.services.bus.emit(
-                self.id, TaskStarted(workflow=self.id, task=record.task.id, attempt=1, at=now)
-            )
+            self._emit(TaskStarted(workflow=self.id, task=record.task.id, attempt=1, at=now))
         return now
 
     def retry_waits(self, record: TaskRun, attempt: int, error: str, delay: float) -> None:
         self._move(record, "waiting")
-        self.services.bus.emit(
-            self.id,
+        self._emit(
             TaskRetrying(
                 workflow=self.id,
                 task=record.task.id,
@@ -333,8 +328,7 @@ class Run:
     def retry_starts(self, record: TaskRun, attempt: int) -> None:
         self._move(record, "running")
         record.attempts = attempt
-        self.services.bus.emit(
-            self.id,
+        self._emit(
             TaskStarted(
                 workflow=self.id,
                 task=record.task.id,
@@ -403,8 +397,7 @@ class Run:
                 now = self.services.clock.monotonic()
                 started = record.started_at
                 duration = now - started if started is not None else 0.0
-                self.services.bus.emit(
-                    self.id,
+                self._emit(
                     TaskSucceeded(
                         workflow=self.id,
                         task=record.task.id,
@@ -424,13 +417,11 @@ class Run:
     ) -> None:
         now = self.services.clock.monotonic()
         wid, tid = self.id, record.task.id
-        emit = self.services.bus.emit
         if state == "failed":
             assert error is not None
             record.error = error
             self.failures[tid] = error
-            emit(
-                wid,
+            self._emit(
                 TaskFailed(
                     workflow=wid,
                     task=tid,
@@ -442,10 +433,10 @@ class Run:
             )
         elif state == "skipped":
             record.reason = why
-            emit(wid, TaskSkipped(workflow=wid, task=tid, reason=why or "", at=now))
+            self._emit(TaskSkipped(workflow=wid, task=tid, reason=why or "", at=now))
         else:
             record.reason = why
-            emit(wid, TaskCancelled(workflow=wid, task=tid, reason=why or "", at=now))
+            self._emit(TaskCancelled(workflow=wid, task=tid, reason=why or "", at=now))
 
     def _release_dependents(self, first: TaskRun) -> None:
         # Dependents that end without running (skipped, cancelled) go on a stack instead of
@@ -558,7 +549,7 @@ class Run:
         """Whether anyone reads this run's events (hot paths build events only if so)."""
         return self.services.bus.observed(self.id)
 
-    def _emit(self, event: Any) -> None:
+    def _emit(self, event: Event) -> None:
         self.services.bus.emit(self.id, event)
 
     # --- workflow mutation hooks -------------------------------------------------------------

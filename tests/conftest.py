@@ -6,14 +6,22 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 from memory import SQLStore
-from orchestrator import VirtualClock
+from orchestrator import (
+    EventRecord,
+    Store,
+    StoreBatch,
+    StoreSize,
+    VirtualClock,
+    WorkflowRow,
+    WorkflowStatus,
+)
 
 T = TypeVar("T")
 
@@ -95,3 +103,112 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store
         await conn.close()
 
     run(drop())
+
+
+class MemoryStore(Store):
+    """A real in-memory `Store` (tests of the journal and the engine): keeps everything in
+    dicts; `hold()` makes the next commits wait for `release()`; `fail_with` fails the next
+    commits, `fail_after=N` every commit after the first N (a disk that fills);
+    `committed` is set by each commit that went through."""
+
+    def __init__(self, *, fail_after: int | None = None) -> None:
+        self.batches: list[StoreBatch] = []
+        self.rows: dict[str, WorkflowRow] = {}
+        self.log: dict[str, list[EventRecord]] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.calls: dict[tuple[str, str], str] = {}
+        self.entered = asyncio.Event()
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self.fail_with: Exception | None = None
+        self.fail_after = fail_after
+        self.committed = asyncio.Event()
+
+    def hold(self) -> None:
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
+    async def open(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    async def append(self, batch: StoreBatch) -> None:
+        self.entered.set()
+        await self._gate.wait()
+        self.entered.clear()
+        if self.fail_with is not None:
+            raise self.fail_with
+        if self.fail_after is not None and len(self.batches) >= self.fail_after:
+            raise OSError(28, "No space left on device")
+        for record in batch.events:
+            log = self.log.setdefault(record.workflow, [])
+            assert record.seq == len(log) + 1, "seq must continue without gaps"
+            log.append(record)
+        for row in batch.workflows:
+            self.rows[row.id] = row
+        self.blobs.update(batch.payloads)
+        for call in batch.calls:
+            self.calls.setdefault((call.program, call.request_hash), call.digest)
+        self.batches.append(batch)
+        self.committed.set()
+
+    async def delete(self, workflows: Sequence[str]) -> int:
+        for w in workflows:
+            self.log.pop(w, None)
+        return sum(self.rows.pop(w, None) is not None for w in workflows)
+
+    async def retain(
+        self, *, finished_before: float | None = None, keep_last: int | None = None
+    ) -> int:
+        raise NotImplementedError("the journal never deletes")
+
+    async def collect_garbage(self) -> int:
+        raise NotImplementedError("the journal never collects")
+
+    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
+        return self.log.get(workflow, [])[after_seq:]
+
+    async def last_seq(self, workflow: str) -> int:
+        return len(self.log.get(workflow, []))
+
+    async def payloads(self, digests: Sequence[str]) -> dict[str, bytes]:
+        return {d: self.blobs[d] for d in digests if d in self.blobs}
+
+    async def workflow(self, workflow: str) -> WorkflowRow | None:
+        return self.rows.get(workflow)
+
+    async def workflows(
+        self,
+        *,
+        status: WorkflowStatus | None = None,
+        tenant: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[WorkflowRow]:
+        rows = [r for r in self.rows.values() if status in (None, r.status)]
+        return rows[offset : offset + limit]
+
+    async def unfinished(self) -> list[str]:
+        return [r.id for r in self.rows.values() if r.status in ("pending", "running")]
+
+    async def find_call(self, program: str, request_hash: str) -> bytes | None:
+        digest = self.calls.get((program, request_hash))
+        return None if digest is None else self.blobs[digest]
+
+    async def size(self) -> StoreSize:
+        return StoreSize(
+            workflows=len(self.rows),
+            events=sum(map(len, self.log.values())),
+            payloads=len(self.blobs),
+            calls=len(self.calls),
+            event_bytes=sum(len(e.data) for log in self.log.values() for e in log),
+            payload_bytes=sum(map(len, self.blobs.values())),
+        )
+
+    @property
+    def committed_events(self) -> int:
+        return sum(map(len, self.log.values()))

@@ -4,19 +4,16 @@ run's result is handed back once its last event is committed. On SQLite and Post
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 
 import pytest
-from conftest import StoreFactory
+from conftest import MemoryStore, StoreFactory
 
 from agents import Agent
 from executors import FunctionLLM, echo
 from orchestrator import (
     EVENT_ADAPTER,
     Engine,
-    EventRecord,
     Store,
-    StoreBatch,
     StoreError,
     TaskContext,
     UsageError,
@@ -110,70 +107,12 @@ def test_a_run_the_engine_left_unfinished_stays_unfinished_in_the_store(
     asyncio.run(main())
 
 
-class FailingStore(Store):
-    """A store whose appends fail after `ok` batches (a disk that fills, a database that
-    goes away): a real small implementation of the protocol that keeps what it accepted."""
-
-    def __init__(self, ok: int) -> None:
-        self.ok = ok
-        self.batches: list[StoreBatch] = []
-        self.committed = asyncio.Event()
-
-    async def open(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    async def append(self, batch: StoreBatch) -> None:
-        if len(self.batches) >= self.ok:
-            raise OSError(28, "No space left on device")
-        self.batches.append(batch)
-        self.committed.set()
-
-    async def record_call(self, *args: object, **kwargs: object) -> str:
-        raise NotImplementedError
-
-    async def delete(self, workflows: Sequence[str]) -> int:
-        return 0
-
-    async def retain(self, *args: object, **kwargs: object) -> int:
-        return 0
-
-    async def collect_garbage(self) -> int:
-        return 0
-
-    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
-        return [e for b in self.batches for e in b.events if e.workflow == workflow]
-
-    async def last_seq(self, workflow: str) -> int:
-        return 0
-
-    async def payloads(self, digests: Sequence[str]) -> dict[str, bytes]:
-        return {}
-
-    async def workflow(self, workflow: str) -> None:
-        return None
-
-    async def workflows(self, *args: object, **kwargs: object) -> list[object]:
-        return []
-
-    async def unfinished(self) -> list[str]:
-        return []
-
-    async def find_call(self, program: str, request_hash: str) -> bytes | None:
-        return None
-
-    async def size(self) -> object:
-        raise NotImplementedError
-
-
 def test_a_store_that_fails_mid_run_stops_the_runs_with_a_store_error() -> None:
     async def main() -> tuple[BaseException, int]:
         async def stuck(ctx: TaskContext) -> None:
             await asyncio.Event().wait()  # only the store's failure ends this run
 
-        store = FailingStore(ok=1)
+        store = MemoryStore(fail_after=1)
         async with Engine(store=store) as engine:
             wf = Workflow("w")
             wf.add("a", stuck)
@@ -197,7 +136,7 @@ def test_a_store_on_a_virtual_clock_is_refused_before_anything_runs() -> None:
 
     async def main() -> None:
         with pytest.raises(UsageError, match="needs the system clock"):
-            async with Engine(clock=clock, store=FailingStore(ok=0)):
+            async with Engine(clock=clock, store=MemoryStore()):
                 pass
 
     clock.run(main())
