@@ -42,7 +42,6 @@ from ._errors import (
     WorkflowStateError,
 )
 from ._events import (
-    EVENT_ADAPTER,
     DeadlineMissed,
     Event,
     TaskState,
@@ -681,8 +680,7 @@ class Engine:
         if self._store_error is not None or self._suspended:
             return  # stopping: nothing more is recorded (the log stays as the run left it)
         try:
-            text = EVENT_ADAPTER.dump_json(event).decode()
-            journal.append_json(run_id, event.kind, event.at, text)
+            journal.append_event(run_id, event)
             if event.kind in ("workflow_started", "workflow_finished"):
                 journal.upsert(self._row(run_id, event))
         except StoreError as exc:

@@ -6,10 +6,11 @@ transaction is in flight the next one fills up and many events share a commit. N
 durable until `await journal.durable()` returns; what the engine must wait for before it
 goes on (a result handed to dependents, an LLM call sent) is the engine's decision.
 
-Input is plain JSON-able data (`EVENT_ADAPTER.dump_python(event, mode="json")`), so the
-journal does not depend on the events' fields. A top-level field whose JSON is longer than
-`inline_limit` bytes goes to the payloads table under its sha256 and the event keeps a
-reference; the same bytes are stored once however many events carry them.
+The engine appends its typed events (`append_event`, which encodes them); other callers
+append plain JSON-able data, so the journal does not depend on the events' fields. A
+top-level field whose JSON is longer than `inline_limit` bytes goes to the payloads table
+under its sha256 and the event keeps a reference; the same bytes are stored once however
+many events carry them.
 
 Usage, inside the task group that owns the engine:
 
@@ -28,8 +29,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import TypeAdapter
+from pydantic_core import SchemaSerializer
+
 from ._errors import OverloadedError, UsageError
+from ._events import Event
 from ._store import (
+    NO_REFS,
     CallRecord,
     EventRecord,
     Store,
@@ -41,6 +47,19 @@ from ._store import (
 
 _DUMPS = json.JSONEncoder(separators=(",", ":")).encode
 """ASCII-only JSON (the default escaping), so a text's length is its size in bytes."""
+
+_SERIALIZERS: dict[type, SchemaSerializer] = {}
+"""pydantic's serializer per event class. `EVENT_ADAPTER.dump_json` writes the same text,
+but finding the union's member first costs it more than the encoding itself."""
+
+
+def event_json(event: Event) -> str:
+    """The event's JSON text, as `EVENT_ADAPTER.dump_json(event)` writes it."""
+    cls = type(event)
+    serializer = _SERIALIZERS.get(cls)
+    if serializer is None:
+        serializer = _SERIALIZERS[cls] = TypeAdapter(cls).serializer
+    return serializer.to_json(event).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +134,10 @@ class Journal:
         text, refs = self._encode(data)
         return self._add(workflow, kind, at, text, refs)
 
+    def append_event(self, workflow: str, event: Event) -> int:
+        """`append` for one of the engine's events: encoded by its class's serializer."""
+        return self.append_json(workflow, event.kind, event.at, event_json(event))
+
     def append_json(self, workflow: str, kind: str, at: float, text: str) -> int:
         """`append` for an event already encoded as JSON text (pydantic's encoder is several
         times faster than `json`'s); a text longer than `inline_limit` is decoded once so its
@@ -122,14 +145,12 @@ class Journal:
         if len(text) > self._inline_limit:
             return self.append(workflow, kind, at, json.loads(text))
         self._accept()
-        return self._add(workflow, kind, at, text, {})
+        return self._add(workflow, kind, at, text, NO_REFS)
 
-    def _add(self, workflow: str, kind: str, at: float, text: str, refs: dict[str, str]) -> int:
+    def _add(self, workflow: str, kind: str, at: float, text: str, refs: Mapping[str, str]) -> int:
         seq = self._seqs.get(workflow, 0) + 1
         self._seqs[workflow] = seq
-        self._events.append(
-            EventRecord(workflow=workflow, seq=seq, kind=kind, at=at, data=text, refs=refs)
-        )
+        self._events.append(EventRecord(workflow, seq, kind, at, text, refs))
         self._accepted()
         return seq
 
@@ -231,11 +252,11 @@ class Journal:
             self._room.clear()
         self._wake.set()
 
-    def _encode(self, data: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
+    def _encode(self, data: Mapping[str, Any]) -> tuple[str, Mapping[str, str]]:
         text = _DUMPS(data)
         # A field's JSON is part of the whole, so a small event has no large field.
         if len(text) <= self._inline_limit:
-            return text, {}
+            return text, NO_REFS
         fields: dict[str, Any] = {}
         refs: dict[str, str] = {}
         for name, value in data.items():

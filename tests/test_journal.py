@@ -10,15 +10,25 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import Any, TypeVar, get_args
 
 import pytest
 from conftest import MemoryStore
 
 from orchestrator import (
+    EVENT_ADAPTER,
+    ActionSpec,
+    CallRetrying,
+    DeadlineMissed,
+    EdgeRemoved,
+    Event,
     Journal,
     OverloadedError,
     StoreError,
+    TaskReplaced,
+    TaskSucceeded,
+    Usage,
     UsageError,
     WorkflowRow,
     WorkflowStatus,
@@ -243,3 +253,38 @@ def test_append_json_keeps_small_events_as_given_and_moves_large_fields() -> Non
         assert json.loads(events[1].data)["result"] == {"$ref": events[1].refs["result"]}
 
     asyncio.run(main())
+
+
+GOLDEN = Path(__file__).parent / "golden" / "replay_run.jsonl"
+
+
+def test_append_event_writes_what_the_event_adapter_writes() -> None:
+    """The journal encodes with a serializer per event class; the text must be the union's."""
+    events: list[Any] = [
+        EVENT_ADAPTER.validate_json(line) for line in GOLDEN.read_text().splitlines()
+    ]
+    events += [
+        DeadlineMissed(workflow="w", deadline=2.5, at=3.0),
+        CallRetrying(workflow="w", task="t", backend="b", attempt=1, error="e", delay=0.5, at=1),
+        TaskReplaced(workflow="w", task="t", action=ActionSpec("tool", "search", {"q": "x"}), at=1),
+        EdgeRemoved(workflow="w", source="a", target="b", at=1.0),
+        TaskSucceeded(
+            workflow="w",
+            task="t",
+            duration=0.1,
+            result={"text": "\u00e9\n", "n": [1, 2.5, None]},
+            usage=Usage(prompt_tokens=3, completion_tokens=4, cached_prompt_tokens=2),
+            at=1.0,
+        ),
+    ]
+    every_kind = {cls.__dataclass_fields__["kind"].default for cls in get_args(get_args(Event)[0])}
+    assert {event.kind for event in events} == every_kind
+
+    async def body(journal: Journal, store: MemoryStore) -> None:
+        for event in events:
+            journal.append_event("w", event)
+        await journal.durable()
+        written = [record.data for record in store.log["w"]]
+        assert written == [EVENT_ADAPTER.dump_json(event).decode() for event in events]
+
+    with_journal(body)
