@@ -1,36 +1,50 @@
 """`SQLStore`: orchestrator's `Store` on SQLAlchemy 2 async, SQLite or PostgreSQL.
 
 SQLite (the default, `sqlite+aiosqlite:///path` or a plain path) runs in WAL mode, so
-readers never wait for the writer. Writes go through one connection per process, behind an
-asyncio lock, and each starts with BEGIN IMMEDIATE: a transaction takes the write lock
-before it reads, so it can never fail half-way with "database is locked" (the busy timeout
-covers other processes). `synchronous=FULL` is the default: WAL mode then syncs the log on
-every commit, so a committed batch survives a power cut too, not only a killed process; group
-commit in the journal pays that sync once per batch, not per event. NORMAL is faster and
-still loses nothing when only the process dies; pass it when the machine is trusted.
+readers never wait for the writer. Writes take one asyncio lock per store (appends on their
+own connection, the rest on SQLAlchemy's writer), and each starts with BEGIN IMMEDIATE: a
+transaction takes the write lock before it reads, so it can never fail half-way with
+"database is locked" (the busy timeout covers other processes and other stores).
+`synchronous=FULL` is the default: WAL mode then syncs the log on every commit, so a
+committed batch survives a power cut too, not only a killed process; group commit in the
+journal pays that sync once per batch, not per event. NORMAL is faster and still loses
+nothing when only the process dies; pass it when the machine is trusted.
 
 PostgreSQL (`postgresql+asyncpg://...`) needs no lock of ours; `schema=` puts the tables in
 their own schema (created if missing), which is how tests share one database.
+
+`append`, the one hot path (the journal calls it for every group commit), talks to the driver
+itself with SQL written out once; everything else goes through SQLAlchemy. On SQLite a batch
+is one call on a thread of its own, with its own connection: through aiosqlite each statement
+is a round trip between the event loop and the driver's thread, and each row of an
+`executemany` has to take the GIL back from a busy event loop. Its events go in as multi-row
+INSERTs, so the thread needs the GIL once per hundred rows, not once per row. On PostgreSQL
+the events go in with COPY on the pooled asyncpg connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import json
+import re
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import asyncpg
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import event
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from orchestrator import (
+    CallRecord,
     EventRecord,
     Store,
     StoreBatch,
@@ -89,6 +103,7 @@ class SQLStore(Store):
         self._write_lock = asyncio.Lock()
         self._writer: AsyncEngine | None = None
         self._reader: AsyncEngine | None = None
+        self._appender: _SQLiteAppender | None = None
 
     @property
     def engines(self) -> tuple[AsyncEngine, ...]:
@@ -104,6 +119,11 @@ class SQLStore(Store):
         try:
             with self._translate("open"):
                 await self._migrate("head")
+                if self._sqlite:
+                    self._appender = _SQLiteAppender(
+                        str(self.url.database), self._synchronous, self._busy_ms
+                    )
+                    await self._appender.open()
         except BaseException:
             await self.close()
             raise
@@ -120,9 +140,14 @@ class SQLStore(Store):
             self._writer = create_async_engine(self.url, connect_args=args)
 
     async def close(self) -> None:
+        appender, self._appender = self._appender, None
         engines, self._writer, self._reader = self.engines, None, None
-        for engine in engines:
-            await engine.dispose()
+        try:
+            if appender is not None:
+                await appender.close()
+        finally:
+            for engine in engines:
+                await engine.dispose()
 
     async def _migrate(self, revision: str) -> None:
         """Bring the schema to `revision` ("head" in use; tests also build older states)."""
@@ -203,77 +228,30 @@ class SQLStore(Store):
     async def append(self, batch: StoreBatch) -> None:
         if not len(batch):
             return
-        async with self._write() as conn:
-            if not self._sqlite and batch.payloads:
-                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock_shared(_PG_GC_LOCK)))
-            if batch.events:
-                await self._check_seqs(conn, batch.events)
-            insert = self._insert
-            if batch.payloads:
-                rows = [{"digest": d, "data": data} for d, data in batch.payloads.items()]
-                await conn.execute(insert(t.payloads).on_conflict_do_nothing(), rows)
-            if batch.events:
-                await self._insert_events(conn, batch.events)
-                refs = {(e.workflow, d) for e in batch.events for d in e.refs.values()}
-                if refs:
-                    rows = [{"workflow_id": w, "digest": d} for w, d in sorted(refs)]
-                    await conn.execute(insert(t.payload_refs).on_conflict_do_nothing(), rows)
-            if batch.workflows:
-                stmt = insert(t.workflows)
-                columns = [c.name for c in t.workflows.columns if c.name not in ("id", "created")]
-                stmt = stmt.on_conflict_do_update(
-                    index_elements=["id"], set_={c: stmt.excluded[c] for c in columns}
-                )
-                await conn.execute(stmt, [_workflow_row(w) for w in batch.workflows])
-            if batch.calls:
-                call_rows: list[dict[str, Any]] = [
-                    {
-                        "program": c.program,
-                        "request_hash": c.request_hash,
-                        "digest": c.digest,
-                        "workflow_id": c.workflow,
-                    }
-                    for c in batch.calls
-                ]
-                # The first recorded result wins: a call is answered once.
-                await conn.execute(insert(t.calls).on_conflict_do_nothing(), call_rows)
-
-    async def _insert_events(self, conn: AsyncConnection, records: Sequence[EventRecord]) -> None:
         if self._sqlite:
-            # The hottest statement: SQLAlchemy's per-row parameter processing costs more
-            # than SQLite's insert, so rows go to the driver as plain tuples.
-            rows = [(e.workflow, e.seq, e.kind, e.at, e.data, _refs_text(e.refs)) for e in records]
-            await conn.exec_driver_sql(_SQLITE_INSERT_EVENTS, rows)
+            await self._append_sqlite(batch)
         else:
-            await conn.execute(t.events.insert(), [_event_row(e) for e in records])
+            await self._append_postgres(batch)
 
-    async def _check_seqs(self, conn: AsyncConnection, records: Sequence[EventRecord]) -> None:
-        first: dict[str, int] = {}
-        last: dict[str, int] = {}
-        for record in records:
-            expected = last[record.workflow] + 1 if record.workflow in last else None
-            if expected is not None and record.seq != expected:
-                raise _gap(record, expected)
-            first.setdefault(record.workflow, record.seq)
-            last[record.workflow] = record.seq
-        stored: dict[str, int] = {}
-        e = t.events.c
-        for chunk in _chunks(sorted(first)):
-            # One max() per workflow, not GROUP BY: each is answered from the primary key's
-            # index in O(log n), where a grouped max reads every event of the workflow.
-            query = sa.union_all(
-                *(
-                    sa.select(sa.literal(w, sa.String), sa.func.max(e.seq)).where(
-                        e.workflow_id == w
-                    )
-                    for w in chunk
-                )
-            )
-            stored.update({w: s for w, s in (await conn.execute(query)) if s is not None})
-        for workflow, seq in first.items():
-            expected = stored.get(workflow, 0) + 1
-            if seq != expected:
-                raise _gap(next(r for r in records if r.workflow == workflow), expected)
+    async def _append_sqlite(self, batch: StoreBatch) -> None:
+        appender = self._appender
+        if appender is None:
+            raise StoreError(f"the store, {self.where}, is not open; use `async with store:`")
+        async with self._write_lock:
+            with self._translate("write to"):
+                await appender.write(batch)
+
+    async def _append_postgres(self, batch: StoreBatch) -> None:
+        with self._translate("write to"):
+            async with self._engine(writer=True).connect() as conn:
+                driver: asyncpg.Connection = (await conn.get_raw_connection()).driver_connection
+                try:
+                    async with driver.transaction():
+                        await _write_postgres(driver, batch)
+                except BaseException:
+                    if driver.is_closed():
+                        await conn.invalidate()  # the pool must not hand it out again
+                    raise
 
     async def delete(self, workflows: Sequence[str]) -> int:
         async with self._write() as conn:
@@ -418,10 +396,6 @@ class SQLStore(Store):
 
     # --- inside -----------------------------------------------------------------------------
 
-    @property
-    def _insert(self) -> Any:
-        return sqlite.insert if self._sqlite else postgresql.insert
-
     @contextmanager
     def _translate(self, action: str) -> Iterator[None]:
         """Turn driver and SQLAlchemy errors into a `StoreError` naming the store."""
@@ -429,7 +403,7 @@ class SQLStore(Store):
             yield
         except StoreError:
             raise
-        except (sa.exc.SQLAlchemyError, sqlite3.Error, OSError, TimeoutError) as exc:
+        except _DRIVER_ERRORS as exc:
             raise StoreError(self._explain(action, exc)) from exc
 
     def _explain(self, action: str, exc: BaseException) -> str:
@@ -467,6 +441,16 @@ class SQLStore(Store):
         return _Transaction(self, writer=False)
 
 
+_DRIVER_ERRORS = (
+    sa.exc.SQLAlchemyError,
+    sqlite3.Error,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    TimeoutError,
+)
+
+
 class _Transaction:
     """`async with store._write() as conn`: the process's write lock (SQLite), one
     transaction, and errors translated."""
@@ -496,7 +480,7 @@ class _Transaction:
                 await self._conn.__aexit__(exc_type, exc, tb)
         finally:
             self._release()
-        if isinstance(exc, sa.exc.SQLAlchemyError | sqlite3.Error | OSError | TimeoutError):
+        if isinstance(exc, _DRIVER_ERRORS):
             raise StoreError(self._store._explain(action, exc)) from exc
 
     def _release(self) -> None:
@@ -517,41 +501,6 @@ def _alembic_upgrade(conn: sa.Connection, revision: str) -> None:
     config.set_main_option("script_location", str(_MIGRATIONS))
     config.attributes["connection"] = conn
     command.upgrade(config, revision)
-
-
-_SQLITE_INSERT_EVENTS = (
-    "INSERT INTO plait_events (workflow_id, seq, kind, at, data, refs) VALUES (?, ?, ?, ?, ?, ?)"
-)
-
-
-def _refs_text(refs: Mapping[str, str]) -> str | None:
-    return json.dumps(dict(refs), sort_keys=True) if refs else None
-
-
-def _event_row(record: EventRecord) -> dict[str, Any]:
-    return {
-        "workflow_id": record.workflow,
-        "seq": record.seq,
-        "kind": record.kind,
-        "at": record.at,
-        "data": record.data,
-        "refs": _refs_text(record.refs),
-    }
-
-
-def _workflow_row(row: WorkflowRow) -> dict[str, Any]:
-    return {
-        "id": row.id,
-        "name": row.name,
-        "status": row.status,
-        "priority": row.priority,
-        "deadline": row.deadline,
-        "created": row.created,
-        "updated": row.updated,
-        "finished": row.finished,
-        "tenant": row.tenant,
-        "labels": dict(row.labels) if row.labels else None,
-    }
 
 
 def _workflow_from(row: sa.RowMapping) -> WorkflowRow:
@@ -580,3 +529,202 @@ def _gap(record: EventRecord, expected: int) -> StoreError:
 def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
     for start in range(0, len(items), _CHUNK):
         yield items[start : start + _CHUNK]
+
+
+# --- the append path ------------------------------------------------------------------------
+# SQL in PostgreSQL's numbered style; SQLite's is derived (`_qmarks`). Each parameter appears
+# once and in order, so numbering and position agree.
+
+_EVENT_COLUMNS = ("workflow_id", "seq", "kind", "at", "data", "refs")
+_MAX_SEQ = "SELECT max(seq) FROM plait_events WHERE workflow_id = $1"
+# One max() per workflow, not GROUP BY: each is answered from the primary key's index in
+# O(log n), where a grouped max reads every event of the workflow.
+_PG_MAX_SEQS = (
+    "SELECT w, (SELECT max(seq) FROM plait_events WHERE workflow_id = w) "
+    "FROM unnest($1::varchar[]) AS w"
+)
+_PG_GC_SHARED = f"SELECT pg_advisory_xact_lock_shared({_PG_GC_LOCK})"
+_INSERT_PAYLOAD = "INSERT INTO plait_payloads (digest, data) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+_INSERT_REF = (
+    "INSERT INTO plait_payload_refs (workflow_id, digest) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+)
+_WORKFLOW_COLUMNS = (
+    "id", "name", "status", "priority", "deadline", "created", "updated", "finished", "tenant",
+    "labels",
+)  # fmt: skip
+_UPSERT_WORKFLOW = (
+    f"INSERT INTO plait_workflows ({', '.join(_WORKFLOW_COLUMNS)}) "
+    f"VALUES ({', '.join(f'${i}' for i in range(1, len(_WORKFLOW_COLUMNS) + 1))}) "
+    "ON CONFLICT (id) DO UPDATE SET "  # a row keeps the `created` it was first written with
+    + ", ".join(f"{c} = excluded.{c}" for c in _WORKFLOW_COLUMNS if c not in ("id", "created"))
+)
+_INSERT_CALL = (
+    "INSERT INTO plait_calls (program, request_hash, digest, workflow_id) "
+    "VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING"  # the first recorded result wins
+)
+_SQLITE_ROWS = 128
+"""Rows per multi-row INSERT: 768 parameters, under the 999 of SQLite builds before 3.32."""
+
+
+def _qmarks(sql: str) -> str:
+    return re.sub(r"\$\d+", "?", sql)
+
+
+_SQLITE_MAX_SEQ = _qmarks(_MAX_SEQ)
+_SQLITE_INSERT_PAYLOAD = _qmarks(_INSERT_PAYLOAD)
+_SQLITE_INSERT_REF = _qmarks(_INSERT_REF)
+_SQLITE_UPSERT_WORKFLOW = _qmarks(_UPSERT_WORKFLOW)
+_SQLITE_INSERT_CALL = _qmarks(_INSERT_CALL)
+
+
+@functools.cache
+def _sqlite_insert_events(rows: int) -> str:
+    values = ", ".join(["(?, ?, ?, ?, ?, ?)"] * rows)
+    return f"INSERT INTO plait_events ({', '.join(_EVENT_COLUMNS)}) VALUES {values}"
+
+
+class _SQLiteAppender:
+    """SQLite's append path (see the module docstring): a connection and a thread of its own;
+    a batch is one call on that thread, from BEGIN IMMEDIATE to COMMIT. The store's write lock
+    keeps it and SQLAlchemy's writer from waiting on each other inside SQLite."""
+
+    def __init__(self, path: str, synchronous: str, busy_ms: int) -> None:
+        self._path = path
+        self._pragmas = (f"PRAGMA busy_timeout = {busy_ms}", f"PRAGMA synchronous = {synchronous}")
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plait-sqlite-append")
+        self._conn: sqlite3.Connection | None = None
+
+    async def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    async def open(self) -> None:
+        await self._call(self._open)
+
+    async def write(self, batch: StoreBatch) -> None:
+        await self._call(self._write, batch)
+
+    async def close(self) -> None:
+        try:
+            await self._call(self._close)
+        finally:
+            self._thread.shutdown(wait=False)
+
+    def _open(self) -> None:
+        conn = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        for pragma in self._pragmas:
+            conn.execute(pragma)
+        self._conn = conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _write(self, batch: StoreBatch) -> None:
+        conn = self._conn
+        assert conn is not None
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if batch.payloads:
+                conn.executemany(_SQLITE_INSERT_PAYLOAD, batch.payloads.items())
+            if batch.events:
+                self._insert_events(conn, batch.events)
+            if batch.workflows:
+                rows = [_workflow_values(w) for w in batch.workflows]
+                conn.executemany(_SQLITE_UPSERT_WORKFLOW, rows)
+            if batch.calls:
+                conn.executemany(_SQLITE_INSERT_CALL, [_call_values(c) for c in batch.calls])
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _insert_events(conn: sqlite3.Connection, records: Sequence[EventRecord]) -> None:
+        first = _first_seqs(records)
+        stored = {w: conn.execute(_SQLITE_MAX_SEQ, (w,)).fetchone()[0] for w in first}
+        _check_seqs(records, first, stored)
+        rows = _event_values(records)
+        start = 0
+        while start < len(rows):
+            # The largest power of two that fits: a handful of statement texts, all cached.
+            size = min(_SQLITE_ROWS, 1 << (len(rows) - start).bit_length() - 1)
+            chunk = rows[start : start + size]
+            conn.execute(_sqlite_insert_events(size), list(itertools.chain.from_iterable(chunk)))
+            start += size
+        refs = _ref_values(records)
+        if refs:
+            conn.executemany(_SQLITE_INSERT_REF, refs)
+
+
+async def _write_postgres(conn: asyncpg.Connection, batch: StoreBatch) -> None:
+    """The batch, inside the caller's transaction on `conn`."""
+    if batch.payloads:
+        await conn.execute(_PG_GC_SHARED)
+        await conn.executemany(_INSERT_PAYLOAD, list(batch.payloads.items()))
+    if batch.events:
+        records = batch.events
+        first = _first_seqs(records)
+        stored = dict(await conn.fetch(_PG_MAX_SEQS, list(first)))
+        _check_seqs(records, first, stored)
+        await conn.copy_records_to_table(
+            "plait_events", records=_event_values(records), columns=_EVENT_COLUMNS
+        )
+        refs = _ref_values(records)
+        if refs:
+            await conn.executemany(_INSERT_REF, refs)
+    if batch.workflows:
+        await conn.executemany(_UPSERT_WORKFLOW, [_workflow_values(w) for w in batch.workflows])
+    if batch.calls:
+        await conn.executemany(_INSERT_CALL, [_call_values(c) for c in batch.calls])
+
+
+def _first_seqs(records: Sequence[EventRecord]) -> dict[str, int]:
+    """Each workflow's first seq in the batch; a gap or a repeat inside the batch is refused."""
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for record in records:
+        workflow, seq = record.workflow, record.seq
+        previous = last.get(workflow)
+        if previous is None:
+            first[workflow] = seq
+        elif seq != previous + 1:
+            raise _gap(record, previous + 1)
+        last[workflow] = seq
+    return first
+
+
+def _check_seqs(
+    records: Sequence[EventRecord], first: Mapping[str, int], stored: Mapping[str, int | None]
+) -> None:
+    """Each workflow's first seq in the batch continues what is stored (`stored`: its max)."""
+    for workflow, seq in first.items():
+        expected = (stored.get(workflow) or 0) + 1
+        if seq != expected:
+            raise _gap(next(r for r in records if r.workflow == workflow), expected)
+
+
+def _event_values(records: Sequence[EventRecord]) -> list[tuple[Any, ...]]:
+    return [
+        (w, s, k, at, d, json.dumps(dict(r), sort_keys=True) if r else None)
+        for w, s, k, at, d, r in records
+    ]
+
+
+def _ref_values(records: Sequence[EventRecord]) -> list[tuple[str, str]]:
+    refs = {(e.workflow, d) for e in records if e.refs for d in e.refs.values()}
+    return sorted(refs)
+
+
+def _workflow_values(row: WorkflowRow) -> tuple[Any, ...]:
+    # As SQLAlchemy's JSON type writes it: no labels is JSON null, not SQL NULL.
+    labels = json.dumps(dict(row.labels)) if row.labels else "null"
+    return (
+        row.id, row.name, row.status, row.priority, row.deadline, row.created, row.updated,
+        row.finished, row.tenant, labels,
+    )  # fmt: skip
+
+
+def _call_values(call: CallRecord) -> tuple[Any, ...]:
+    return (call.program, call.request_hash, call.digest, call.workflow)

@@ -77,6 +77,25 @@ def test_events_read_back_in_order_with_gap_free_seq(make_store: StoreFactory) -
     run(main())
 
 
+def test_a_large_batch_reads_back_event_by_event(make_store: StoreFactory) -> None:
+    """Appends write many rows per statement (SQLite) or by COPY (PostgreSQL); reads still
+    return every event on its own, in order, with its fields and references."""
+
+    async def main() -> None:
+        async with opened(make_store) as store:
+            events = [ev(w, seq, f'{{"n":{seq}}}') for seq in range(1, 301) for w in "ab"]
+            events.append(ev("c", 1, p="e" * 64))
+            await store.append(StoreBatch(events=events))
+            await store.append(StoreBatch(events=[ev("a", 301), ev("c", 2)]))
+            got = await store.events("a")
+            assert [e.seq for e in got] == list(range(1, 302))
+            assert got[:300] == [e for e in events if e.workflow == "a"]
+            assert (await store.events("c"))[0].refs == {"p": "e" * 64}
+            assert (await store.size()).events == 603
+
+    run(main())
+
+
 def test_a_batch_is_one_transaction(make_store: StoreFactory) -> None:
     async def main() -> None:
         async with opened(make_store) as store:
