@@ -586,7 +586,11 @@ def _sqlite_insert_events(rows: int) -> str:
 class _SQLiteAppender:
     """SQLite's append path (see the module docstring): a connection and a thread of its own;
     a batch is one call on that thread, from BEGIN IMMEDIATE to COMMIT. The store's write lock
-    keeps it and SQLAlchemy's writer from waiting on each other inside SQLite."""
+    keeps it and SQLAlchemy's writer from waiting on each other inside SQLite.
+
+    Known cost: an event loop that never waits gives up the GIL and takes it back at every
+    turn, so the thread, which needs the GIL after each call into SQLite, seldom gets it until
+    the loop waits; see docs/benchmarks.md ("After the append path was reworked")."""
 
     def __init__(self, path: str, synchronous: str, busy_ms: int) -> None:
         self._path = path
