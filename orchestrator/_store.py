@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import NamedTuple, Self
 
 from ._errors import RunError
@@ -59,8 +59,29 @@ class WorkflowRow:
     labels: Mapping[str, str] = field(default_factory=dict)
 
 
-NO_REFS: Mapping[str, str] = MappingProxyType({})
-"""The `refs` of an event with no field in the payloads table (shared: it is read-only)."""
+class _NoRefs(Mapping[str, str]):
+    """The empty `refs` of an event with no field in the payloads table: one instance, shared
+    by every such record, so it cannot change (and it pickles and copies as itself)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: str) -> str:
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "{}"
+
+    def __reduce__(self) -> str:
+        return "NO_REFS"
+
+
+NO_REFS: Mapping[str, str] = _NoRefs()
 
 
 class EventRecord(NamedTuple):

@@ -8,7 +8,9 @@ open until the test lets it go, so every ordering below is set up with events, n
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
+import pickle
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar, get_args
@@ -286,5 +288,17 @@ def test_append_event_writes_what_the_event_adapter_writes() -> None:
         await journal.durable()
         written = [record.data for record in store.log["w"]]
         assert written == [EVENT_ADAPTER.dump_json(event).decode() for event in events]
+
+    with_journal(body)
+
+
+def test_records_without_references_share_one_empty_mapping_that_pickles() -> None:
+    async def body(journal: Journal, store: MemoryStore) -> None:
+        journal.append_event("w", DeadlineMissed(workflow="w", deadline=2.5, at=3.0))
+        await journal.durable()
+        (record,) = store.log["w"]
+        assert record.refs == {} and not record.refs
+        assert pickle.loads(pickle.dumps(record)) == record
+        assert copy.deepcopy(record).refs is record.refs
 
     with_journal(body)
