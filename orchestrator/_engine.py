@@ -16,8 +16,8 @@ import concurrent.futures
 import contextvars
 import functools
 import secrets
-from collections.abc import AsyncIterator, Callable, Generator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -36,6 +36,7 @@ from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._context import TaskContext
 from ._errors import (
     OverloadedError,
+    PlaitError,
     TaskCancelledError,
     TaskTimeoutError,
     UsageError,
@@ -47,13 +48,17 @@ from ._events import (
     Event,
     TaskState,
     WorkflowFinished,
+    WorkflowResumed,
     WorkflowStarted,
     WorkflowStatus,
 )
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._llm import LLMBackend, Usage
+from ._registry import Registry
+from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
+from ._resume import Decision, ResumePlan, StoredCalls, decision_for, plan_resume
 from ._run import Run, RunResult, RunServices
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key
 from ._store import Store, StoreError, WorkflowRow
@@ -135,6 +140,25 @@ class RunHandle:
         self._engine.cancel(self._run.id, reason)
 
 
+@dataclass(frozen=True, slots=True)
+class ResumeReport:
+    """What `Engine.resume` did: `runs` it started again (await their handles); `plans`
+    for every unfinished run it found, those held for a decision (`needs_decision`) and
+    those it could not rebuild (`failed`, each with its `error`) among them."""
+
+    runs: list[RunHandle]
+    plans: list[ResumePlan]
+
+    @property
+    def needs_decision(self) -> list[ResumePlan]:
+        started = {handle.id for handle in self.runs}
+        return [p for p in self.plans if p.error is None and p.workflow not in started]
+
+    @property
+    def failed(self) -> list[ResumePlan]:
+        return [p for p in self.plans if p.error is not None]
+
+
 class Engine:
     """Runs many workflows at once on one asyncio loop. Use it as an async context manager:
 
@@ -206,6 +230,7 @@ class Engine:
         self._closing = False
         self.store = store
         self.journal: Journal | None = None
+        self._memo: StoredCalls | None = None
         self._store_error: StoreError | None = None
         self._suspended = False
 
@@ -247,6 +272,7 @@ class Engine:
                     "to its timeouts; use clock=SystemClock(), or no store for simulations"
                 )
             self.journal = Journal(self.store, max_pending=_JOURNAL_MAX_PENDING)
+            self._memo = self.calls.memo = StoredCalls(self.store, self.journal)
             self._store_error = None
             self._suspended = False
             self.bus.recorder = self._record
@@ -289,6 +315,7 @@ class Engine:
             self._group = None
             self._abandon_runs()
             self.calls.stop()
+            self.calls.memo = self._memo = None
             if self._executor is not None:
                 # A stuck sync function keeps its thread; the engine does not wait for it.
                 self._executor.shutdown(wait=False, cancel_futures=True)
@@ -386,7 +413,9 @@ class Engine:
         while self._settled:
             settled, self._settled = self._settled, []
             for run in settled:
-                if run.complete and not run.done.done():
+                # Once: a run may be told complete twice, and a durable one's `done` is set
+                # only after its commit, so being in `_runs` is what says it is not finished.
+                if run.complete and self._runs.get(run.id) is run:
                     self._finish(run)
 
     # --- running one task --------------------------------------------------------------------
@@ -396,21 +425,28 @@ class Engine:
         is cancelled; `_report` turns that (and a cancel before the first step) into an
         outcome too, so every started task reports exactly once."""
         started = self.clock.monotonic()
+        inputs = run.inputs_of(task)
+        declared = task.task.idempotency_key
         ctx = TaskContext(
             run.workflow,
             task.id,
-            run.inputs_of(task),
+            inputs,
             1,
             self.clock,
             calls=self.calls,
             caller=run,
             to_thread=self.to_thread,
+            idempotency_key=f"{run.id}/{task.id}" if declared is None else "",
         )
         state: TaskState = "done"
         result: Any = None
         error: BaseException | None = None
         try:
-            if task.task.retry.attempts == 1:
+            if declared is not None:
+                ctx.idempotency_key = task.task.key_for(inputs) or ""
+            if declared is not None and self._memo is not None:
+                result = await self._keyed(run, task, ctx)
+            elif task.task.retry.attempts == 1:
                 result = await self._attempt(task, ctx)
             else:
                 result = await self._with_retries(run, task, ctx)
@@ -435,6 +471,22 @@ class Engine:
             state, error = "failed", exc
         elapsed = self.clock.monotonic() - started
         return _Outcome(run, task, state, result, error, ctx.usage, ctx.llm_calls, elapsed)
+
+    async def _keyed(self, run: Run, record: TaskRun, ctx: TaskContext) -> Any:
+        """A task with an idempotency key, in a durable engine: a result recorded under the
+        key (before a crash) is its result; else it runs and its result is recorded."""
+        memo = self._memo
+        assert memo is not None
+        found, result = await memo.recall_result(run.id, ctx.idempotency_key)
+        if found:
+            return result
+        if record.task.retry.attempts == 1:
+            result = await self._attempt(record, ctx)
+        else:
+            result = await self._with_retries(run, record, ctx)
+        check_serializable(record.id, result)
+        memo.remember_result(run.id, ctx.idempotency_key, result)
+        return result
 
     def _report(self, run: Run, task: TaskRun, handle: asyncio.Task[_Outcome]) -> None:
         assert self._inbox is not None
@@ -533,17 +585,33 @@ class Engine:
         if priority not in CLASS_RANK:
             raise UsageError(f"priority must be one of {', '.join(CLASS_RANK)}, got {priority!r}")
         check_seconds(f"workflow {workflow.name!r}", "deadline", deadline)
-        if self._store_error is not None:
-            raise self._store_error
-        if len(self._runs) >= self.max_workflows:
-            raise OverloadedError("the engine's set of running workflows", self.max_workflows)
-        self._programs += 1
-        program = self._programs
+        self._check_accepting()
         if self.journal is not None:
             # Ids name runs in the store for good: unique beyond this process's lifetime.
             workflow.id = f"{workflow.name}#{secrets.token_hex(6)}"
         elif workflow.id in self._runs:
-            workflow.id = f"{workflow.name}#{program}"
+            workflow.id = f"{workflow.name}#{self._programs + 1}"
+        return self._launch(workflow, priority=priority, deadline=deadline, subscriber=_subscriber)
+
+    def _check_accepting(self) -> None:
+        if self._store_error is not None:
+            raise self._store_error
+        if len(self._runs) >= self.max_workflows:
+            raise OverloadedError("the engine's set of running workflows", self.max_workflows)
+
+    def _launch(
+        self,
+        workflow: Workflow,
+        *,
+        priority: PriorityClass,
+        deadline: float | None,
+        subscriber: asyncio.Queue[Event] | None = None,
+        plan: ResumePlan | None = None,
+    ) -> RunHandle:
+        """Start a run of `workflow` (new, or going on from `plan`'s log); `deadline` is
+        seconds from now."""
+        self._programs += 1
+        program = self._programs
         now = self.clock.monotonic()
         assert self._services is not None
         run = Run(
@@ -554,25 +622,41 @@ class Engine:
             deadline=None if deadline is None else now + deadline,
         )
         workflow._attach(run, run.records)
-        if _subscriber is not None:
-            self.bus.subscribe(run.id, _subscriber)
+        if subscriber is not None:
+            self.bus.subscribe(run.id, subscriber)
         try:
             self._runs[run.id] = run
-            self.bus.emit(
-                run.id,
-                WorkflowStarted(
-                    workflow=run.id,
-                    program=program,
-                    priority=priority,
-                    deadline=run.deadline,
-                    at=now,
-                ),
-            )
-            self._runs[run.id] = run
-            run.start()
+            image: RunImage | None = None
+            if plan is None:
+                self.bus.emit(
+                    run.id,
+                    WorkflowStarted(
+                        workflow=run.id,
+                        program=program,
+                        priority=priority,
+                        deadline=run.deadline,
+                        at=now,
+                    ),
+                )
+            else:
+                image = plan.image
+                assert self.journal is not None and self._memo is not None and image is not None
+                self.journal.start_at(run.id, plan.last_seq)
+                self._memo.resumed(run.id)
+                self.bus.emit(
+                    run.id,
+                    WorkflowResumed(
+                        workflow=run.id,
+                        program=program,
+                        deadline=run.deadline,
+                        rerun=plan.rerun,
+                        at=now,
+                    ),
+                )
+            run.start(None if image is None else image.tasks)
             if deadline is not None:  # _finish cancels it
                 run.deadline_timer = asyncio.get_running_loop().call_later(
-                    deadline, self._deadline_passed, run
+                    max(deadline, 0.0), self._deadline_passed, run
                 )
         except BaseException:
             # Refused (an unknown resource, say): nothing ran, so the caller may fix the
@@ -581,9 +665,96 @@ class Engine:
             self._settled = [r for r in self._settled if r is not run]
             self.bus.drop(run.id)
             workflow._reset()
+            if self._memo is not None:
+                self._memo.forget(run.id)
             raise
         self.wake()
         return RunHandle(self, run)
+
+    # --- resume ------------------------------------------------------------------------------
+
+    async def plan_resume(
+        self,
+        registry: Registry | None = None,
+        *,
+        decisions: Mapping[str, Decision] | None = None,
+        workflows: Sequence[str] | None = None,
+    ) -> list[ResumePlan]:
+        """What `resume` would do, changing nothing: for each unfinished run in the store,
+        the tasks that would run again, those that keep their results, the LLM tasks to
+        pay for at most, and why a run cannot be rebuilt or waits for a decision."""
+        store = self._durable("plan_resume")
+        return await plan_resume(
+            store, registry or Registry(), decisions=decisions, workflows=workflows
+        )
+
+    async def resume(
+        self,
+        registry: Registry | None = None,
+        *,
+        decisions: Mapping[str, Decision] | None = None,
+        workflows: Sequence[str] | None = None,
+    ) -> ResumeReport:
+        """Go on with every unfinished run in the store (or those named in `workflows`).
+
+        Each is rebuilt from its log, including tasks added while it ran: tasks that had
+        finished keep their results, the others run (again), and an LLM call whose result
+        was recorded before the crash is answered from the store instead of being sent.
+        `registry` finds the code the log names (agents, tools, functions; see `Registry`).
+        A task declared `idempotent=False` that was running at the crash holds its run back
+        until `decisions` says, for "workflow id/task id" (or the workflow id), "rerun" or
+        "fail". Runs that cannot be rebuilt are left as they are and reported."""
+        self._durable("resume")
+        if self._tg is None or self._closing:
+            raise UsageError("the engine is not running; resume() inside `async with Engine(...)`")
+        decided = dict(decisions or {})
+        plans = await self.plan_resume(registry, decisions=decided, workflows=workflows)
+        runs: list[RunHandle] = []
+        resumed: list[ResumePlan] = []
+        for plan in plans:
+            if not plan.resumable or plan.needs_decision:
+                resumed.append(plan)
+                continue
+            if plan.workflow in self._runs:
+                resumed.append(replace(plan, error="it is running in this engine already"))
+                continue
+            self._check_accepting()
+            try:
+                handle = self._start_resumed(plan, decided)
+            except PlaitError as exc:
+                resumed.append(replace(plan, error=str(exc)))
+                continue
+            runs.append(handle)
+            resumed.append(plan)
+        return ResumeReport(runs, resumed)
+
+    def _start_resumed(self, plan: ResumePlan, decisions: Mapping[str, Decision]) -> RunHandle:
+        workflow, row = plan.workflow_object, plan.row
+        assert workflow is not None and row is not None
+        deadline = None if row.deadline is None else row.deadline - self.clock.now()
+        priority = row.priority if row.priority in CLASS_RANK else "batch"
+        handle = self._launch(
+            workflow, priority=cast(PriorityClass, priority), deadline=deadline, plan=plan
+        )
+        run = self._runs[handle.id]
+        for task_id in plan.rerun:
+            if decision_for(decisions, plan.workflow, task_id) == "fail":
+                run.give_up(
+                    run.records[task_id],
+                    UsageError(
+                        "not run again: it is not idempotent and was running when its "
+                        "process stopped (decided at resume)"
+                    ),
+                )
+        return handle
+
+    def _durable(self, what: str) -> Store:
+        if self.store is None:
+            raise UsageError(
+                f"engine.{what}() needs a store: Engine(store=SQLStore(...)) records runs "
+                "so that they can be resumed"
+            )
+        return self.store
 
     async def run(
         self,
@@ -666,6 +837,8 @@ class Engine:
         self.admission.forget(run)
         self.calls.program_done(run.id)
         run.workflow._detach()
+        if self._memo is not None:
+            self._memo.forget(run.id)
         if self.journal is None:
             run.done.set_result(result)
         else:
@@ -683,7 +856,7 @@ class Engine:
         try:
             text = EVENT_ADAPTER.dump_json(event).decode()
             journal.append_json(run_id, event.kind, event.at, text)
-            if event.kind in ("workflow_started", "workflow_finished"):
+            if event.kind in ("workflow_started", "workflow_resumed", "workflow_finished"):
                 journal.upsert(self._row(run_id, event))
         except StoreError as exc:
             self._store_error = exc

@@ -60,6 +60,8 @@ class RunImage:
     tasks: dict[str, TaskImage] = field(default_factory=dict)
     status: WorkflowStatus | None = None
     events: int = 0
+    resumes: int = 0
+    """How often the run was resumed in a new process."""
     removed: set[str] = field(default_factory=set)
     """Tasks removed while the run went on (a removed running task still reports its end)."""
 
@@ -156,6 +158,12 @@ def _apply(image: RunImage, event: Event) -> None:
             task = tasks[event.task]
             task.state = "skipped" if event.kind == "task_skipped" else "cancelled"
             task.reason = event.reason
+        case "workflow_resumed":
+            image.program, image.deadline = event.program, event.deadline
+            image.resumes += 1
+            for task in tasks.values():
+                if not task.final:
+                    task.state = "pending"
         case "workflow_finished":
             image.status = event.status
         case _:
