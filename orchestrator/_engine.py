@@ -401,6 +401,12 @@ class Engine:
             llm_calls=outcome.llm_calls,
             elapsed=outcome.elapsed,
         )
+        journal = self.journal
+        if journal is not None and outcome.state == "done":
+            task = record.task
+            if outcome.llm_calls or not task.idempotent or task.idempotency_key is not None:
+                # A result that cost something outside: committed before anything uses it.
+                record.mark = journal.appended
 
     def _changed(self, run: Run) -> None:
         """A run tells the engine to look at it again (work became ready, or it ended)."""
@@ -424,6 +430,11 @@ class Engine:
         """Run a task's attempts and say how it ended. Raises only when the engine itself
         is cancelled; `_report` turns that (and a cancel before the first step) into an
         outcome too, so every started task reports exactly once."""
+        journal = self.journal
+        if journal is not None:
+            mark = run.inputs_mark(task)
+            if mark > journal.committed:
+                await journal.durable(mark)  # StoreError: the run is being stopped anyway
         started = self.clock.monotonic()
         inputs = run.inputs_of(task)
         declared = task.task.idempotency_key

@@ -158,11 +158,21 @@ class Journal:
 
     # --- waiting --------------------------------------------------------------------------------
 
-    async def durable(self) -> None:
-        """Return once every record appended before this call is committed. Raises the
-        writer's failure as a `StoreError` (to every waiter, now and later)."""
+    @property
+    def appended(self) -> int:
+        """Records accepted so far: a mark to pass to `durable(upto=...)` later."""
+        return self._appended
+
+    @property
+    def committed(self) -> int:
+        return self._committed
+
+    async def durable(self, upto: int | None = None) -> None:
+        """Return once every record appended before this call (or the first `upto` ones)
+        is committed. Raises the writer's failure as a `StoreError` (to every waiter, now
+        and later)."""
         self._raise_if_failed()
-        target = self._appended
+        target = self._appended if upto is None else min(upto, self._appended)
         if self._committed >= target:
             return
         if self._stopped:

@@ -66,6 +66,12 @@ class Registry:
                 )
         return self
 
+    def merge(self, other: Registry) -> Registry:
+        """Add everything `other` holds (its entries win)."""
+        self._builders.update(other._builders)
+        self._functions.update(other._functions)
+        return self
+
     def scan(self, module: ModuleType) -> Registry:
         """Register what `module` defines at its top level: its functions, agents, tools."""
         for value in list(vars(module).values()):

@@ -286,6 +286,14 @@ class Run:
                 inputs[dep] = r.result
         return inputs
 
+    def inputs_mark(self, record: TaskRun) -> int:
+        """The journal mark the task's inputs need committed before it starts."""
+        records = self.records
+        return max(
+            (records[d].mark for d in self.workflow.graph.predecessors(record.task.id)),
+            default=0,
+        )
+
     def _decide(self, record: TaskRun) -> None:
         """All inputs of the task are final: make it ready, or skip, cancel or fail it."""
         verdict = self._verdict(record)

@@ -332,6 +332,7 @@ class TaskRun:
         "handle",
         "cancel_reason",
         "removed",
+        "mark",
     )
 
     def __init__(self, task: Task) -> None:
@@ -349,6 +350,10 @@ class TaskRun:
         self.cancel_reason: str | None = None
         self.removed = False
         """Removed from its workflow while it ran: its end is not told again."""
+        self.mark = 0
+        """In a durable engine, the journal's count of records once this task's costly
+        result (an LLM call's, a non-idempotent task's) was appended: its dependents wait
+        for that many to be committed before they start."""
 
     @property
     def id(self) -> str:
