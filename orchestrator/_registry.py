@@ -50,6 +50,9 @@ class Registry:
     def __init__(self, *entries: Rebuildable | Callable[..., Any], imports: bool = True) -> None:
         self._builders: dict[tuple[str, str], Rebuildable] = {}
         self._functions: dict[str, Callable[..., Any]] = {}
+        self._plain: dict[tuple[str, str], Action] = {}
+        """Actions rebuilt from specs without arguments, shared: they hold no state."""
+        self._retries: dict[tuple[int, tuple[float, float, float]], Retry] = {}
         self.imports = imports
         self.add(*entries)
 
@@ -112,6 +115,15 @@ class Registry:
 
     def action(self, spec: ActionSpec) -> Action:
         """Rebuild the action `spec` describes."""
+        if not spec.args and spec.kind == "function":
+            key = (spec.kind, spec.name)
+            shared = self._plain.get(key)
+            if shared is None:
+                shared = self._plain[key] = self._action(spec)
+            return shared
+        return self._action(spec)
+
+    def _action(self, spec: ActionSpec) -> Action:
         builder = self._builders.get((spec.kind, spec.name))
         if builder is not None:
             return builder.rebuild(spec, self)
@@ -128,14 +140,11 @@ class Registry:
 
     def task(self, task_id: str, spec: ActionSpec, options: TaskOptions) -> Task:
         """The task as its `task_added` event describes it."""
-        initial, maximum, jitter = options.retry_delay
         key_from = options.idempotency_key_from
         return Task(
             task_id,
             self.action(spec),
-            retry=Retry(
-                attempts=options.retry, initial_delay=initial, max_delay=maximum, jitter=jitter
-            ),
+            retry=self._retry(options),
             timeout=options.timeout,
             resource=options.resource or None,
             estimate=options.estimate,
@@ -148,6 +157,16 @@ class Registry:
                 else options.idempotency_key
             ),
         )
+
+    def _retry(self, options: TaskOptions) -> Retry:
+        key = (options.retry, options.retry_delay)
+        retry = self._retries.get(key)
+        if retry is None:
+            initial, maximum, jitter = options.retry_delay
+            retry = self._retries[key] = Retry(
+                attempts=options.retry, initial_delay=initial, max_delay=maximum, jitter=jitter
+            )
+        return retry
 
 
 def _module(name: str) -> ModuleType:

@@ -87,7 +87,12 @@ async def _plan(
     wanted = sorted({d for r in records for d in r.refs.values()})
     payloads = await store.payloads(wanted) if wanted else {}
     try:
-        image = rebuild(EVENT_ADAPTER.validate_python(restore(r, payloads)) for r in records)
+        image = rebuild(
+            EVENT_ADAPTER.validate_python(restore(r, payloads))
+            if r.refs
+            else EVENT_ADAPTER.validate_json(r.data)
+            for r in records
+        )
     except (UsageError, ValidationError, StoreError) as exc:
         return ResumePlan(workflow, row.name, row=row, error=f"its log cannot be read: {exc}")
     last_seq = records[-1].seq
@@ -125,25 +130,9 @@ async def _plan(
 def _workflow(name: str, image: RunImage, registry: Registry) -> Workflow:
     """The workflow as its log last told it: every task (those added while it ran too),
     rebuilt through `registry`, with its edges."""
-    workflow = Workflow(name)
-    for task in image.tasks.values():
-        rebuilt = registry.task(task.id, task.action, task.options)
-        workflow.add(
-            task.id,
-            rebuilt.action,
-            retry=rebuilt.retry,
-            timeout=rebuilt.timeout,
-            resource=rebuilt.resource,
-            estimate=rebuilt.estimate,
-            when=rebuilt.when,
-            trigger=rebuilt.trigger,
-            idempotent=rebuilt.idempotent,
-            idempotency_key=rebuilt.idempotency_key,
-        )
-    for task in image.tasks.values():
-        for dep in sorted(task.after):
-            workflow.add_edge(dep, task.id)
-    workflow._restored = set(image.tasks)
+    tasks = [registry.task(t.id, t.action, t.options) for t in image.tasks.values()]
+    edges = [(dep, t.id) for t in image.tasks.values() for dep in sorted(t.after)]
+    workflow = Workflow._rebuilt(name, tasks, edges)
     workflow.id = image.workflow
     return workflow
 

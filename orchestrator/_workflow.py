@@ -261,6 +261,28 @@ class Workflow:
 
         return register
 
+    @classmethod
+    def _rebuilt(
+        cls, name: str, tasks: Iterable[Task], edges: Iterable[tuple[str, str]]
+    ) -> Workflow:
+        """A workflow as a run's log describes it (resume): its tasks and edges at once,
+        checked for a cycle once instead of per edge, as a damaged log could hold one."""
+        workflow = cls(name)
+        graph = workflow.graph
+        for task in tasks:
+            workflow._tasks[task.id] = task
+            graph.add_node(task.id)
+        for source, target in edges:
+            for task_id in (source, target):
+                if task_id not in workflow._tasks:
+                    raise UnknownTaskError(name, task_id, role="edge end in the log")
+            graph.add_edge(source, target)
+        if not nx.is_directed_acyclic_graph(graph):
+            cycle = [edge[0] for edge in nx.find_cycle(graph)]
+            raise CycleError(name, [*cycle, cycle[0]])
+        workflow._restored = set(workflow._tasks)
+        return workflow
+
     def _add_again(
         self, task_id: str, action: Action | Callable[..., Any], after: Iterable[str]
     ) -> str:
