@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from memory import SQLStore
-from orchestrator import Engine, Registry, TaskContext, Workflow
+from orchestrator import Engine, Event, Registry, TaskContext, Workflow
 
 GATE: dict[str, asyncio.Event] = {}
 
@@ -54,11 +54,14 @@ async def stop_midway(store: SQLStore, tasks: int) -> str:
     """Run until the first half is done and committed, then stop as a crash does."""
     GATE["open"] = asyncio.Event()
     async with Engine(store=store) as engine:
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        engine.bus.listen(events)
         wf = build(tasks)
         handle = engine.submit(wf)
-        half = tasks // 2
-        while wf.state(f"done {half - 1}") != "done" or wf.state("gate") != "running":
-            await asyncio.sleep(0.05)
+        waiting = {("task_succeeded", f"done {tasks // 2 - 1}"), ("task_started", "gate")}
+        while waiting:
+            event = await events.get()
+            waiting.discard((event.kind, getattr(event, "task", "")))
         assert engine.journal is not None
         await engine.journal.durable()
         run_id = handle.id
