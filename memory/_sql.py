@@ -430,7 +430,7 @@ class SQLStore(Store):
         except StoreError:
             raise
         except (sa.exc.SQLAlchemyError, sqlite3.Error, OSError, TimeoutError) as exc:
-            raise StoreError(self._explain(action, exc)) from exc
+            raise StoreError(self._explain(action, exc), transient=_transient(exc)) from exc
 
     def _explain(self, action: str, exc: BaseException) -> str:
         cause = getattr(exc, "orig", None) or exc
@@ -502,6 +502,36 @@ class _Transaction:
     def _release(self) -> None:
         if self._writer and self._store._sqlite:
             self._store._write_lock.release()
+
+
+_PASSING = (
+    "disk is full",
+    "disk full",
+    "no space left",
+    "database is locked",
+    "connection",
+    "connect",
+    "server closed",
+    "terminating",
+    "shutting down",
+    "timeout",
+    "timed out",
+)
+"""Words of failures that pass by themselves: a database away, a disk that fills."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a driver's failure may pass by itself (so waiting and trying again helps),
+    as opposed to a damaged file, a schema or a constraint, which do not."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    cause = getattr(exc, "orig", None) or exc
+    if isinstance(cause, ConnectionError | TimeoutError) or "Connection" in type(cause).__name__:
+        return True
+    text = str(cause).lower()
+    if "not a database" in text or "malformed" in text:
+        return False
+    return isinstance(cause, OSError) or any(word in text for word in _PASSING)
 
 
 def _schema_version(conn: sa.Connection) -> int | None:

@@ -169,7 +169,10 @@ class Engine:
     (`CallRetry`); `breaker` says when a failing backend's circuit opens (`Breaker`; None
     turns circuit breakers off). `store` (an opened `Store`, e.g. `memory.SQLStore`) makes
     every run durable: each event is appended to its log (grouped commits), and a run's
-    result is handed back once its last event is committed (docs/durability.md).
+    result is handed back once its last event is committed (docs/durability.md). A store
+    that fails in a way that may pass (unreachable, a full disk) pauses the runs for up to
+    `store_patience` seconds while their commit is tried again; then they stop, with
+    nothing committed lost, to be resumed.
     """
 
     def __init__(
@@ -186,6 +189,7 @@ class Engine:
         call_retry: CallRetry = DEFAULT_CALL_RETRY,
         breaker: Breaker | None = DEFAULT_BREAKER,
         store: Store | None = None,
+        store_patience: float = 60.0,
     ) -> None:
         backends = dict(backends or {})
         self.policy = get_policy(policy)
@@ -229,6 +233,8 @@ class Engine:
         """The same task group, kept while the engine winds down (`_tg` refuses new runs)."""
         self._closing = False
         self.store = store
+        check_seconds("Engine", "store_patience", store_patience, zero_ok=True)
+        self.store_patience = store_patience
         self.journal: Journal | None = None
         self._memo: StoredCalls | None = None
         self._store_error: StoreError | None = None
@@ -271,7 +277,9 @@ class Engine:
                     "database driver's thread or socket), which virtual time would jump over "
                     "to its timeouts; use clock=SystemClock(), or no store for simulations"
                 )
-            self.journal = Journal(self.store, max_pending=_JOURNAL_MAX_PENDING)
+            self.journal = Journal(
+                self.store, max_pending=_JOURNAL_MAX_PENDING, patience_s=self.store_patience
+            )
             self._memo = self.calls.memo = StoredCalls(self.store, self.journal)
             self._store_error = None
             self._suspended = False

@@ -27,7 +27,14 @@ FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled
 
 
 class StoreError(RunError):
-    """The store could not be opened, read or written; the message names it and the fix."""
+    """The store could not be opened, read or written; the message names it and the fix.
+
+    `transient`: the failure may pass by itself (the database cannot be reached, the disk
+    is full); the journal waits for it to pass for a while before it gives up."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class StoreVersionError(StoreError):
