@@ -55,6 +55,8 @@ _KEPT_ON_UPSERT = ("id", "created", "compacted")
 _COMPACT_BATCH = 5000
 """Events dropped per compaction transaction (at least one workflow's): short transactions
 let the journal's commits in between."""
+_PLAN_GROUP = 100
+"""Workflows whose events one compaction query reads."""
 _PG_GC_LOCK = 0x706C616974
 """Advisory lock key: appends hold it shared, garbage collection exclusively, so a payload
 an append is about to reference is never collected in between."""
@@ -320,15 +322,17 @@ class SQLStore(Store):
         # Plans are made from reads outside the write lock (a finished log does not change),
         # and written a few workflows per transaction, each checked again inside it: another
         # process may have compacted or deleted one meanwhile.
+        ids = await self._compactable(workflows, finished_before, limit)
         compacted = 0
-        batch: list[_Compaction] = []
-        for workflow in await self._compactable(workflows, finished_before, limit):
-            batch.append(await self._plan_compaction(workflow))
-            if len(batch) >= _CHUNK or sum(len(plan.seqs) for plan in batch) >= _COMPACT_BATCH:
+        for start in range(0, len(ids), _PLAN_GROUP):
+            batch: list[_Compaction] = []
+            for plan in await self._plan_compactions(ids[start : start + _PLAN_GROUP]):
+                batch.append(plan)
+                if sum(len(plan.seqs) for plan in batch) >= _COMPACT_BATCH:
+                    compacted += await self._write_compactions(batch)
+                    batch = []
+            if batch:
                 compacted += await self._write_compactions(batch)
-                batch = []
-        if batch:
-            compacted += await self._write_compactions(batch)
         return compacted
 
     async def _compactable(
@@ -353,21 +357,26 @@ class SQLStore(Store):
                 found.sort()
         return [i for _, i in found[:limit]]
 
-    async def _plan_compaction(self, workflow: str) -> _Compaction:
+    async def _plan_compactions(self, workflows: Sequence[str]) -> list[_Compaction]:
+        """What compacting these workflows drops, read in one query (small runs cost a
+        round trip each otherwise)."""
         e = t.events.c
-        query = sa.select(e.seq, e.data, e.refs).where(e.workflow_id == workflow).order_by(e.seq)
-        steps: list[tuple[int, dict[str, Any]]] = []
-        refs: dict[int, set[str]] = {}
+        query = (
+            sa.select(e.workflow_id, e.seq, e.data, e.refs)
+            .where(e.workflow_id.in_(workflows))
+            .order_by(e.workflow_id, e.seq)
+        )
+        steps: dict[str, list[tuple[int, dict[str, Any]]]] = {w: [] for w in workflows}
+        refs: dict[str, dict[int, set[str]]] = {w: {} for w in workflows}
         async with self._read() as conn:
-            async for seq, data, ref_text in await conn.stream(query):
-                steps.append((seq, json.loads(data)))
-                if ref_text:
-                    refs[seq] = set(json.loads(ref_text).values())
-        seqs = compactable(steps)
-        gone = {seq for seq in seqs if seq in refs}
-        dropped = set().union(*(refs[seq] for seq in gone)) if gone else set()
-        kept = set().union(*(d for seq, d in refs.items() if seq not in gone)) if refs else set()
-        return _Compaction(workflow, seqs, sorted(dropped - kept))
+            # In slices: one await per row would cost more than the rows themselves.
+            async for rows in (await conn.stream(query)).partitions(_CHUNK):
+                for workflow, seq, data, ref_text in rows:
+                    event = json.loads(data)
+                    steps[workflow].append((seq, {k: event.get(k) for k in _READ_FIELDS}))
+                    if ref_text:
+                        refs[workflow][seq] = set(json.loads(ref_text).values())
+        return [_compaction(w, steps[w], refs[w]) for w in workflows]
 
     async def _write_compactions(self, plans: Sequence[_Compaction]) -> int:
         w, e = t.workflows.c, t.events.c
@@ -668,6 +677,20 @@ def _workflow_from(row: sa.RowMapping) -> WorkflowRow:
         labels=row["labels"] or {},
         compacted=bool(row["compacted"]),
     )
+
+
+_READ_FIELDS = ("kind", "task", "attempt", "attempts")
+"""What `compactable` reads of an event; the rest is not kept while planning."""
+
+
+def _compaction(
+    workflow: str, steps: Sequence[tuple[int, Mapping[str, Any]]], refs: Mapping[int, set[str]]
+) -> _Compaction:
+    seqs = compactable(steps)
+    gone = {seq for seq in seqs if seq in refs}
+    dropped = set().union(*(refs[seq] for seq in gone))
+    kept = set().union(*(d for seq, d in refs.items() if seq not in gone))
+    return _Compaction(workflow, seqs, sorted(dropped - kept))
 
 
 @dataclass(frozen=True, slots=True)

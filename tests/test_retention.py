@@ -462,3 +462,14 @@ def test_a_failing_sweep_does_not_touch_the_runs(make_store: StoreFactory) -> No
 def test_retention_needs_a_store() -> None:
     with pytest.raises(UsageError, match="needs a store"):
         Engine(retention=Retention())
+
+
+def test_the_compaction_benchmark_measures_both_sides() -> None:
+    """bench/compaction.py on a small chain (SQLite): a no-op task keeps 2 events of 4."""
+    from _graphs import scenario
+    from compaction import measure
+
+    result = asyncio.run(measure(scenario("chain", 50, 0), "sqlite"))
+    assert (result.tasks, result.events_before, result.events_after) == (50, 202, 102)
+    before, after = result.per_task
+    assert 0 < after < 0.8 * before
