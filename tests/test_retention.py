@@ -441,6 +441,36 @@ def test_an_engine_with_retention_compacts_its_finished_runs(make_store: StoreFa
     asyncio.run(main())
 
 
+def test_a_long_running_engine_keeps_its_store_bounded(make_store: StoreFactory) -> None:
+    """Run after run, the store keeps the last few finished runs, compacted; its size stops
+    growing with the number of runs."""
+
+    async def main() -> None:
+        async with make_store() as store:
+            policy = Retention(compact_after=0.0, delete_after=None, keep_last=3, every=0.01)
+            llm = FunctionLLM(echo)
+            sizes = []
+            async with Engine(backends={"default": llm}, store=store, retention=policy) as engine:
+                assert engine.sweeper is not None
+                for _ in range(4):
+                    results = await asyncio.gather(*(engine.run(build()) for _n in range(5)))
+                    assert {r.status for r in results} == {"succeeded"}
+                    async with asyncio.timeout(60):
+                        while True:  # until a sweep has seen every run of this batch
+                            report = await engine.sweeper.next_sweep()
+                            rows = await store.workflows()
+                            if len(rows) == 3 and all(r.compacted for r in rows):
+                                break
+                    sizes.append(await store.size())
+            assert {r.id for r in rows} <= {r.workflow for r in results}
+            assert report.error is None and engine.sweeper.stats.deleted == 20 - 3
+            # The same three compacted runs' worth of rows and bytes after every batch.
+            assert len({(s.workflows, s.events, s.calls) for s in sizes}) == 1
+            assert max(s.event_bytes for s in sizes) < 1.1 * min(s.event_bytes for s in sizes)
+
+    asyncio.run(main())
+
+
 def test_a_failing_sweep_does_not_touch_the_runs(make_store: StoreFactory) -> None:
     async def main() -> None:
         async with make_store() as store:
