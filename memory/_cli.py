@@ -220,6 +220,8 @@ async def show_run(store: SQLStore, args: argparse.Namespace, out: TextIO) -> in
         detail = str(exc).strip().splitlines()[0]
         out.write(f"tasks     cannot be rebuilt from the log: {detail}\n")
     else:
+        if image.resumes:
+            out.write(f"resumed   {image.resumes} time(s) in a new process\n")
         _write_tasks(image, out)
     if args.events:
         out.write("events:\n")

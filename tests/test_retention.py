@@ -42,6 +42,7 @@ from orchestrator import (
     UsageError,
     Workflow,
     WorkflowFinished,
+    WorkflowResumed,
     WorkflowStarted,
     compactable,
     rebuild,
@@ -101,6 +102,7 @@ OPS = (
     "cancelled",
     "edge_added",
     "edge_removed",
+    "resumed",
 )
 
 
@@ -118,14 +120,16 @@ def generated_log(steps: list[tuple[str, int, int, int]]) -> list[Event]:
         task, other, at = TASKS[i], TASKS[j], float(n)
         # A removed task's late state events are passed over by rebuild; any other step on
         # a task that is not there adds it first (dense logs find more cases).
-        late = task in removed and op not in ("add", "remove", "replace")
+        late = task in removed and op not in ("add", "remove", "replace", "resumed")
         if op == "add" or (task not in present and not late):
             present.add(task)
             removed.discard(task)
             events.append(TaskAdded(workflow="w", task=task, action=spec, after=(), at=at))
             if op == "add":
                 continue
-        if op in ("edge_added", "edge_removed"):
+        if op == "resumed":  # a new life: the tasks that were not final are pending again
+            events.append(WorkflowResumed(workflow="w", program=n, deadline=None, at=at))
+        elif op in ("edge_added", "edge_removed"):
             if task not in present or other not in present or task == other:
                 continue
             edge = EdgeAdded if op == "edge_added" else EdgeRemoved
@@ -211,6 +215,34 @@ def test_compaction_drops_what_the_engine_repeats_per_task() -> None:
     # A first attempt that was cancelled keeps its task_started: nothing else counts it.
     steps[-1] = ("cancelled", 0, 0, 1)
     assert [e.kind for e in compacted(generated_log(steps))][2] == "task_started"
+
+
+def test_a_resumed_run_compacts_to_the_same_image(make_store: StoreFactory) -> None:
+    """A run killed mid-way and resumed (tests/test_resume.py's harness) has two lives in
+    its log; compacted, it rebuilds the same, and its recorded LLM calls go."""
+    from test_resume import REGISTRY, Gate, crash_during, draft, join, resumed, topic
+
+    async def body(store: Store, llm: FunctionLLM, sent: dict[str, int]) -> None:
+        wf = Workflow("report")
+        wf.add("topic", topic)
+        wf.add("intro", writer.ask("Write an intro"), after=["topic"])
+        wf.add("draft", draft, after=["topic"])
+        wf.add("join", join, after=["intro", "draft"])
+        run_id = await crash_during(store, llm, wf)
+        assert Gate.event is not None
+        Gate.event.set()
+        async with Engine(backends={"default": llm}, store=store) as engine:
+            report = await engine.resume(REGISTRY)
+            assert (await report.runs[0]).status == "succeeded"
+        before = await stored_image(store, run_id)
+        assert before.resumes == 1 and (await store.size()).calls == 2
+        assert await store.compact([run_id]) == 1
+        after = await stored_image(store, run_id)
+        assert same_run(after) == same_run(before)
+        assert after.tasks["draft"].attempts == 1 and after.tasks["draft"].state == "done"
+        assert (await store.size()).calls == 0
+
+    resumed(make_store, body)
 
 
 # --- the policy -----------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from conftest import StoreFactory
 from stored_runs import BIG_RESULT, put_run, stored_image
 
 from memory import SQLStore
+from orchestrator import EVENT_ADAPTER, EventRecord, StoreBatch, WorkflowResumed
 from orchestrator._cli import main
 
 T = TypeVar("T")
@@ -138,7 +139,17 @@ def test_show_rebuilds_a_run_from_its_log(plait: Plait, store_args: list[str]) -
 
     code, out, _ = plait("runs", "show", "third", *store_args)
     assert "status    running\n" in out and "finished  -\n" in out
-    assert "research batching" in out
+    assert "research batching" in out and "resumed" not in out
+
+    async def resume_third(store: SQLStore) -> None:
+        event = WorkflowResumed(workflow="third", program=2, deadline=None, at=50.0)
+        data = EVENT_ADAPTER.dump_json(event).decode()
+        record = EventRecord(workflow="third", seq=40, kind=event.kind, at=50.0, data=data)
+        await store.append(StoreBatch(events=[record]))
+
+    with_store(store_args, resume_third)
+    _, out, _ = plait("runs", "show", "third", *store_args)
+    assert "resumed   1 time(s) in a new process\n" in out
 
 
 def test_show_says_a_run_was_compacted(plait: Plait, store_args: list[str]) -> None:
