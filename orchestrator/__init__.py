@@ -84,8 +84,17 @@ from ._llm import (
     capabilities,
 )
 from ._registry import Rebuildable, RebuildError, Registry
+from ._replay import RunImage, TaskImage, rebuild
 from ._resilience import Breaker, CallRetry, CircuitBreaker, CircuitState
 from ._resume import Decision, ResumePlan
+from ._retention import (
+    Retention,
+    Sweeper,
+    SweeperStats,
+    SweepReport,
+    compactable,
+    sweep_once,
+)
 from ._run import RunResult
 from ._scheduler import (
     Fcfs,
@@ -267,4 +276,14 @@ __all__ = [
     "payload_digest",
     "read_events",
     "restore",
+    # retention (issue 9)
+    "Retention",
+    "RunImage",
+    "SweepReport",
+    "Sweeper",
+    "SweeperStats",
+    "TaskImage",
+    "compactable",
+    "rebuild",
+    "sweep_once",
 ]

@@ -460,6 +460,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             return _run(args, out)
         if args.command == "resume":
             return _resume(args, out)
+        args.out = out  # where commands added by other packages write
         code: int = args.handler(args)
         return code
     except UsageError as exc:

@@ -59,6 +59,7 @@ from ._registry import Registry
 from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
 from ._resume import Decision, ResumePlan, StoredCalls, decision_for, plan_resume
+from ._retention import Retention, Sweeper
 from ._run import Run, RunResult, RunServices
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key
 from ._store import Store, StoreError, WorkflowRow
@@ -173,6 +174,8 @@ class Engine:
     that fails in a way that may pass (unreachable, a full disk) pauses the runs for up to
     `store_patience` seconds while their commit is tried again; then they stop, with
     nothing committed lost, to be resumed.
+    `retention` (with a store) compacts and deletes finished runs while the engine runs
+    (`Retention`; its `Sweeper` is `engine.sweeper`).
     """
 
     def __init__(
@@ -190,6 +193,7 @@ class Engine:
         breaker: Breaker | None = DEFAULT_BREAKER,
         store: Store | None = None,
         store_patience: float = 60.0,
+        retention: Retention | None = None,
     ) -> None:
         backends = dict(backends or {})
         self.policy = get_policy(policy)
@@ -235,6 +239,10 @@ class Engine:
         self.store = store
         check_seconds("Engine", "store_patience", store_patience, zero_ok=True)
         self.store_patience = store_patience
+        self._check_retention(store, retention)
+        self.retention = retention
+        self.sweeper: Sweeper | None = None
+        """Applies `retention` to the store while the engine runs (None without one)."""
         self.journal: Journal | None = None
         self._memo: StoredCalls | None = None
         self._store_error: StoreError | None = None
@@ -292,6 +300,7 @@ class Engine:
         await self._tg.__aenter__()
         if self.journal is not None:
             tg.create_task(self.journal.run(), name="plait-journal")
+        self._start_sweeper(tg)
         self._tg.create_task(self._loop(), name="plait-engine")
         return self
 
@@ -303,6 +312,8 @@ class Engine:
     ) -> bool | None:
         assert self._tg is not None
         self._closing = True
+        if self.sweeper is not None:
+            self.sweeper.stop()
         if self.journal is not None:
             # A durable run outlives the engine: what was committed stays as it is, unfinished,
             # for a resume; the cancellations below are this process's, not the run's.
@@ -934,6 +945,25 @@ class Engine:
             if not run.done.done():
                 _fail(run.done, error)
             self.admission.forget(run)
+
+    # --- retention -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_retention(store: Store | None, retention: Retention | None) -> None:
+        if retention is not None and store is None:
+            raise UsageError(
+                "Engine(retention=...) needs a store to apply it to; pass store=SQLStore(...) "
+                "too, or leave retention out"
+            )
+
+    def _start_sweeper(self, tg: asyncio.TaskGroup) -> None:
+        """Retention runs beside the journal, on the engine's clock, until the engine closes;
+        a failed sweep is logged and does not touch the runs."""
+        if self.retention is None or self.store is None:
+            return
+        assert self._clock is not None
+        self.sweeper = Sweeper(self.store, self.retention, self._clock)
+        tg.create_task(self.sweeper.run(), name="plait-retention")
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))

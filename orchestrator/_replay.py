@@ -151,6 +151,8 @@ def _apply(image: RunImage, event: Event) -> None:
         case "task_succeeded":
             task = tasks[event.task]
             task.state, task.result = "done", event.result
+            # It ran at least once; a compacted log drops a first attempt's task_started.
+            task.attempts = max(task.attempts, 1)
         case "task_failed":
             task = tasks[event.task]
             task.state, task.error, task.attempts = "failed", event.error, event.attempts

@@ -43,6 +43,8 @@ EXPECTED = {
         "CallRecord", "EventRecord", "Journal", "JournalStats", "Store", "StoreBatch",
         "StoreError", "StoreSize", "StoreVersionError", "WorkflowRow", "payload_digest",
         "read_events", "restore",
+        "Retention", "RunImage", "SweepReport", "Sweeper", "SweeperStats", "TaskImage",
+        "compactable", "rebuild", "sweep_once",
     },
     "executors": {
         "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",
