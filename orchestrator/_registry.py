@@ -92,6 +92,11 @@ class Registry:
         if found is not None:
             return found
         module_name, _, qualname = name.partition(":")
+        # The same function under another module name (a file run as a script by `plait
+        # run` and imported by the application, say): registered ones match by qualname.
+        same = [fn for key, fn in self._functions.items() if key.endswith(f":{qualname}")]
+        if len(same) == 1:
+            return same[0]
         if "<" in qualname:
             raise RebuildError(
                 f"the {what} {name} was defined inside a function (or is a lambda), so no "
