@@ -6,14 +6,16 @@ It runs forked from a server process that has imported plait once (`multiprocess
 forkserver, preloaded with this module), so a restart after a kill costs a fork, not the
 seconds of importing openai, SQLAlchemy and Alembic again. What it tells the harness goes
 through a pipe: ("resuming",) once its engine is up, ("resumed", runs, unresumable) once
-`resume()` has answered, ("submitted", n), ("committed", calls) after each commit that
-recorded LLM calls, and ("done", failures) before it exits 0.
+`resume()` has answered, ("submitted", n), ("committed", calls, seconds) after each commit
+(with the LLM call records it held and how long it took), and ("done", failures) before it
+exits 0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -42,18 +44,18 @@ class ChildSpec:
 
 
 class TellingStore(SQLStore):
-    """The SQL store, telling the harness after each commit that holds LLM call records:
-    a kill can then land just after replies became durable, which is when a resumed run
-    must answer them from the store instead of sending them again."""
+    """The SQL store, telling the harness after each commit how many LLM call records it
+    held and how long it took: a kill can then land just after replies became durable,
+    which is when a resumed run must answer them from the store instead of sending them."""
 
     def __init__(self, target: str, *, schema: str | None, tell: Connection) -> None:
         super().__init__(target, schema=schema)
         self._tell = tell
 
     async def append(self, batch: StoreBatch) -> None:
+        started = time.perf_counter()
         await super().append(batch)
-        if batch.calls:
-            self._tell.send(("committed", len(batch.calls)))
+        self._tell.send(("committed", len(batch.calls), time.perf_counter() - started))
 
 
 async def run(spec: ChildSpec, tell: Connection) -> list[str]:

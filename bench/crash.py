@@ -40,12 +40,13 @@ import os
 import random
 import re
 import signal
+import statistics
 import sys
 import tempfile
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -81,6 +82,7 @@ SUMMED = (
     "reusable_at_kills",
     "tasks_run_again",
     "replanned",
+    "commits",
     "errors",
 )
 
@@ -213,8 +215,19 @@ class Child:
             asyncio.get_running_loop().remove_reader(self._reader.fileno())
         self._heard.set()
 
-    async def says(self, word: str, times: int = 1) -> None:
-        while sum(message[0] == word for message in self.said) < times:
+    async def says(self, word: str) -> None:
+        await self._until(lambda: any(message[0] == word for message in self.said))
+
+    async def recorded(self, commits: int) -> None:
+        """Until it has made `commits` commits that recorded LLM calls."""
+
+        def made() -> int:
+            return sum(m[0] == "committed" and m[1] > 0 for m in self.said)
+
+        await self._until(lambda: made() >= commits)
+
+    async def _until(self, heard: Callable[[], bool]) -> None:
+        while not heard():
             self._heard.clear()
             await self._heard.wait()
 
@@ -295,6 +308,7 @@ async def crash_run(store_kind: str, options: Options, workdir: Path) -> dict[st
     context = _context()
     epochs: list[Epoch] = []
     errors: list[str] = []
+    commit_s: list[float] = []
     store = SQLStore(target, schema=schema)
     await store.open()
     try:
@@ -314,12 +328,13 @@ async def crash_run(store_kind: str, options: Options, workdir: Path) -> dict[st
                 if killed:
                     held = await held_replies(store)
                     epoch.reusable = len(held.recorded - held.finished)
-                commits = [m[1] for m in epoch.said if m[0] == "committed"]
+                commits = [m[1:] for m in epoch.said if m[0] == "committed"]
+                commit_s.extend(seconds for _, seconds in commits)
                 how = "killed" if killed else f"exited {epoch.exit_code}"
                 print(
                     f"crash {label}: process {number} {how} after "
-                    f"{time.perf_counter() - began:.2f} s (due {trigger}); it recorded "
-                    f"{sum(commits)} calls in {len(commits)} commits"
+                    f"{time.perf_counter() - began:.2f} s (due {trigger}); {len(commits)} "
+                    f"commits recorded {sum(calls for calls, _ in commits)} calls"
                     + (
                         f"; the store held {len(held.recorded)} replies, {epoch.reusable} "
                         "for unfinished tasks"
@@ -352,6 +367,9 @@ async def crash_run(store_kind: str, options: Options, workdir: Path) -> dict[st
         "reusable_at_kills": sum(e.reusable for e in epochs),
         **report,
         "llm_calls": calls,
+        "commits": len(commit_s),
+        "commit_ms_median": round(statistics.median(commit_s) * 1000, 1) if commit_s else None,
+        "commit_ms_max": round(max(commit_s) * 1000, 1) if commit_s else None,
         "errors": len(errors),
         "error_messages": errors,
         "seconds": round(time.perf_counter() - started, 2),
@@ -387,7 +405,7 @@ async def _live(child: Child, trigger: Trigger | None, server: Server, epoch: Ep
     if trigger.kind == "start":
         due: asyncio.Future[Any] = asyncio.ensure_future(child.says("resuming"))
     elif trigger.kind == "commits":
-        due = asyncio.ensure_future(child.says("committed", trigger.after))
+        due = asyncio.ensure_future(child.recorded(trigger.after))
     else:
         now = await server.counts()
         target = {trigger.kind: now[trigger.kind] + trigger.after}
