@@ -32,7 +32,8 @@ EXIT_FAILED = 3
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """What one child process runs: `epoch` is its generation (0 for the first)."""
+    """What one child process runs. `epoch` is its generation (0 for the first), sent as its
+    API key, so the server's log says which process sent each request."""
 
     store: str
     schema: str | None
@@ -40,7 +41,6 @@ class ChildSpec:
     names: tuple[str, ...]
     epoch: int
     max_in_flight: int = 64
-    resume: bool = True
 
 
 class TellingStore(SQLStore):
@@ -70,13 +70,11 @@ async def run(spec: ChildSpec, tell: Connection) -> list[str]:
         ) as engine,
     ):
         tell.send(("resuming",))
-        handles: list[RunHandle] = []
-        if spec.resume:
-            report = await engine.resume(registry=Registry(*REGISTRY_ENTRIES))
-            unresumable = [f"{p.workflow}: {p.error}" for p in report.failed]
-            unresumable += [f"{p.workflow}: waits for a decision" for p in report.needs_decision]
-            tell.send(("resumed", len(report.runs), unresumable))
-            handles += report.runs
+        report = await engine.resume(registry=Registry(*REGISTRY_ENTRIES))
+        unresumable = [f"{p.workflow}: {p.error}" for p in report.failed]
+        unresumable += [f"{p.workflow}: waits for a decision" for p in report.needs_decision]
+        tell.send(("resumed", len(report.runs), unresumable))
+        handles: list[RunHandle] = list(report.runs)
         # Every run ever started has a row (written in the commit of its first event), so
         # the names listed are those a resume or an earlier process already owns.
         known = {row.name for row in await store.workflows(limit=len(spec.names) * 4 + 100)}

@@ -5,10 +5,12 @@ and the server's log say whether anything was lost, done twice or paid for twice
     python bench/crash.py --quick                      # 40 workflows, 4 kills, both stores
     python bench/crash.py --workflows 500 --kills 20 --store both --seed 1
 
-Kills are placed by progress, not by wall time: each is due once the server has seen a
-random number of requests arrive (or of responses written, which lands kills between an
-answer and its commit), or once a restarted process says its engine is up (a kill inside
-`resume()`). A kill that finds the process already finished is no kill.
+Kills are placed by progress, not by wall time (see `Trigger`): after a random number of
+requests arrive at the server (mid-call) or of responses written (between a reply and its
+commit), after a commit that recorded calls (the reply is durable, its task maybe not), or
+as soon as a restarted process says its engine is up (inside `resume()`). A kill that finds
+the process already finished is no kill. The children fork from a fork server that imported
+plait once (`multiprocessing`'s forkserver), so a restart costs a fork, not seconds of imports.
 
 Checked at the end, from the store: every workflow name has exactly one run, which succeeded
 with every task's expected result (`completed_once`); names with no run or one that did not
@@ -278,7 +280,6 @@ class Options:
     latency_ms: str = "10,100"
     epoch_timeout_s: float = 300.0
     keep: bool = False
-    resume: bool = True
     triggers: tuple[Trigger, ...] | None = None
     """The kills, in order (default: `plan_kills` from the seed)."""
 
@@ -319,9 +320,7 @@ async def crash_run(store_kind: str, options: Options, workdir: Path) -> dict[st
                 trigger = triggers[number] if number < len(triggers) else None
                 epoch = Epoch(trigger, recorded=held.recorded)
                 epochs.append(epoch)
-                spec = ChildSpec(
-                    target, schema, f"{server.url}/v1", names, number, resume=options.resume
-                )
+                spec = ChildSpec(target, schema, f"{server.url}/v1", names, number)
                 began = time.perf_counter()
                 error = await _one_process(context, spec, server, epoch, options.epoch_timeout_s)
                 killed = epoch.killed_at is not None

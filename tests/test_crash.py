@@ -19,7 +19,7 @@ from _crash_work import build, expected, llm_calls
 from _recording_llm import Arrival, answer, app, read_log, request_hash
 from aiohttp.test_utils import TestClient, TestServer
 from conftest import PG_HOST
-from crash import Epoch, Options, Trigger, crash_run, plan_kills, repeats
+from crash import Epoch, Options, Trigger, audit, crash_run, plan_kills, repeats
 
 
 def test_the_server_answers_from_the_messages_and_logs_each_request(tmp_path: Path) -> None:
@@ -102,6 +102,27 @@ def test_repeats_are_sorted_by_what_the_store_held_at_the_kill() -> None:
         "repeated_in_flight": 2,
         "repeated_in_process": 1,
     }
+
+
+def test_a_log_that_did_something_twice_is_caught() -> None:
+    def event(kind: str, task: str = "") -> dict[str, Any]:
+        return {"kind": kind, "task": task} if task else {"kind": kind}
+
+    once = [
+        event("workflow_started"),
+        event("task_added", "plan"),
+        event("task_started", "plan"),
+        event("task_added", "section 0"),
+        event("workflow_resumed"),
+        event("task_started", "plan"),  # running at the kill: it runs again
+        event("task_succeeded", "plan"),
+        event("workflow_finished"),
+    ]
+    found = audit(once)
+    assert (found.finished, found.twice, found.run_again, found.replanned) == (1, [], 1, True)
+    twice = [*once, event("task_succeeded", "plan"), event("workflow_finished")]
+    assert (audit(twice).finished, audit(twice).twice) == (2, ["plan"])
+    assert audit([*once, event("task_added", "section 0")]).twice == ["section 0"]
 
 
 def _target(request: pytest.FixtureRequest) -> str:
