@@ -41,6 +41,7 @@ import multiprocessing.forkserver
 import os
 import random
 import re
+import shutil
 import signal
 import statistics
 import sys
@@ -645,18 +646,18 @@ def main(argv: list[str] | None = None) -> int:
     stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
     per_store = []
     workdir = Path(tempfile.mkdtemp(prefix="plait-crash-"))
-    for kind in stores:
-        target = args.pg_url if kind == "postgres" else kind
-        result = asyncio.run(crash_run(target, options, workdir))
-        per_store.append(result)
-        for problem in result["problems"] + result["error_messages"]:
-            print(f"crash {kind}: {problem}", file=sys.stderr)
-    if args.keep:
-        print(f"kept in {workdir}", file=sys.stderr)
-    else:
-        for path in workdir.iterdir():
-            path.unlink()
-        workdir.rmdir()
+    try:
+        for kind in stores:
+            target = args.pg_url if kind == "postgres" else kind
+            result = asyncio.run(crash_run(target, options, workdir))
+            per_store.append(result)
+            for problem in result["problems"] + result["error_messages"]:
+                print(f"crash {kind}: {problem}", file=sys.stderr)
+    finally:
+        if args.keep:
+            print(f"kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir)
     print(table(per_store))
     result = summary(per_store)
     print(json.dumps(_line(result)))
