@@ -606,7 +606,7 @@ class _Transaction:
         finally:
             self._release()
         if isinstance(exc, sa.exc.SQLAlchemyError | sqlite3.Error | OSError | TimeoutError):
-            raise StoreError(self._store._explain(action, exc)) from exc
+            raise StoreError(self._store._explain(action, exc), transient=_transient(exc)) from exc
 
     def _release(self) -> None:
         if self._writer and self._store._sqlite:
