@@ -34,6 +34,7 @@ from ._bus import EventBus
 from ._calls import LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._context import TaskContext
+from ._durable import Durability, fail
 from ._errors import (
     OverloadedError,
     PlaitError,
@@ -43,14 +44,11 @@ from ._errors import (
     WorkflowStateError,
 )
 from ._events import (
-    EVENT_ADAPTER,
     DeadlineMissed,
     Event,
     TaskState,
-    WorkflowFinished,
     WorkflowResumed,
     WorkflowStarted,
-    WorkflowStatus,
 )
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
@@ -58,11 +56,11 @@ from ._llm import LLMBackend, Usage
 from ._registry import Registry
 from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
-from ._resume import Decision, ResumePlan, StoredCalls, decision_for, plan_resume
+from ._resume import Decision, ResumePlan, decision_for, plan_resume
 from ._retention import Retention, Sweeper
 from ._run import Run, RunResult, RunServices
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key
-from ._store import Store, StoreError, WorkflowRow
+from ._store import Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable
 from ._workflow import Workflow
 
@@ -102,11 +100,6 @@ _WAKE = _Wake()
 
 
 T = TypeVar("T")
-
-_JOURNAL_MAX_PENDING = 2_000_000
-"""Records the journal may hold uncommitted: a 100,000-task workflow is added in one go."""
-_JOURNAL_HIGH_WATER = 50_000
-"""Past this many uncommitted records the loop waits for the store before going on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,14 +232,25 @@ class Engine:
         self.store = store
         check_seconds("Engine", "store_patience", store_patience, zero_ok=True)
         self.store_patience = store_patience
-        self._check_retention(store, retention)
+        if retention is not None and store is None:
+            raise UsageError(
+                "Engine(retention=...) needs a store to apply it to; pass store=SQLStore(...) "
+                "too, or leave retention out"
+            )
         self.retention = retention
-        self.sweeper: Sweeper | None = None
+        self.durable: Durability | None = None
+        """The store's side of the engine while it runs with one (journal, memo, sweeper)."""
+
+    @property
+    def journal(self) -> Journal | None:
+        """The store's journal while the engine runs with a store (`await
+        engine.journal.durable()`: everything recorded so far is committed)."""
+        return None if self.durable is None else self.durable.journal
+
+    @property
+    def sweeper(self) -> Sweeper | None:
         """Applies `retention` to the store while the engine runs (None without one)."""
-        self.journal: Journal | None = None
-        self._memo: StoredCalls | None = None
-        self._store_error: StoreError | None = None
-        self._suspended = False
+        return None if self.durable is None else self.durable.sweeper
 
     @property
     def backends(self) -> Mapping[str, LLMBackend]:
@@ -285,22 +289,24 @@ class Engine:
                     "database driver's thread or socket), which virtual time would jump over "
                     "to its timeouts; use clock=SystemClock(), or no store for simulations"
                 )
-            self.journal = Journal(
-                self.store, max_pending=_JOURNAL_MAX_PENDING, patience_s=self.store_patience
+            self.durable = Durability(
+                self.store,
+                self._clock,
+                self._runs,
+                self.wake,
+                patience_s=self.store_patience,
+                retention=self.retention,
             )
-            self._memo = self.calls.memo = StoredCalls(self.store, self.journal)
-            self._store_error = None
-            self._suspended = False
-            self.bus.recorder = self._record
+            self.calls.memo = self.durable.memo
+            self.bus.recorder = self.durable.record
         self._inbox = asyncio.Queue()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="plait-task"
         )
         self._tg = self._group = tg
         await self._tg.__aenter__()
-        if self.journal is not None:
-            tg.create_task(self.journal.run(), name="plait-journal")
-        self._start_sweeper(tg)
+        if self.durable is not None:
+            self.durable.start(tg)
         self._tg.create_task(self._loop(), name="plait-engine")
         return self
 
@@ -312,12 +318,8 @@ class Engine:
     ) -> bool | None:
         assert self._tg is not None
         self._closing = True
-        if self.sweeper is not None:
-            self.sweeper.stop()
-        if self.journal is not None:
-            # A durable run outlives the engine: what was committed stays as it is, unfinished,
-            # for a resume; the cancellations below are this process's, not the run's.
-            self._suspended = True
+        if self.durable is not None:
+            self.durable.suspend()
         for run in list(self._runs.values()):
             run.cancel("the engine was closed")
         self.wake()
@@ -334,7 +336,7 @@ class Engine:
             self._group = None
             self._abandon_runs()
             self.calls.stop()
-            self.calls.memo = self._memo = None
+            self.calls.memo = None
             if self._executor is not None:
                 # A stuck sync function keeps its thread; the engine does not wait for it.
                 self._executor.shutdown(wait=False, cancel_futures=True)
@@ -352,19 +354,20 @@ class Engine:
     async def _loop(self) -> None:
         assert self._inbox is not None
         inbox = self._inbox
-        journal = self.journal
+        durable = self.durable
         while True:
-            if self._store_error is not None:
-                self._stop_runs(self._store_error)
+            if durable is not None and durable.error is not None:
+                self._stop_runs(durable.error)
             self._finish_settled()  # first: a finished run may free what others wait for
             self._admit()
             self.bus.flush()
             if self._closing and not self._runs:
-                if journal is not None:
-                    await self._close_journal(journal)
+                if durable is not None:
+                    self.bus.recorder = None
+                    await durable.close()
                 return
-            if journal is not None and journal.stats.pending >= _JOURNAL_HIGH_WATER:
-                await self._catch_up(journal)  # the store is behind: let it commit first
+            if durable is not None and durable.behind():
+                await durable.catch_up()  # the store is behind: let it commit first
             item = await inbox.get()
             self._applying = True
             try:
@@ -420,12 +423,8 @@ class Engine:
             llm_calls=outcome.llm_calls,
             elapsed=outcome.elapsed,
         )
-        journal = self.journal
-        if journal is not None and outcome.state == "done":
-            task = record.task
-            if outcome.llm_calls or not task.idempotent or task.idempotency_key is not None:
-                # A result that cost something outside: committed before anything uses it.
-                record.mark = journal.appended
+        if self.durable is not None and outcome.state == "done":
+            self.durable.ended(record, outcome.llm_calls)
 
     def _changed(self, run: Run) -> None:
         """A run tells the engine to look at it again (work became ready, or it ended)."""
@@ -449,11 +448,9 @@ class Engine:
         """Run a task's attempts and say how it ended. Raises only when the engine itself
         is cancelled; `_report` turns that (and a cancel before the first step) into an
         outcome too, so every started task reports exactly once."""
-        journal = self.journal
-        if journal is not None:
-            mark = run.inputs_mark(task)
-            if mark > journal.committed:
-                await journal.durable(mark)  # StoreError: the run is being stopped anyway
+        durable = self.durable
+        if durable is not None:
+            await durable.inputs_ready(run, task)
         started = self.clock.monotonic()
         inputs = run.inputs_of(task)
         declared = task.task.idempotency_key
@@ -474,8 +471,8 @@ class Engine:
         try:
             if declared is not None:
                 ctx.idempotency_key = task.task.key_for(inputs) or ""
-            if declared is not None and self._memo is not None:
-                result = await self._keyed(run, task, ctx)
+            if declared is not None and durable is not None:
+                result = await self._keyed(durable, run, task, ctx)
             elif task.task.retry.attempts == 1:
                 result = await self._attempt(task, ctx)
             else:
@@ -502,12 +499,10 @@ class Engine:
         elapsed = self.clock.monotonic() - started
         return _Outcome(run, task, state, result, error, ctx.usage, ctx.llm_calls, elapsed)
 
-    async def _keyed(self, run: Run, record: TaskRun, ctx: TaskContext) -> Any:
+    async def _keyed(self, durable: Durability, run: Run, record: TaskRun, ctx: TaskContext) -> Any:
         """A task with an idempotency key, in a durable engine: a result recorded under the
         key (before a crash) is its result; else it runs and its result is recorded."""
-        memo = self._memo
-        assert memo is not None
-        found, result = await memo.recall_result(run.id, ctx.idempotency_key)
+        found, result = await durable.recall_result(run, ctx.idempotency_key)
         if found:
             return result
         if record.task.retry.attempts == 1:
@@ -515,7 +510,7 @@ class Engine:
         else:
             result = await self._with_retries(run, record, ctx)
         check_serializable(record.id, result)
-        memo.remember_result(run.id, ctx.idempotency_key, result)
+        durable.remember_result(run, ctx.idempotency_key, result)
         return result
 
     def _report(self, run: Run, task: TaskRun, handle: asyncio.Task[_Outcome]) -> None:
@@ -616,7 +611,7 @@ class Engine:
             raise UsageError(f"priority must be one of {', '.join(CLASS_RANK)}, got {priority!r}")
         check_seconds(f"workflow {workflow.name!r}", "deadline", deadline)
         self._check_accepting()
-        if self.journal is not None:
+        if self.durable is not None:
             # Ids name runs in the store for good: unique beyond this process's lifetime.
             workflow.id = f"{workflow.name}#{secrets.token_hex(6)}"
         elif workflow.id in self._runs:
@@ -624,8 +619,8 @@ class Engine:
         return self._launch(workflow, priority=priority, deadline=deadline, subscriber=_subscriber)
 
     def _check_accepting(self) -> None:
-        if self._store_error is not None:
-            raise self._store_error
+        if self.durable is not None and self.durable.error is not None:
+            raise self.durable.error
         if len(self._runs) >= self.max_workflows:
             raise OverloadedError("the engine's set of running workflows", self.max_workflows)
 
@@ -670,9 +665,10 @@ class Engine:
                 )
             else:
                 image = plan.image
-                assert self.journal is not None and self._memo is not None and image is not None
-                self.journal.start_at(run.id, plan.last_seq)
-                self._memo.resumed(run.id)
+                durable = self.durable
+                assert durable is not None and image is not None
+                durable.journal.start_at(run.id, plan.last_seq)
+                durable.memo.resumed(run.id)
                 self.bus.emit(
                     run.id,
                     WorkflowResumed(
@@ -695,8 +691,8 @@ class Engine:
             self._settled = [r for r in self._settled if r is not run]
             self.bus.drop(run.id)
             workflow._reset()
-            if self._memo is not None:
-                self._memo.forget(run.id)
+            if self.durable is not None:
+                self.durable.memo.forget(run.id)
             raise
         self.wake()
         return RunHandle(self, run)
@@ -867,72 +863,15 @@ class Engine:
         self.admission.forget(run)
         self.calls.program_done(run.id)
         run.workflow._detach()
-        if self._memo is not None:
-            self._memo.forget(run.id)
-        if self.journal is None:
+        if self.durable is None:
             run.done.set_result(result)
         else:
+            self.durable.memo.forget(run.id)
             assert self._group is not None
-            self._group.create_task(self._hand_back(run, result), name=f"plait-durable/{run.id}")
+            hand_back = self.durable.hand_back(run, result)
+            self._group.create_task(hand_back, name=f"plait-durable/{run.id}")
 
     # --- durability ----------------------------------------------------------------------------
-
-    def _record(self, run_id: str, event: Event) -> None:
-        """Every event goes to the journal as it is emitted, in order."""
-        journal = self.journal
-        assert journal is not None
-        if self._store_error is not None or self._suspended:
-            return  # stopping: nothing more is recorded (the log stays as the run left it)
-        try:
-            text = EVENT_ADAPTER.dump_json(event).decode()
-            journal.append_json(run_id, event.kind, event.at, text)
-            if event.kind in ("workflow_started", "workflow_resumed", "workflow_finished"):
-                journal.upsert(self._row(run_id, event))
-        except StoreError as exc:
-            self._store_error = exc
-            self.wake()
-
-    def _row(self, run_id: str, event: Event) -> WorkflowRow:
-        run = self._runs.get(run_id)
-        clock = self.clock
-        now, mono = clock.now(), clock.monotonic()
-        deadline = None
-        if run is not None and run.deadline is not None:
-            deadline = now + (run.deadline - mono)  # rows keep wall-clock times
-        status: WorkflowStatus = event.status if isinstance(event, WorkflowFinished) else "running"
-        started = now - (mono - run.started_at) if run is not None else now
-        return WorkflowRow(
-            id=run_id,
-            name=run.workflow.name if run is not None else run_id,
-            status=status,
-            priority=run.priority_class if run is not None else "batch",
-            deadline=deadline,
-            created=started,
-            updated=now,
-            finished=now if status != "running" else None,
-        )
-
-    async def _hand_back(self, run: Run, result: RunResult) -> None:
-        assert self.journal is not None
-        try:
-            await self.journal.durable()
-        except StoreError as exc:
-            _fail(run.done, exc)
-        else:
-            run.done.set_result(result)
-
-    async def _catch_up(self, journal: Journal) -> None:
-        try:
-            await journal.durable()
-        except StoreError as exc:
-            self._store_error = self._store_error or exc
-
-    async def _close_journal(self, journal: Journal) -> None:
-        self.bus.recorder = None
-        try:
-            await journal.close()
-        except StoreError as exc:
-            self._store_error = self._store_error or exc
 
     def _stop_runs(self, error: StoreError) -> None:
         """The store failed: no run can be made durable any more. Each one stops (its
@@ -943,34 +882,8 @@ class Engine:
             run.workflow._detach()
             self._runs.pop(run.id, None)
             if not run.done.done():
-                _fail(run.done, error)
+                fail(run.done, error)
             self.admission.forget(run)
-
-    # --- retention -----------------------------------------------------------------------------
-
-    @staticmethod
-    def _check_retention(store: Store | None, retention: Retention | None) -> None:
-        if retention is not None and store is None:
-            raise UsageError(
-                "Engine(retention=...) needs a store to apply it to; pass store=SQLStore(...) "
-                "too, or leave retention out"
-            )
-
-    def _start_sweeper(self, tg: asyncio.TaskGroup) -> None:
-        """Retention runs beside the journal, on the engine's clock, until the engine closes;
-        a failed sweep is logged and does not touch the runs."""
-        if self.retention is None or self.store is None:
-            return
-        assert self._clock is not None
-        self.sweeper = Sweeper(self.store, self.retention, self._clock)
-        tg.create_task(self.sweeper.run(), name="plait-retention")
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))
-
-
-def _fail(done: asyncio.Future[RunResult], error: BaseException) -> None:
-    """Hand `error` to whoever awaits the run; nobody may (a run submitted and left), and
-    that must not log "exception was never retrieved": the error is the engine's to tell."""
-    done.set_exception(error)
-    done.exception()  # marks it retrieved; awaiting it still raises it
