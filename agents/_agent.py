@@ -12,6 +12,7 @@ from orchestrator import (
     LLMCall,
     LLMRequest,
     Message,
+    Registry,
     Sampling,
     TaskContext,
     UsageError,
@@ -35,6 +36,23 @@ class Agent:
     def __post_init__(self) -> None:
         if not self.name:
             raise UsageError("an Agent needs a name")
+
+    @property
+    def rebuilds(self) -> tuple[str, str]:
+        """Resume finds this agent's LLM calls by its name (see `Registry`)."""
+        return ("llm", self.name)
+
+    def rebuild(self, spec: ActionSpec, registry: Registry) -> LLMCall:
+        """The call `ask` made, from its recorded `ActionSpec`."""
+        args = spec.args
+        prompt: Prompt
+        if "prompt" in args:
+            prompt = args["prompt"]
+        else:
+            prompt = registry.function(args.get("prompt_from", "?"), "prompt builder")
+        return self.ask(
+            prompt, max_tokens=args.get("max_tokens"), extra_body=args.get("extra_body")
+        )
 
     def request(
         self,

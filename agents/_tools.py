@@ -11,6 +11,8 @@ from typing import Any
 from orchestrator import (
     DEFAULT_TOOL_RESOURCE,
     ActionSpec,
+    RebuildError,
+    Registry,
     TaskContext,
     ToolSpec,
     UsageError,
@@ -31,6 +33,24 @@ class Tool:
 
     def spec(self) -> ToolSpec:
         return ToolSpec(self.name, self.description, self.parameters)
+
+    @property
+    def rebuilds(self) -> tuple[str, str]:
+        """Resume finds this tool's calls by its name (see `Registry`)."""
+        return ("tool", self.name)
+
+    def rebuild(self, spec: ActionSpec, registry: Registry) -> ToolAction:
+        """The call `call` made, from its recorded `ActionSpec`."""
+        args = spec.args
+        if "args" in args:
+            return self.call(args["args"])
+        if "args_from" in args:
+            return self.call(registry.function(args["args_from"], "tool-arguments builder"))
+        raise RebuildError(
+            f"a call of tool {self.name!r} was recorded with arguments that are not data "
+            f"({args.get('args_repr', '?')}), so it cannot be rebuilt; pass JSON-able "
+            "arguments, or a top-level function that builds them from the inputs"
+        )
 
     def call(self, args: Args | None = None) -> ToolAction:
         """A task action that calls this tool with `args` (or args built from the context)."""

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-SCHEMA_VERSION = 2
-"""1: workflows, events, payloads and their references. 2: call results; tenant and labels."""
+SCHEMA_VERSION = 3
+"""1: workflows, events, payloads and their references. 2: call results; tenant and labels.
+3: a finished workflow's `compacted` mark (its log keeps only what rebuilds it)."""
 
 metadata = sa.MetaData()
 
@@ -33,8 +34,11 @@ workflows = sa.Table(
     sa.Column("finished", sa.Double, nullable=True),
     sa.Column("tenant", sa.String(200), nullable=True),
     sa.Column("labels", sa.JSON, nullable=True),
+    # Set by compaction, never by an append (the upsert leaves it as it is).
+    sa.Column("compacted", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Index("plait_workflows_status", "status", "created"),
     sa.Index("plait_workflows_tenant", "tenant", "created"),
+    sa.Index("plait_workflows_finished", "finished"),
 )
 
 events = sa.Table(

@@ -33,6 +33,7 @@ import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -53,6 +54,7 @@ from orchestrator import (
     StoreVersionError,
     WorkflowRow,
     WorkflowStatus,
+    compactable,
 )
 
 from . import _schema as t
@@ -62,6 +64,13 @@ _FINISHED = ("succeeded", "failed", "cancelled")
 _UNFINISHED = ("pending", "running")
 _CHUNK = 500
 """Ids per IN (...) list: well under SQLite's and asyncpg's bound-parameter limits."""
+_KEPT_ON_UPSERT = ("id", "created", "compacted")
+"""Columns a workflow row's upsert leaves as they are: compaction's mark is the store's own."""
+_COMPACT_BATCH = 5000
+"""Events dropped per compaction transaction (at least one workflow's): short transactions
+let the journal's commits in between."""
+_PLAN_GROUP = 100
+"""Workflows whose events one compaction query reads."""
 _PG_GC_LOCK = 0x706C616974
 """Advisory lock key: appends hold it shared, garbage collection exclusively, so a payload
 an append is about to reference is never collected in between."""
@@ -281,6 +290,106 @@ class SQLStore(Store):
                 doomed.update((await conn.execute(beyond)).scalars())
             return await self._delete(conn, sorted(doomed))
 
+    async def compact(
+        self,
+        workflows: Sequence[str] | None = None,
+        *,
+        finished_before: float | None = None,
+        limit: int | None = None,
+    ) -> int:
+        # Plans are made from reads outside the write lock (a finished log does not change),
+        # and written a few workflows per transaction, each checked again inside it: another
+        # process may have compacted or deleted one meanwhile.
+        ids = await self._compactable(workflows, finished_before, limit)
+        compacted = 0
+        for start in range(0, len(ids), _PLAN_GROUP):
+            batch: list[_Compaction] = []
+            for plan in await self._plan_compactions(ids[start : start + _PLAN_GROUP]):
+                batch.append(plan)
+                if sum(len(plan.seqs) for plan in batch) >= _COMPACT_BATCH:
+                    compacted += await self._write_compactions(batch)
+                    batch = []
+            if batch:
+                compacted += await self._write_compactions(batch)
+        return compacted
+
+    async def _compactable(
+        self, named: Sequence[str] | None, finished_before: float | None, limit: int | None
+    ) -> list[str]:
+        w = t.workflows.c
+        query = sa.select(w.finished, w.id).where(
+            w.status.in_(_FINISHED), w.compacted == sa.false()
+        )
+        if finished_before is not None:
+            query = query.where(w.finished < finished_before)
+        query = query.order_by(w.finished, w.id)
+        found: list[tuple[float, str]] = []
+        async with self._read() as conn:
+            if named is None:
+                found = [(f, i) for f, i in await conn.execute(query.limit(limit))]
+            else:
+                for chunk in _chunks(sorted(set(named))):
+                    found.extend(
+                        (f, i) for f, i in await conn.execute(query.where(w.id.in_(chunk)))
+                    )
+                found.sort()
+        return [i for _, i in found[:limit]]
+
+    async def _plan_compactions(self, workflows: Sequence[str]) -> list[_Compaction]:
+        """What compacting these workflows drops, read in one query (small runs cost a
+        round trip each otherwise)."""
+        e = t.events.c
+        query = (
+            sa.select(e.workflow_id, e.seq, e.data, e.refs)
+            .where(e.workflow_id.in_(workflows))
+            .order_by(e.workflow_id, e.seq)
+        )
+        steps: dict[str, list[tuple[int, dict[str, Any]]]] = {w: [] for w in workflows}
+        refs: dict[str, dict[int, set[str]]] = {w: {} for w in workflows}
+        async with self._read() as conn:
+            # In slices: one await per row would cost more than the rows themselves.
+            async for rows in (await conn.stream(query)).partitions(_CHUNK):
+                for workflow, seq, data, ref_text in rows:
+                    event = json.loads(data)
+                    steps[workflow].append((seq, {k: event.get(k) for k in _READ_FIELDS}))
+                    if ref_text:
+                        refs[workflow][seq] = set(json.loads(ref_text).values())
+        return [_compaction(w, steps[w], refs[w]) for w in workflows]
+
+    async def _write_compactions(self, plans: Sequence[_Compaction]) -> int:
+        w, e = t.workflows.c, t.events.c
+        async with self._write() as conn:
+            check = (
+                sa.select(w.id)
+                .where(
+                    w.id.in_([plan.workflow for plan in plans]),
+                    w.status.in_(_FINISHED),
+                    w.compacted == sa.false(),
+                )
+                .with_for_update()
+            )
+            still = set((await conn.execute(check)).scalars())
+            plans = [plan for plan in plans if plan.workflow in still]
+            events = [{"w": p.workflow, "s": seq} for p in plans for seq in p.seqs]
+            if events:
+                drop = t.events.delete().where(
+                    e.workflow_id == sa.bindparam("w"), e.seq == sa.bindparam("s")
+                )
+                await conn.execute(drop, events)
+            refs = [{"w": p.workflow, "d": digest} for p in plans for digest in p.digests]
+            if refs:
+                r = t.payload_refs.c
+                unref = t.payload_refs.delete().where(
+                    r.workflow_id == sa.bindparam("w"), r.digest == sa.bindparam("d")
+                )
+                await conn.execute(unref, refs)
+            ids = sorted(still)
+            for chunk in _chunks(ids):
+                await conn.execute(t.calls.delete().where(t.calls.c.workflow_id.in_(chunk)))
+                mark = t.workflows.update().where(w.id.in_(chunk)).values(compacted=True)
+                await conn.execute(mark)
+            return len(ids)
+
     async def collect_garbage(self) -> int:
         p = t.payloads
         referenced = sa.or_(
@@ -404,7 +513,7 @@ class SQLStore(Store):
         except StoreError:
             raise
         except _DRIVER_ERRORS as exc:
-            raise StoreError(self._explain(action, exc)) from exc
+            raise StoreError(self._explain(action, exc), transient=_transient(exc)) from exc
 
     def _explain(self, action: str, exc: BaseException) -> str:
         cause = getattr(exc, "orig", None) or exc
@@ -481,11 +590,41 @@ class _Transaction:
         finally:
             self._release()
         if isinstance(exc, _DRIVER_ERRORS):
-            raise StoreError(self._store._explain(action, exc)) from exc
+            raise StoreError(self._store._explain(action, exc), transient=_transient(exc)) from exc
 
     def _release(self) -> None:
         if self._writer and self._store._sqlite:
             self._store._write_lock.release()
+
+
+_PASSING = (
+    "disk is full",
+    "disk full",
+    "no space left",
+    "database is locked",
+    "connection",
+    "connect",
+    "server closed",
+    "terminating",
+    "shutting down",
+    "timeout",
+    "timed out",
+)
+"""Words of failures that pass by themselves: a database away, a disk that fills."""
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a driver's failure may pass by itself (so waiting and trying again helps),
+    as opposed to a damaged file, a schema or a constraint, which do not."""
+    if isinstance(exc, sa.exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    cause = getattr(exc, "orig", None) or exc
+    if isinstance(cause, ConnectionError | TimeoutError) or "Connection" in type(cause).__name__:
+        return True
+    text = str(cause).lower()
+    if "not a database" in text or "malformed" in text:
+        return False
+    return isinstance(cause, OSError) or any(word in text for word in _PASSING)
 
 
 def _schema_version(conn: sa.Connection) -> int | None:
@@ -515,7 +654,32 @@ def _workflow_from(row: sa.RowMapping) -> WorkflowRow:
         finished=row["finished"],
         tenant=row["tenant"],
         labels=row["labels"] or {},
+        compacted=bool(row["compacted"]),
     )
+
+
+_READ_FIELDS = ("kind", "task", "attempt", "attempts")
+"""What `compactable` reads of an event; the rest is not kept while planning."""
+
+
+def _compaction(
+    workflow: str, steps: Sequence[tuple[int, Mapping[str, Any]]], refs: Mapping[int, set[str]]
+) -> _Compaction:
+    seqs = compactable(steps)
+    gone = {seq for seq in seqs if seq in refs}
+    dropped = set().union(*(refs[seq] for seq in gone))
+    kept = set().union(*(d for seq, d in refs.items() if seq not in gone))
+    return _Compaction(workflow, seqs, sorted(dropped - kept))
+
+
+@dataclass(frozen=True, slots=True)
+class _Compaction:
+    """What compacting one workflow deletes: events by seq, and the payload references that
+    only those events held."""
+
+    workflow: str
+    seqs: Sequence[int]
+    digests: Sequence[str]
 
 
 def _gap(record: EventRecord, expected: int) -> StoreError:

@@ -9,7 +9,7 @@ from ._calls import CallSite, LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._config import BackendKind, Config, ConfigSection, load_config
 from ._context import TaskContext, WorkflowEditor
-from ._engine import Engine, EngineStats, RunHandle
+from ._engine import Engine, EngineStats, ResumeReport, RunHandle
 from ._errors import (
     BackendError,
     BackendOverloadedError,
@@ -22,6 +22,7 @@ from ._errors import (
     DuplicateTaskError,
     OverloadedError,
     PlaitError,
+    RecordedFailure,
     ResultNotSerializableError,
     RunError,
     TaskCancelledError,
@@ -56,6 +57,7 @@ from ._events import (
     TaskState,
     TaskSucceeded,
     WorkflowFinished,
+    WorkflowResumed,
     WorkflowStarted,
     WorkflowStatus,
 )
@@ -81,7 +83,18 @@ from ._llm import (
     WallClockBackend,
     capabilities,
 )
+from ._registry import Rebuildable, RebuildError, Registry
+from ._replay import RunImage, TaskImage, rebuild
 from ._resilience import Breaker, CallRetry, CircuitBreaker, CircuitState
+from ._resume import Decision, ResumePlan
+from ._retention import (
+    Retention,
+    Sweeper,
+    SweeperStats,
+    SweepReport,
+    compactable,
+    sweep_once,
+)
 from ._run import RunResult
 from ._scheduler import (
     Fcfs,
@@ -127,6 +140,14 @@ from ._task import (
 from ._workflow import Workflow
 
 __all__ = [
+    "ResumePlan",
+    "Decision",
+    "Registry",
+    "RebuildError",
+    "Rebuildable",
+    "WorkflowResumed",
+    "RecordedFailure",
+    "ResumeReport",
     "DEFAULT_BACKEND",
     "DEFAULT_FUNCTION_RESOURCE",
     "DEFAULT_TOOL_RESOURCE",
@@ -255,4 +276,14 @@ __all__ = [
     "payload_digest",
     "read_events",
     "restore",
+    # retention (issue 9)
+    "Retention",
+    "RunImage",
+    "SweepReport",
+    "Sweeper",
+    "SweeperStats",
+    "TaskImage",
+    "compactable",
+    "rebuild",
+    "sweep_once",
 ]

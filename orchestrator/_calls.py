@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import hashlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
+
+from pydantic import TypeAdapter
 
 from ._admission import Admission, Limits, Ticket
 from ._bus import EventBus
@@ -61,6 +65,38 @@ class CallSite:
     holds_slot: bool
     next_steps: Sequence[tuple[str, str]] = ()
     last_call: bool = False
+    attempt: int = 1
+    """The task's attempt making the call."""
+    index: int = 0
+    """How many calls the task made before this one (in any attempt)."""
+
+
+class CallMemo(Protocol):
+    """Where LLM call results are kept, so a program run again after a crash does not pay
+    for a call twice (a durable engine gives one; see docs/durability.md)."""
+
+    async def recall(self, program: str, key: str) -> bytes | None:
+        """The recorded result of call `key` of `program`, if it has one."""
+        ...
+
+    def remember(self, program: str, key: str, result: bytes) -> None:
+        """Record a call's result (committed with the program's next events)."""
+        ...
+
+
+_REQUEST = TypeAdapter(LLMRequest)
+RESPONSE_ADAPTER: TypeAdapter[LLMResponse] = TypeAdapter(LLMResponse)
+
+
+def call_key(site: CallSite, request: LLMRequest) -> str:
+    """A call's identity within its program: the task, its attempt, the call's place among
+    the task's calls, and the request itself (headers aside: they carry no content). A
+    rerun task that sends what it sent before gets what it got before; one that sends
+    something else (its inputs changed) pays for the new call."""
+    body = _REQUEST.dump_json(request, exclude={"extra_headers"})
+    digest = hashlib.sha256(f"{site.task_id}\0{site.attempt}\0{site.index}\0".encode())
+    digest.update(body)
+    return digest.hexdigest()
 
 
 class LLMCalls:
@@ -114,6 +150,8 @@ class LLMCalls:
         self._clock: Clock | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._timers: set[asyncio.TimerHandle] = set()
+        self.memo: CallMemo | None = None
+        """Set by a durable engine: call results are recorded and reused from there."""
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -230,7 +268,42 @@ class LLMCalls:
         """One LLM call on behalf of `program`, carrying its hints.
 
         Failed sends are retried as `call_retry` says, each retry an event, and every send
-        passes the backend's circuit breaker."""
+        passes the backend's circuit breaker. With a `memo`, a call whose result is recorded
+        is answered from the record, and every answer is recorded."""
+        send = functools.partial(
+            self._send,
+            program,
+            site,
+            request,
+            backend,
+            expected_output_tokens=expected_output_tokens,
+            keep_alive_s=keep_alive_s,
+            last_call=last_call,
+            prefix_key=prefix_key,
+        )
+        memo = self.memo
+        if memo is None:
+            return await send()
+        key = call_key(site, request)
+        recorded = await memo.recall(program.id, key)
+        if recorded is not None:
+            return RESPONSE_ADAPTER.validate_json(recorded)
+        response = await send()
+        memo.remember(program.id, key, RESPONSE_ADAPTER.dump_json(response))
+        return response
+
+    async def _send(
+        self,
+        program: Program,
+        site: CallSite,
+        request: LLMRequest,
+        backend: str,
+        *,
+        expected_output_tokens: int | None,
+        keep_alive_s: float | None,
+        last_call: bool,
+        prefix_key: str | None,
+    ) -> LLMResponse:
         clock = self._clock
         if clock is None:
             raise UsageError("the engine is not running")

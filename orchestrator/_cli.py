@@ -18,7 +18,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
@@ -31,7 +31,10 @@ from ._config import Config
 from ._engine import Engine
 from ._errors import PlaitError, UsageError, error_text
 from ._events import Event
+from ._registry import Registry
+from ._resume import Decision, ResumePlan
 from ._scheduler import POLICIES
+from ._store import Store
 from ._workflow import Workflow
 
 
@@ -238,28 +241,65 @@ async def run_module(
     max_in_flight: int | None = None,
     max_waiting: int | None = None,
     deadline: float | None = None,
+    store: str | None = None,
 ) -> Mapping[str, str]:
+    flows: Iterable[Workflow] = workflows_of(module)
+    statuses: dict[str, str] = {}
+    async with _engine_for(
+        module, clock, policy, progress, config, max_in_flight, max_waiting, store
+    ) as engine:
+        async for event in engine.iter(*flows, deadline=deadline):
+            progress.apply(event)
+            if event.kind == "workflow_finished":
+                statuses[event.workflow] = event.status
+    return statuses
+
+
+@contextlib.asynccontextmanager
+async def _engine_for(
+    module: ModuleType,
+    clock: Clock,
+    policy: str,
+    progress: Progress,
+    config: Config | None,
+    max_in_flight: int | None,
+    max_waiting: int | None,
+    store: str | None,
+) -> AsyncIterator[Engine]:
+    """The engine `plait run` and `plait resume` use: the module's (or config's) backends,
+    opened for as long as it runs, and the store at `store` if one is named."""
     backends, notes = backends_of(module, config, clock)
     progress.notes.extend(notes)
     limits = limits_of(backends, config, max_in_flight, max_waiting)
-    flows: Iterable[Workflow] = workflows_of(module)
-    statuses: dict[str, str] = {}
     async with contextlib.AsyncExitStack() as stack:
         for backend in backends.values():
             # Backends that run something of their own (a simulated server, a connection
             # pool) are async context managers; they live as long as the run.
             if isinstance(backend, contextlib.AbstractAsyncContextManager):
                 await stack.enter_async_context(backend)
-        async with Engine(backends=backends, clock=clock, policy=policy, limits=limits) as engine:
-            async for event in engine.iter(*flows, deadline=deadline):
-                progress.apply(event)
-                if event.kind == "workflow_finished":
-                    statuses[event.workflow] = event.status
+        opened = None if store is None else await stack.enter_async_context(open_store(store))
+        engine = Engine(backends=backends, clock=clock, policy=policy, limits=limits, store=opened)
+        async with engine:
+            yield engine
         for name, backend in backends.items():
             describe = getattr(backend, "describe", None)
             if callable(describe):
                 progress.notes.append(f"backend {name!r}: {describe()}")
-    return statuses
+
+
+def open_store(target: str) -> Store:
+    """The store at `target` (a SQLite path or a database URL), unopened. Stores come from
+    the package that implements them (`memory`), found by entry point so that the core
+    does not import it."""
+    found = entry_points(group="plait.stores", name="sql")
+    if not found:
+        raise UsageError(
+            "no store implementation is installed (the `memory` package registers one); "
+            "reinstall plait: pip install -e ."
+        )
+    factory = next(iter(found)).load()
+    store: Store = factory(target)
+    return store
 
 
 RUN_HELP = """\
@@ -276,6 +316,20 @@ The module may define:
 
 Exit status: 0 all workflows succeeded, 1 one failed (or a run-time error), 2 bad usage,
 130 interrupted (Ctrl-C; the summary of what finished is printed first).
+"""
+
+
+RESUME_HELP = """\
+Go on with the runs a store holds that had not finished (the process running them was
+killed, crashed or was stopped): each is rebuilt from its log, tasks that had finished keep
+their results, the others run, and LLM calls whose results were recorded are not sent again.
+
+The module given is the one the runs came from: its top-level functions, agents and tools
+are what the runs' tasks name (define `registry()` returning an orchestrator.Registry to add
+more), and its backends answer the calls.
+
+Exit status: 0 every resumed run succeeded (or nothing to resume), 1 one failed, could not
+be rebuilt or waits for a decision (--decide), 2 bad usage.
 """
 
 
@@ -322,6 +376,44 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="calls allowed to wait per LLM backend (default: the config's, else unbounded)",
     )
+    run.add_argument(
+        "--store",
+        metavar="PATH_OR_URL",
+        default=os.environ.get("PLAIT_STORE"),
+        help="record every run in this store (a SQLite file, or a database URL such as "
+        "postgresql+asyncpg://user@host/db), so that `plait resume` can go on after a crash "
+        "(default: $PLAIT_STORE, else none)",
+    )
+    resume = sub.add_parser(
+        "resume",
+        help="go on with the unfinished runs of a store",
+        description=RESUME_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    resume.add_argument(
+        "path", help="the .py file whose workflows the runs are (its code and backends)"
+    )
+    resume.add_argument(
+        "--store",
+        metavar="PATH_OR_URL",
+        default=os.environ.get("PLAIT_STORE"),
+        help="the store the runs were recorded in (default: $PLAIT_STORE)",
+    )
+    resume.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="list what would run again and what it would cost; change nothing",
+    )
+    resume.add_argument(
+        "--decide",
+        action="append",
+        default=[],
+        metavar="RUN[/TASK]=rerun|fail",
+        help="for a task declared not idempotent that was running at the crash: run it "
+        "again, or fail it (repeatable; RUN alone decides all of that run's)",
+    )
+    resume.add_argument("--config", metavar="FILE", help="as for plait run")
+    resume.add_argument("--policy", choices=sorted(POLICIES), help="as for plait run")
     config = sub.add_parser("config", help="configuration files")
     verbs = config.add_subparsers(dest="config_command", required=True)
     check = verbs.add_parser(
@@ -366,6 +458,9 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
             return check_config(args.path, out, strict=args.strict)
         if args.command == "run":
             return _run(args, out)
+        if args.command == "resume":
+            return _resume(args, out)
+        args.out = out  # where commands added by other packages write
         code: int = args.handler(args)
         return code
     except UsageError as exc:
@@ -412,6 +507,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
                     max_in_flight=args.max_in_flight,
                     max_waiting=args.max_waiting,
                     deadline=deadline,
+                    store=args.store,
                 )
             )
     except KeyboardInterrupt:
@@ -425,6 +521,110 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if interrupted:
         return 130
     return 0 if all(s == "succeeded" for s in statuses.values()) else 1
+
+
+def _resume(args: argparse.Namespace, out: TextIO) -> int:
+    if not args.store:
+        raise UsageError("plait resume needs --store PATH_OR_URL (or $PLAIT_STORE)")
+    decisions = _decisions(args.decide)
+    module = load_module(args.path)
+    registry = registry_of(module)
+    settings = config_of(module, args.config)
+    engine_settings = settings.engine if settings is not None else None
+    policy = args.policy or (engine_settings.policy if engine_settings is not None else "fcfs")
+    progress = Progress(out, live=out.isatty())
+    started = time.perf_counter()
+
+    async def main() -> tuple[list[ResumePlan], Mapping[str, str]]:
+        async with _engine_for(
+            module, SystemClock(), policy, progress, settings, None, None, args.store
+        ) as engine:
+            if args.dry_run:
+                return await engine.plan_resume(registry, decisions=decisions), {}
+            events: asyncio.Queue[Event] = asyncio.Queue()
+            engine.bus.listen(events)
+            report = await engine.resume(registry, decisions=decisions)
+            out.write(describe_plans(report.plans, dry_run=False) + "\n")
+            out.flush()
+            for plan in report.plans:
+                if plan.image is not None and plan.workflow in {h.id for h in report.runs}:
+                    progress.rows[plan.workflow] = _Row(tasks=len(plan.image.tasks), done=plan.kept)
+            statuses: dict[str, str] = {}
+            while len(statuses) < len(report.runs):
+                event = await events.get()
+                progress.apply(event)
+                if event.kind == "workflow_finished":
+                    statuses[event.workflow] = event.status
+            return report.plans, statuses
+
+    with asyncio.Runner() as runner:
+        plans, statuses = runner.run(main())
+    if args.dry_run:
+        out.write(describe_plans(plans, dry_run=True) + "\n")
+        return 0 if all(p.error is None and not p.needs_decision for p in plans) else 1
+    if statuses:
+        out.write(progress.summary(time.perf_counter() - started, "system") + "\n")
+    held = [p for p in plans if p.error is not None or p.needs_decision]
+    return 0 if not held and all(s == "succeeded" for s in statuses.values()) else 1
+
+
+def registry_of(module: ModuleType) -> Registry:
+    """The module's top-level code, and what its `registry()` adds, if it defines one."""
+    registry = Registry().scan(module)
+    factory = getattr(module, "registry", None)
+    if callable(factory) and not isinstance(factory, Registry):
+        extra = factory()
+        if not isinstance(extra, Registry):
+            raise UsageError(
+                f"registry() in {module.__file__} returned {type(extra).__name__}; "
+                "return an orchestrator.Registry"
+            )
+        registry.merge(extra)
+    return registry
+
+
+def _decisions(given: list[str]) -> dict[str, Decision]:
+    decisions: dict[str, Decision] = {}
+    for item in given:
+        target, _, choice = item.rpartition("=")
+        if not target or choice not in ("rerun", "fail"):
+            raise UsageError(f"--decide {item!r}: write RUN/TASK=rerun or RUN/TASK=fail")
+        decisions[target] = "rerun" if choice == "rerun" else "fail"
+    return decisions
+
+
+def describe_plans(plans: list[ResumePlan], *, dry_run: bool) -> str:
+    """What resume does (or would do) with each unfinished run, one paragraph each."""
+    if not plans:
+        return "nothing to resume: every run in the store has finished"
+    verb = "would run" if dry_run else "runs"
+    lines = []
+    for p in plans:
+        lines.append(f"{p.workflow} ({p.name})")
+        if p.error is not None:
+            lines.append(f"  cannot be resumed: {p.error}")
+            continue
+        lines.append(
+            f"  keeps {p.kept} finished task(s); {verb} again {len(p.rerun)} that had "
+            f"started {_ids(p.rerun)}and {len(p.pending)} that had not"
+        )
+        cost = f"at most {p.llm_tasks} LLM call(s) (fewer where a result was recorded)"
+        if p.estimate_s is not None:
+            cost += f", about {p.estimate_s:.1f} s of task estimates"
+        lines.append(f"  cost: {cost}")
+        for task in p.needs_decision:
+            lines.append(
+                f"  waits for a decision: task {task!r} is not idempotent and was running; "
+                f"add --decide '{p.workflow}/{task}=rerun' or '...=fail'"
+            )
+    return "\n".join(lines)
+
+
+def _ids(ids: tuple[str, ...]) -> str:
+    if not ids:
+        return ""
+    shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+    return f"({shown}) "
 
 
 def _error(message: str) -> None:

@@ -92,6 +92,7 @@ class TaskContext:
         "clock",
         "usage",
         "llm_calls",
+        "idempotency_key",
         "_calls",
         "_caller",
         "_to_thread",
@@ -108,6 +109,7 @@ class TaskContext:
         calls: LLMCalls,
         caller: Caller,
         to_thread: Callable[..., Awaitable[Any]],
+        idempotency_key: str = "",
     ) -> None:
         self.workflow = workflow
         self.task_id = task_id
@@ -119,6 +121,9 @@ class TaskContext:
         self._calls = calls
         self._caller = caller
         self._to_thread = to_thread
+        self.idempotency_key = idempotency_key
+        """The task's declared idempotency key, else `workflow id/task id`: the same when
+        the task runs again after a crash; hand it to a service that deduplicates."""
 
     def input(self, task_id: str) -> Any:
         """The result of dependency `task_id`, with a clear error if it is not an input."""
@@ -157,6 +162,8 @@ class TaskContext:
             holds_slot=caller.holds_slot(task_id, backend),
             next_steps=caller.next_steps(task_id),
             last_call=caller.is_last_call(task_id),
+            attempt=self.attempt,
+            index=self.llm_calls,
         )
         response = await self._calls.complete(
             caller,

@@ -16,8 +16,8 @@ import concurrent.futures
 import contextvars
 import functools
 import secrets
-from collections.abc import AsyncIterator, Callable, Generator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any, TypeVar, cast
 
@@ -34,8 +34,10 @@ from ._bus import EventBus
 from ._calls import LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._context import TaskContext
+from ._durable import Durability, fail
 from ._errors import (
     OverloadedError,
+    PlaitError,
     TaskCancelledError,
     TaskTimeoutError,
     UsageError,
@@ -45,17 +47,20 @@ from ._events import (
     DeadlineMissed,
     Event,
     TaskState,
-    WorkflowFinished,
+    WorkflowResumed,
     WorkflowStarted,
-    WorkflowStatus,
 )
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._llm import LLMBackend, Usage
+from ._registry import Registry
+from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
+from ._resume import Decision, ResumePlan, decision_for, plan_resume
+from ._retention import Retention, Sweeper
 from ._run import Run, RunResult, RunServices
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key
-from ._store import Store, StoreError, WorkflowRow
+from ._store import Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable
 from ._workflow import Workflow
 
@@ -96,11 +101,6 @@ _WAKE = _Wake()
 
 T = TypeVar("T")
 
-_JOURNAL_MAX_PENDING = 2_000_000
-"""Records the journal may hold uncommitted: a 100,000-task workflow is added in one go."""
-_JOURNAL_HIGH_WATER = 50_000
-"""Past this many uncommitted records the loop waits for the store before going on."""
-
 
 @dataclass(frozen=True, slots=True)
 class EngineStats:
@@ -134,6 +134,25 @@ class RunHandle:
         self._engine.cancel(self._run.id, reason)
 
 
+@dataclass(frozen=True, slots=True)
+class ResumeReport:
+    """What `Engine.resume` did: `runs` it started again (await their handles); `plans`
+    for every unfinished run it found, those held for a decision (`needs_decision`) and
+    those it could not rebuild (`failed`, each with its `error`) among them."""
+
+    runs: list[RunHandle]
+    plans: list[ResumePlan]
+
+    @property
+    def needs_decision(self) -> list[ResumePlan]:
+        started = {handle.id for handle in self.runs}
+        return [p for p in self.plans if p.error is None and p.workflow not in started]
+
+    @property
+    def failed(self) -> list[ResumePlan]:
+        return [p for p in self.plans if p.error is not None]
+
+
 class Engine:
     """Runs many workflows at once on one asyncio loop. Use it as an async context manager:
 
@@ -144,7 +163,12 @@ class Engine:
     (`CallRetry`); `breaker` says when a failing backend's circuit opens (`Breaker`; None
     turns circuit breakers off). `store` (an opened `Store`, e.g. `memory.SQLStore`) makes
     every run durable: each event is appended to its log (grouped commits), and a run's
-    result is handed back once its last event is committed (docs/durability.md).
+    result is handed back once its last event is committed (docs/durability.md). A store
+    that fails in a way that may pass (unreachable, a full disk) pauses the runs for up to
+    `store_patience` seconds while their commit is tried again; then they stop, with
+    nothing committed lost, to be resumed.
+    `retention` (with a store) compacts and deletes finished runs while the engine runs
+    (`Retention`; its `Sweeper` is `engine.sweeper`).
     """
 
     def __init__(
@@ -161,6 +185,8 @@ class Engine:
         call_retry: CallRetry = DEFAULT_CALL_RETRY,
         breaker: Breaker | None = DEFAULT_BREAKER,
         store: Store | None = None,
+        store_patience: float = 60.0,
+        retention: Retention | None = None,
     ) -> None:
         backends = dict(backends or {})
         self.policy = get_policy(policy)
@@ -204,9 +230,27 @@ class Engine:
         """The same task group, kept while the engine winds down (`_tg` refuses new runs)."""
         self._closing = False
         self.store = store
-        self.journal: Journal | None = None
-        self._store_error: StoreError | None = None
-        self._suspended = False
+        check_seconds("Engine", "store_patience", store_patience, zero_ok=True)
+        self.store_patience = store_patience
+        if retention is not None and store is None:
+            raise UsageError(
+                "Engine(retention=...) needs a store to apply it to; pass store=SQLStore(...) "
+                "too, or leave retention out"
+            )
+        self.retention = retention
+        self.durable: Durability | None = None
+        """The store's side of the engine while it runs with one (journal, memo, sweeper)."""
+
+    @property
+    def journal(self) -> Journal | None:
+        """The store's journal while the engine runs with a store (`await
+        engine.journal.durable()`: everything recorded so far is committed)."""
+        return None if self.durable is None else self.durable.journal
+
+    @property
+    def sweeper(self) -> Sweeper | None:
+        """Applies `retention` to the store while the engine runs (None without one)."""
+        return None if self.durable is None else self.durable.sweeper
 
     @property
     def backends(self) -> Mapping[str, LLMBackend]:
@@ -245,18 +289,24 @@ class Engine:
                     "database driver's thread or socket), which virtual time would jump over "
                     "to its timeouts; use clock=SystemClock(), or no store for simulations"
                 )
-            self.journal = Journal(self.store, max_pending=_JOURNAL_MAX_PENDING)
-            self._store_error = None
-            self._suspended = False
-            self.bus.recorder = self._record
+            self.durable = Durability(
+                self.store,
+                self._clock,
+                self._runs,
+                self.wake,
+                patience_s=self.store_patience,
+                retention=self.retention,
+            )
+            self.calls.memo = self.durable.memo
+            self.bus.recorder = self.durable.record
         self._inbox = asyncio.Queue()
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="plait-task"
         )
         self._tg = self._group = tg
         await self._tg.__aenter__()
-        if self.journal is not None:
-            tg.create_task(self.journal.run(), name="plait-journal")
+        if self.durable is not None:
+            self.durable.start(tg)
         self._tg.create_task(self._loop(), name="plait-engine")
         return self
 
@@ -268,10 +318,8 @@ class Engine:
     ) -> bool | None:
         assert self._tg is not None
         self._closing = True
-        if self.journal is not None:
-            # A durable run outlives the engine: what was committed stays as it is, unfinished,
-            # for a resume; the cancellations below are this process's, not the run's.
-            self._suspended = True
+        if self.durable is not None:
+            self.durable.suspend()
         for run in list(self._runs.values()):
             run.cancel("the engine was closed")
         self.wake()
@@ -288,6 +336,7 @@ class Engine:
             self._group = None
             self._abandon_runs()
             self.calls.stop()
+            self.calls.memo = None
             if self._executor is not None:
                 # A stuck sync function keeps its thread; the engine does not wait for it.
                 self._executor.shutdown(wait=False, cancel_futures=True)
@@ -305,19 +354,20 @@ class Engine:
     async def _loop(self) -> None:
         assert self._inbox is not None
         inbox = self._inbox
-        journal = self.journal
+        durable = self.durable
         while True:
-            if self._store_error is not None:
-                self._stop_runs(self._store_error)
+            if durable is not None and durable.error is not None:
+                self._stop_runs(durable.error)
             self._finish_settled()  # first: a finished run may free what others wait for
             self._admit()
             self.bus.flush()
             if self._closing and not self._runs:
-                if journal is not None:
-                    await self._close_journal(journal)
+                if durable is not None:
+                    self.bus.recorder = None
+                    await durable.close()
                 return
-            if journal is not None and journal.stats.pending >= _JOURNAL_HIGH_WATER:
-                await self._catch_up(journal)  # the store is behind: let it commit first
+            if durable is not None and durable.behind():
+                await durable.catch_up()  # the store is behind: let it commit first
             item = await inbox.get()
             self._applying = True
             try:
@@ -373,6 +423,8 @@ class Engine:
             llm_calls=outcome.llm_calls,
             elapsed=outcome.elapsed,
         )
+        if self.durable is not None and outcome.state == "done":
+            self.durable.ended(record, outcome.llm_calls)
 
     def _changed(self, run: Run) -> None:
         """A run tells the engine to look at it again (work became ready, or it ended)."""
@@ -385,7 +437,9 @@ class Engine:
         while self._settled:
             settled, self._settled = self._settled, []
             for run in settled:
-                if run.complete and not run.done.done():
+                # Once: a run may be told complete twice, and a durable one's `done` is set
+                # only after its commit, so being in `_runs` is what says it is not finished.
+                if run.complete and self._runs.get(run.id) is run:
                     self._finish(run)
 
     # --- running one task --------------------------------------------------------------------
@@ -394,22 +448,32 @@ class Engine:
         """Run a task's attempts and say how it ended. Raises only when the engine itself
         is cancelled; `_report` turns that (and a cancel before the first step) into an
         outcome too, so every started task reports exactly once."""
+        durable = self.durable
+        if durable is not None:
+            await durable.inputs_ready(run, task)
         started = self.clock.monotonic()
+        inputs = run.inputs_of(task)
+        declared = task.task.idempotency_key
         ctx = TaskContext(
             run.workflow,
             task.id,
-            run.inputs_of(task),
+            inputs,
             1,
             self.clock,
             calls=self.calls,
             caller=run,
             to_thread=self.to_thread,
+            idempotency_key=f"{run.id}/{task.id}" if declared is None else "",
         )
         state: TaskState = "done"
         result: Any = None
         error: BaseException | None = None
         try:
-            if task.task.retry.attempts == 1:
+            if declared is not None:
+                ctx.idempotency_key = task.task.key_for(inputs) or ""
+            if declared is not None and durable is not None:
+                result = await self._keyed(durable, run, task, ctx)
+            elif task.task.retry.attempts == 1:
                 result = await self._attempt(task, ctx)
             else:
                 result = await self._with_retries(run, task, ctx)
@@ -434,6 +498,20 @@ class Engine:
             state, error = "failed", exc
         elapsed = self.clock.monotonic() - started
         return _Outcome(run, task, state, result, error, ctx.usage, ctx.llm_calls, elapsed)
+
+    async def _keyed(self, durable: Durability, run: Run, record: TaskRun, ctx: TaskContext) -> Any:
+        """A task with an idempotency key, in a durable engine: a result recorded under the
+        key (before a crash) is its result; else it runs and its result is recorded."""
+        found, result = await durable.recall_result(run, ctx.idempotency_key)
+        if found:
+            return result
+        if record.task.retry.attempts == 1:
+            result = await self._attempt(record, ctx)
+        else:
+            result = await self._with_retries(run, record, ctx)
+        check_serializable(record.id, result)
+        durable.remember_result(run, ctx.idempotency_key, result)
+        return result
 
     def _report(self, run: Run, task: TaskRun, handle: asyncio.Task[_Outcome]) -> None:
         assert self._inbox is not None
@@ -532,17 +610,33 @@ class Engine:
         if priority not in CLASS_RANK:
             raise UsageError(f"priority must be one of {', '.join(CLASS_RANK)}, got {priority!r}")
         check_seconds(f"workflow {workflow.name!r}", "deadline", deadline)
-        if self._store_error is not None:
-            raise self._store_error
-        if len(self._runs) >= self.max_workflows:
-            raise OverloadedError("the engine's set of running workflows", self.max_workflows)
-        self._programs += 1
-        program = self._programs
-        if self.journal is not None:
+        self._check_accepting()
+        if self.durable is not None:
             # Ids name runs in the store for good: unique beyond this process's lifetime.
             workflow.id = f"{workflow.name}#{secrets.token_hex(6)}"
         elif workflow.id in self._runs:
-            workflow.id = f"{workflow.name}#{program}"
+            workflow.id = f"{workflow.name}#{self._programs + 1}"
+        return self._launch(workflow, priority=priority, deadline=deadline, subscriber=_subscriber)
+
+    def _check_accepting(self) -> None:
+        if self.durable is not None and self.durable.error is not None:
+            raise self.durable.error
+        if len(self._runs) >= self.max_workflows:
+            raise OverloadedError("the engine's set of running workflows", self.max_workflows)
+
+    def _launch(
+        self,
+        workflow: Workflow,
+        *,
+        priority: PriorityClass,
+        deadline: float | None,
+        subscriber: asyncio.Queue[Event] | None = None,
+        plan: ResumePlan | None = None,
+    ) -> RunHandle:
+        """Start a run of `workflow` (new, or going on from `plan`'s log); `deadline` is
+        seconds from now."""
+        self._programs += 1
+        program = self._programs
         now = self.clock.monotonic()
         assert self._services is not None
         run = Run(
@@ -553,25 +647,42 @@ class Engine:
             deadline=None if deadline is None else now + deadline,
         )
         workflow._attach(run, run.records)
-        if _subscriber is not None:
-            self.bus.subscribe(run.id, _subscriber)
+        if subscriber is not None:
+            self.bus.subscribe(run.id, subscriber)
         try:
             self._runs[run.id] = run
-            self.bus.emit(
-                run.id,
-                WorkflowStarted(
-                    workflow=run.id,
-                    program=program,
-                    priority=priority,
-                    deadline=run.deadline,
-                    at=now,
-                ),
-            )
-            self._runs[run.id] = run
-            run.start()
+            image: RunImage | None = None
+            if plan is None:
+                self.bus.emit(
+                    run.id,
+                    WorkflowStarted(
+                        workflow=run.id,
+                        program=program,
+                        priority=priority,
+                        deadline=run.deadline,
+                        at=now,
+                    ),
+                )
+            else:
+                image = plan.image
+                durable = self.durable
+                assert durable is not None and image is not None
+                durable.journal.start_at(run.id, plan.last_seq)
+                durable.memo.resumed(run.id)
+                self.bus.emit(
+                    run.id,
+                    WorkflowResumed(
+                        workflow=run.id,
+                        program=program,
+                        deadline=run.deadline,
+                        rerun=plan.rerun,
+                        at=now,
+                    ),
+                )
+            run.start(None if image is None else image.tasks)
             if deadline is not None:  # _finish cancels it
                 run.deadline_timer = asyncio.get_running_loop().call_later(
-                    deadline, self._deadline_passed, run
+                    max(deadline, 0.0), self._deadline_passed, run
                 )
         except BaseException:
             # Refused (an unknown resource, say): nothing ran, so the caller may fix the
@@ -580,9 +691,96 @@ class Engine:
             self._settled = [r for r in self._settled if r is not run]
             self.bus.drop(run.id)
             workflow._reset()
+            if self.durable is not None:
+                self.durable.memo.forget(run.id)
             raise
         self.wake()
         return RunHandle(self, run)
+
+    # --- resume ------------------------------------------------------------------------------
+
+    async def plan_resume(
+        self,
+        registry: Registry | None = None,
+        *,
+        decisions: Mapping[str, Decision] | None = None,
+        workflows: Sequence[str] | None = None,
+    ) -> list[ResumePlan]:
+        """What `resume` would do, changing nothing: for each unfinished run in the store,
+        the tasks that would run again, those that keep their results, the LLM tasks to
+        pay for at most, and why a run cannot be rebuilt or waits for a decision."""
+        store = self._durable("plan_resume")
+        return await plan_resume(
+            store, registry or Registry(), decisions=decisions, workflows=workflows
+        )
+
+    async def resume(
+        self,
+        registry: Registry | None = None,
+        *,
+        decisions: Mapping[str, Decision] | None = None,
+        workflows: Sequence[str] | None = None,
+    ) -> ResumeReport:
+        """Go on with every unfinished run in the store (or those named in `workflows`).
+
+        Each is rebuilt from its log, including tasks added while it ran: tasks that had
+        finished keep their results, the others run (again), and an LLM call whose result
+        was recorded before the crash is answered from the store instead of being sent.
+        `registry` finds the code the log names (agents, tools, functions; see `Registry`).
+        A task declared `idempotent=False` that was running at the crash holds its run back
+        until `decisions` says, for "workflow id/task id" (or the workflow id), "rerun" or
+        "fail". Runs that cannot be rebuilt are left as they are and reported."""
+        self._durable("resume")
+        if self._tg is None or self._closing:
+            raise UsageError("the engine is not running; resume() inside `async with Engine(...)`")
+        decided = dict(decisions or {})
+        plans = await self.plan_resume(registry, decisions=decided, workflows=workflows)
+        runs: list[RunHandle] = []
+        resumed: list[ResumePlan] = []
+        for plan in plans:
+            if not plan.resumable or plan.needs_decision:
+                resumed.append(plan)
+                continue
+            if plan.workflow in self._runs:
+                resumed.append(replace(plan, error="it is running in this engine already"))
+                continue
+            self._check_accepting()
+            try:
+                handle = self._start_resumed(plan, decided)
+            except PlaitError as exc:
+                resumed.append(replace(plan, error=str(exc)))
+                continue
+            runs.append(handle)
+            resumed.append(plan)
+        return ResumeReport(runs, resumed)
+
+    def _start_resumed(self, plan: ResumePlan, decisions: Mapping[str, Decision]) -> RunHandle:
+        workflow, row = plan.workflow_object, plan.row
+        assert workflow is not None and row is not None
+        deadline = None if row.deadline is None else row.deadline - self.clock.now()
+        priority = row.priority if row.priority in CLASS_RANK else "batch"
+        handle = self._launch(
+            workflow, priority=cast(PriorityClass, priority), deadline=deadline, plan=plan
+        )
+        run = self._runs[handle.id]
+        for task_id in plan.rerun:
+            if decision_for(decisions, plan.workflow, task_id) == "fail":
+                run.give_up(
+                    run.records[task_id],
+                    UsageError(
+                        "not run again: it is not idempotent and was running when its "
+                        "process stopped (decided at resume)"
+                    ),
+                )
+        return handle
+
+    def _durable(self, what: str) -> Store:
+        if self.store is None:
+            raise UsageError(
+                f"engine.{what}() needs a store: Engine(store=SQLStore(...)) records runs "
+                "so that they can be resumed"
+            )
+        return self.store
 
     async def run(
         self,
@@ -665,69 +863,15 @@ class Engine:
         self.admission.forget(run)
         self.calls.program_done(run.id)
         run.workflow._detach()
-        if self.journal is None:
+        if self.durable is None:
             run.done.set_result(result)
         else:
+            self.durable.memo.forget(run.id)
             assert self._group is not None
-            self._group.create_task(self._hand_back(run, result), name=f"plait-durable/{run.id}")
+            hand_back = self.durable.hand_back(run, result)
+            self._group.create_task(hand_back, name=f"plait-durable/{run.id}")
 
     # --- durability ----------------------------------------------------------------------------
-
-    def _record(self, run_id: str, event: Event) -> None:
-        """Every event goes to the journal as it is emitted, in order."""
-        journal = self.journal
-        assert journal is not None
-        if self._store_error is not None or self._suspended:
-            return  # stopping: nothing more is recorded (the log stays as the run left it)
-        try:
-            journal.append_event(run_id, event)
-            if event.kind in ("workflow_started", "workflow_finished"):
-                journal.upsert(self._row(run_id, event))
-        except StoreError as exc:
-            self._store_error = exc
-            self.wake()
-
-    def _row(self, run_id: str, event: Event) -> WorkflowRow:
-        run = self._runs.get(run_id)
-        clock = self.clock
-        now, mono = clock.now(), clock.monotonic()
-        deadline = None
-        if run is not None and run.deadline is not None:
-            deadline = now + (run.deadline - mono)  # rows keep wall-clock times
-        status: WorkflowStatus = event.status if isinstance(event, WorkflowFinished) else "running"
-        started = now - (mono - run.started_at) if run is not None else now
-        return WorkflowRow(
-            id=run_id,
-            name=run.workflow.name if run is not None else run_id,
-            status=status,
-            priority=run.priority_class if run is not None else "batch",
-            deadline=deadline,
-            created=started,
-            updated=now,
-            finished=now if status != "running" else None,
-        )
-
-    async def _hand_back(self, run: Run, result: RunResult) -> None:
-        assert self.journal is not None
-        try:
-            await self.journal.durable()
-        except StoreError as exc:
-            _fail(run.done, exc)
-        else:
-            run.done.set_result(result)
-
-    async def _catch_up(self, journal: Journal) -> None:
-        try:
-            await journal.durable()
-        except StoreError as exc:
-            self._store_error = self._store_error or exc
-
-    async def _close_journal(self, journal: Journal) -> None:
-        self.bus.recorder = None
-        try:
-            await journal.close()
-        except StoreError as exc:
-            self._store_error = self._store_error or exc
 
     def _stop_runs(self, error: StoreError) -> None:
         """The store failed: no run can be made durable any more. Each one stops (its
@@ -738,15 +882,8 @@ class Engine:
             run.workflow._detach()
             self._runs.pop(run.id, None)
             if not run.done.done():
-                _fail(run.done, error)
+                fail(run.done, error)
             self.admission.forget(run)
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))
-
-
-def _fail(done: asyncio.Future[RunResult], error: BaseException) -> None:
-    """Hand `error` to whoever awaits the run; nobody may (a run submitted and left), and
-    that must not log "exception was never retrieved": the error is the engine's to tell."""
-    done.set_exception(error)
-    done.exception()  # marks it retrieved; awaiting it still raises it

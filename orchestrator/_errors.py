@@ -205,9 +205,20 @@ class WorkflowFailedError(RunError):
         self.failures = failures
 
 
+class RecordedFailure(RunError):
+    """A task's failure as its run's log recorded it: how a resumed run holds a failure
+    that happened in an earlier process (`text` reads as `error_text` gave it then)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+
 def error_text(error: BaseException) -> str:
     """How a task's failure reads in events, results and the CLI: its type, then its message
     (`ValueError: bad row 3`), so `KeyError: 'x'` is not just `'x'`."""
+    if isinstance(error, RecordedFailure):
+        return error.text
     message = str(error)
     name = type(error).__name__
     return f"{name}: {message}" if message else name

@@ -58,6 +58,12 @@ class TaskOptions:
     estimate: float | None = None
     trigger: str = "all_success"
     when: str | None = None
+    idempotent: bool = True
+    """False: running it twice does harm (a payment, an e-mail); resume asks before it does."""
+    idempotency_key: str | None = None
+    """The key the task declared, or None."""
+    idempotency_key_from: str | None = None
+    """The registered name of the function that builds the key from the inputs, or None."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,6 +74,19 @@ class WorkflowStarted:
     deadline: float | None
     at: float
     kind: Literal["workflow_started"] = "workflow_started"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkflowResumed:
+    """A stored run goes on in a new process (`Engine.resume`): its tasks that were not
+    final are pending again; `rerun` lists those that had started (they run again)."""
+
+    workflow: str
+    program: int
+    deadline: float | None
+    rerun: tuple[str, ...] = ()
+    at: float
+    kind: Literal["workflow_resumed"] = "workflow_resumed"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -232,6 +251,7 @@ class TaskCancelled:
 
 Event = Annotated[
     WorkflowStarted
+    | WorkflowResumed
     | WorkflowFinished
     | DeadlineMissed
     | TaskAdded

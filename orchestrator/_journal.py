@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter
@@ -43,6 +45,8 @@ from ._store import (
     WorkflowRow,
     payload_digest,
 )
+
+_log = logging.getLogger("plait.store")
 
 _DUMPS = json.JSONEncoder(separators=(",", ":")).encode
 """ASCII-only JSON (the default escaping), so a text's length is its size in bytes."""
@@ -81,6 +85,10 @@ class JournalStats(NamedTuple):
 class Journal:
     """Groups appended records into few transactions; see the module docstring.
 
+    `patience_s`: how long a commit that failed in a way that may pass (a database away, a
+    full disk) is tried again before the writer gives up (`sleep` and `now` are the clock
+    it waits on).
+
     `max_pending` bounds how far the store may fall behind, in records: `append` raises
     `OverloadedError` (accepting nothing) when that many are not yet committed. The engine
     avoids it by awaiting `room()` before it starts more work; the error is there so that a
@@ -93,12 +101,22 @@ class Journal:
         *,
         max_pending: int = 10_000,
         inline_limit: int = 1024,
+        patience_s: float = 60.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        now: Callable[[], float] = time.monotonic,
     ):
         if max_pending < 1:
             raise UsageError(f"max_pending must be at least 1, not {max_pending}")
         if inline_limit < 0:
             raise UsageError(f"inline_limit must be 0 or more bytes, not {inline_limit}")
         self._store = store
+        self._patience_s = patience_s
+        self._sleep = sleep
+        self._now = now
+        self.outage = False
+        """The store is failing and the writer waits for it to come back."""
+        self.outages = 0
+        """Outages ridden out so far."""
         self._max_pending = max_pending
         self._inline_limit = inline_limit
         self._seqs: dict[str, int] = {}
@@ -180,11 +198,21 @@ class Journal:
 
     # --- waiting --------------------------------------------------------------------------------
 
-    async def durable(self) -> None:
-        """Return once every record appended before this call is committed. Raises the
-        writer's failure as a `StoreError` (to every waiter, now and later)."""
+    @property
+    def appended(self) -> int:
+        """Records accepted so far: a mark to pass to `durable(upto=...)` later."""
+        return self._appended
+
+    @property
+    def committed(self) -> int:
+        return self._committed
+
+    async def durable(self, upto: int | None = None) -> None:
+        """Return once every record appended before this call (or the first `upto` ones)
+        is committed. Raises the writer's failure as a `StoreError` (to every waiter, now
+        and later)."""
         self._raise_if_failed()
-        target = self._appended
+        target = self._appended if upto is None else min(upto, self._appended)
         if self._committed >= target:
             return
         if self._stopped:
@@ -219,8 +247,8 @@ class Journal:
                 try:
                     await self._store.append(batch)
                 except Exception as exc:
-                    self._fail(exc)
-                    return
+                    if not await self._ride_out(batch, exc):
+                        return
                 self._committed = upto
                 self._commits += 1
                 self._release()
@@ -229,6 +257,42 @@ class Journal:
             raise
         finally:
             self._stopped = True
+
+    async def _ride_out(self, batch: StoreBatch, error: Exception) -> bool:
+        """A commit failed. If the failure may pass (`StoreError.transient`: the database
+        is away, the disk is full), wait and commit the same batch again, for up to
+        `patience_s`; meanwhile nothing more commits, so whoever waits for `durable()`
+        waits (the engine's runs pause). True once the batch is in; else the writer fails."""
+        started = self._now()
+        delay = 0.05
+        while isinstance(error, StoreError) and error.transient:
+            if self._now() - started >= self._patience_s:
+                break
+            if not self.outage:
+                self.outage = True
+                _log.warning("store unavailable; waiting up to %.0f s: %s", self._patience_s, error)
+            await self._sleep(delay)
+            delay = min(delay * 2, 2.0)
+            try:
+                if not await self._landed(batch):  # a commit whose answer was lost
+                    await self._store.append(batch)
+            except Exception as exc:
+                error = exc
+                continue
+            self.outage = False
+            self.outages += 1
+            _log.warning("store available again after %.1f s", self._now() - started)
+            return True
+        self._fail(error)
+        return False
+
+    async def _landed(self, batch: StoreBatch) -> bool:
+        """Whether `batch` was committed after all (the connection broke after COMMIT):
+        its last event is in the store. A batch without events is safe to write again."""
+        if not batch.events:
+            return False
+        last = batch.events[-1]
+        return await self._store.last_seq(last.workflow) >= last.seq
 
     async def close(self) -> None:
         """Commit what is pending and stop the writer; raise its failure if there was one."""

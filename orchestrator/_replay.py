@@ -60,6 +60,8 @@ class RunImage:
     tasks: dict[str, TaskImage] = field(default_factory=dict)
     status: WorkflowStatus | None = None
     events: int = 0
+    resumes: int = 0
+    """How often the run was resumed in a new process."""
     removed: set[str] = field(default_factory=set)
     """Tasks removed while the run went on (a removed running task still reports its end)."""
 
@@ -149,6 +151,8 @@ def _apply(image: RunImage, event: Event) -> None:
         case "task_succeeded":
             task = tasks[event.task]
             task.state, task.result = "done", event.result
+            # It ran at least once; a compacted log drops a first attempt's task_started.
+            task.attempts = max(task.attempts, 1)
         case "task_failed":
             task = tasks[event.task]
             task.state, task.error, task.attempts = "failed", event.error, event.attempts
@@ -156,6 +160,12 @@ def _apply(image: RunImage, event: Event) -> None:
             task = tasks[event.task]
             task.state = "skipped" if event.kind == "task_skipped" else "cancelled"
             task.reason = event.reason
+        case "workflow_resumed":
+            image.program, image.deadline = event.program, event.deadline
+            image.resumes += 1
+            for task in tasks.values():
+                if not task.final:
+                    task.state = "pending"
         case "workflow_finished":
             image.status = event.status
         case _:

@@ -19,6 +19,7 @@ from ._bus import EventBus
 from ._clock import Clock
 from ._errors import (
     OverloadedError,
+    RecordedFailure,
     UnknownResourceError,
     WorkflowFailedError,
     error_text,
@@ -43,6 +44,7 @@ from ._events import (
     WorkflowStatus,
 )
 from ._llm import Usage
+from ._replay import TaskImage
 from ._scheduler import Policy, PriorityClass, ProgramView, remaining_critical_path
 from ._task import LLMCall, Task, TaskRun, describe
 from ._workflow import Workflow
@@ -209,7 +211,10 @@ class Run:
 
     # --- start and readiness ---------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, restored: Mapping[str, TaskImage] | None = None) -> None:
+        """Begin: every task pending, those without inputs judged at once. `restored`: the
+        run goes on from its log (`Engine.resume`), whose events already tell its tasks;
+        the final ones keep their state and result, the others start over as pending."""
         graph = self.workflow.graph
         tasks = list(self.workflow)
         for task in tasks:
@@ -217,18 +222,42 @@ class Run:
         records = self.records
         for task in tasks:
             records[task.id] = TaskRun(task)
+        if restored is not None:
+            self._restore(restored)
         now = self.services.clock.monotonic()
-        observed = self.observed
+        observed = self.observed and restored is None
         for task in tasks:
             record = records[task.id]
-            record.waiting_on = graph.in_degree(task.id)
+            if restored is None:
+                record.waiting_on = graph.in_degree(task.id)
+            else:
+                record.waiting_on = sum(
+                    1
+                    for dep in graph.predecessors(task.id)
+                    if records[dep].state not in FINAL_STATES
+                )
             if observed:
                 self._added_event(task, tuple(graph.predecessors(task.id)), now)
-        self.unfinished = len(records)
+        self.unfinished = sum(1 for r in records.values() if r.state not in FINAL_STATES)
         for record in list(records.values()):
             if record.waiting_on == 0 and record.state == "pending":
                 self._decide(record)
         self._check_complete()
+
+    def _restore(self, images: Mapping[str, TaskImage]) -> None:
+        for record in self.records.values():
+            image = images[record.task.id]
+            record.attempts = image.attempts
+            if not image.final:
+                continue
+            self._move(record, image.state)
+            if image.state == "done":
+                record.result = image.result
+            elif image.state == "failed":
+                record.error = RecordedFailure(image.error or "failed")
+                self.failures[record.task.id] = record.error
+            else:
+                record.reason = image.reason
 
     def _added_event(self, task: Task, after: tuple[str, ...], now: float) -> None:
         self._emit(
@@ -256,6 +285,14 @@ class Run:
             if r.state == "done":
                 inputs[dep] = r.result
         return inputs
+
+    def inputs_mark(self, record: TaskRun) -> int:
+        """The journal mark the task's inputs need committed before it starts."""
+        records = self.records
+        return max(
+            (records[d].mark for d in self.workflow.graph.predecessors(record.task.id)),
+            default=0,
+        )
 
     def _decide(self, record: TaskRun) -> None:
         """All inputs of the task are final: make it ready, or skip, cancel or fail it."""
@@ -492,6 +529,12 @@ class Run:
             return
         self.finalize(record, "cancelled", reason=reason)
         self._check_complete()
+
+    def give_up(self, record: TaskRun, error: BaseException) -> None:
+        """Fail a task that has not started (resume's decision not to run it again)."""
+        if record.state in ("pending", "ready"):
+            self.finalize(record, "failed", error=error)
+            self._mutated()
 
     def _check_complete(self) -> None:
         if self.unfinished > 0 or self.running > 0 or self.done.done() or self.complete:

@@ -5,6 +5,11 @@ finding what to resume), the workflow's events in order (`seq` counts from 1 wit
 within each workflow), content-addressed payloads (large event fields, stored once under the
 sha256 of their bytes) and recorded LLM call results (so a resumed run does not pay twice).
 
+Retention shrinks finished workflows only: `compact` drops the events a finished run's
+rebuild can do without, so a compacted log has gaps in its `seq` (its events keep their
+numbers); `retain` and `delete` drop whole workflows. A workflow that is still pending or
+running keeps every event, without gaps, and appends continue it.
+
 `memory` implements it with SQLAlchemy (SQLite, PostgreSQL); the engine only sees `Store`.
 Every write goes through `append`, one transaction per batch, so a batch is all there or
 not there at all: the journal (`_journal.py`) groups many events into one batch.
@@ -27,7 +32,14 @@ FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled
 
 
 class StoreError(RunError):
-    """The store could not be opened, read or written; the message names it and the fix."""
+    """The store could not be opened, read or written; the message names it and the fix.
+
+    `transient`: the failure may pass by itself (the database cannot be reached, the disk
+    is full); the journal waits for it to pass for a while before it gives up."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 class StoreVersionError(StoreError):
@@ -57,6 +69,8 @@ class WorkflowRow:
     finished: float | None = None
     tenant: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    compacted: bool = False
+    """Set by `Store.compact`, read back from the store; an appended row never changes it."""
 
 
 class _NoRefs(Mapping[str, str]):
@@ -196,6 +210,26 @@ class Store(ABC):
         """Delete finished workflows that finished before `finished_before` (epoch seconds),
         and all but the `keep_last` most recently finished; return how many were deleted.
         Unfinished workflows are never touched."""
+
+    @abstractmethod
+    async def compact(
+        self,
+        workflows: Sequence[str] | None = None,
+        *,
+        finished_before: float | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """Compact finished workflows that are not compacted yet: those named (all when None)
+        that finished before `finished_before` (epoch seconds), at most `limit` of them, the
+        earliest finished first; return how many were compacted.
+
+        A compacted workflow keeps the events that rebuild it (`orchestrator.compactable`
+        says which go: the transitional task_ready, task_started, task_retrying and
+        call_retrying that later events overwrite), so `rebuild()` of its log gives the same
+        tasks, states, attempts, results, errors and edges; its `seq` has gaps from then on.
+        Its LLM call records go too (only an unfinished run is resumed), and it is marked
+        `compacted`. Unfinished workflows are never touched. Payloads that nothing
+        references any more stay until `collect_garbage()`."""
 
     @abstractmethod
     async def collect_garbage(self) -> int:

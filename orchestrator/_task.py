@@ -203,6 +203,8 @@ class Retry:
 NO_RETRY = Retry()
 
 Condition = Callable[[Mapping[str, Any]], bool]
+KeyFrom = Callable[[Mapping[str, Any]], str]
+"""Builds a task's idempotency key from its inputs."""
 
 
 class Task:
@@ -210,7 +212,18 @@ class Task:
     never changes (`Workflow.replace` puts a new one in its place); its state in a run is
     its `TaskRun`."""
 
-    __slots__ = ("id", "action", "retry", "timeout", "resource", "estimate", "when", "trigger")
+    __slots__ = (
+        "id",
+        "action",
+        "retry",
+        "timeout",
+        "resource",
+        "estimate",
+        "when",
+        "trigger",
+        "idempotent",
+        "idempotency_key",
+    )
 
     def __init__(
         self,
@@ -223,6 +236,8 @@ class Task:
         estimate: float | None = None,
         when: Condition | None = None,
         trigger: Trigger = "all_success",
+        idempotent: bool = True,
+        idempotency_key: str | KeyFrom | None = None,
     ) -> None:
         check_seconds(f"task {task_id!r}", "timeout", timeout)
         check_seconds(f"task {task_id!r}", "estimate", estimate, zero_ok=True)
@@ -240,6 +255,18 @@ class Task:
             raise UsageError(
                 f"task {task_id!r}: trigger must be 'all_success' or 'all_done', got {trigger!r}"
             )
+        if not isinstance(idempotent, bool):
+            raise UsageError(
+                f"task {task_id!r}: idempotent must be True or False, got {idempotent!r}"
+            )
+        if idempotency_key is not None and not (
+            (isinstance(idempotency_key, str) and idempotency_key) or callable(idempotency_key)
+        ):
+            raise UsageError(
+                f"task {task_id!r}: idempotency_key must be a non-empty string or a function "
+                f"of the inputs returning one, got {type(idempotency_key).__name__} "
+                f"{idempotency_key!r}"
+            )
         self.id = task_id
         self.action = action
         self.retry = retry
@@ -248,12 +275,27 @@ class Task:
         self.estimate = estimate
         self.when = when
         self.trigger: Trigger = trigger
+        self.idempotent = idempotent
+        self.idempotency_key = idempotency_key
 
     def __repr__(self) -> str:
         return f"Task({self.id!r}, {self.action.label!r})"
 
+    def key_for(self, inputs: Mapping[str, Any]) -> str | None:
+        """The task's declared idempotency key for these inputs, or None."""
+        key = self.idempotency_key
+        if key is None or isinstance(key, str):
+            return key
+        built = key(inputs)
+        if not isinstance(built, str) or not built:
+            raise UsageError(
+                f"task {self.id!r}: its idempotency_key function returned "
+                f"{type(built).__name__} {built!r}; it must return a non-empty string"
+            )
+        return built
+
     def options(self) -> TaskOptions:
-        retry = self.retry
+        retry, key = self.retry, self.idempotency_key
         return TaskOptions(
             retry=retry.attempts,
             retry_delay=(retry.initial_delay, retry.max_delay, retry.jitter),
@@ -262,6 +304,11 @@ class Task:
             estimate=self.estimate,
             trigger=self.trigger,
             when=None if self.when is None else registered_name(self.when),
+            idempotent=self.idempotent,
+            idempotency_key=key if isinstance(key := self.idempotency_key, str) else None,
+            idempotency_key_from=None
+            if key is None or isinstance(key, str)
+            else registered_name(key),
         )
 
 
@@ -285,6 +332,7 @@ class TaskRun:
         "handle",
         "cancel_reason",
         "removed",
+        "mark",
     )
 
     def __init__(self, task: Task) -> None:
@@ -302,6 +350,10 @@ class TaskRun:
         self.cancel_reason: str | None = None
         self.removed = False
         """Removed from its workflow while it ran: its end is not told again."""
+        self.mark = 0
+        """In a durable engine, the journal's count of records once this task's costly
+        result (an LLM call's, a non-idempotent task's) was appended: its dependents wait
+        for that many to be committed before they start."""
 
     @property
     def id(self) -> str:

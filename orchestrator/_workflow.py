@@ -24,7 +24,18 @@ from ._errors import (
     UsageError,
 )
 from ._events import FINAL_STATES, TaskState
-from ._task import Action, Condition, Retry, Task, TaskRun, Trigger, as_action, as_retry
+from ._task import (
+    Action,
+    Condition,
+    KeyFrom,
+    Retry,
+    Task,
+    TaskRun,
+    Trigger,
+    as_action,
+    as_retry,
+    describe,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
@@ -91,6 +102,8 @@ class Workflow:
         self._finished = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
+        self._restored: set[str] = set()
+        """Tasks rebuilt from a run's log on resume that no code of this process added yet."""
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -148,16 +161,25 @@ class Workflow:
         estimate: float | None = None,
         when: Condition | None = None,
         trigger: Trigger = "all_success",
+        idempotent: bool = True,
+        idempotency_key: str | KeyFrom | None = None,
     ) -> str:
         """Add a task that runs `action` once every task in `after` is done.
 
         `before` lists existing tasks that must wait for this one (they must not have
         started). `when` decides from the inputs whether to run or skip. Returns the id.
+        `idempotent=False`: running it twice does harm, so a resumed run asks before it
+        runs it again (docs/durability.md). `idempotency_key` (a string, or a function of
+        the inputs returning one): the task reads it as `ctx.idempotency_key` to hand to
+        the service it calls, and a durable engine records its result under it, so a
+        resumed run reuses the result instead of running the task again.
         """
         self._check_open()
         if not isinstance(task_id, str) or not task_id:
             raise UsageError(f"a task id must be a non-empty string, got {task_id!r}")
         if task_id in self._tasks:
+            if task_id in self._restored:
+                return self._add_again(task_id, action, after)
             raise DuplicateTaskError(self.name, task_id)
         after_t = _ids(task_id, "after", after)
         before_t = _ids(task_id, "before", before)
@@ -186,6 +208,8 @@ class Workflow:
             estimate=estimate,
             when=when,
             trigger=trigger,
+            idempotent=idempotent,
+            idempotency_key=idempotency_key,
         )
         if self._hooks is not None:
             self._hooks.validate(task)
@@ -236,6 +260,43 @@ class Workflow:
             return fn
 
         return register
+
+    @classmethod
+    def _rebuilt(
+        cls, name: str, tasks: Iterable[Task], edges: Iterable[tuple[str, str]]
+    ) -> Workflow:
+        """A workflow as a run's log describes it (resume): its tasks and edges at once,
+        checked for a cycle once instead of per edge, as a damaged log could hold one."""
+        workflow = cls(name)
+        graph = workflow.graph
+        for task in tasks:
+            workflow._tasks[task.id] = task
+            graph.add_node(task.id)
+        for source, target in edges:
+            for task_id in (source, target):
+                if task_id not in workflow._tasks:
+                    raise UnknownTaskError(name, task_id, role="edge end in the log")
+            graph.add_edge(source, target)
+        if not nx.is_directed_acyclic_graph(graph):
+            cycle = [edge[0] for edge in nx.find_cycle(graph)]
+            raise CycleError(name, [*cycle, cycle[0]])
+        workflow._restored = set(workflow._tasks)
+        return workflow
+
+    def _add_again(
+        self, task_id: str, action: Action | Callable[..., Any], after: Iterable[str]
+    ) -> str:
+        """A task that runs again after a crash adds what it added before: the log has it
+        already, so adding the same action under the same id is a no-op (once)."""
+        had = describe(self._tasks[task_id].action)
+        now = describe(as_action(action))
+        if had != now:
+            raise DuplicateTaskError(self.name, task_id)
+        self._restored.discard(task_id)
+        for dep in _ids(task_id, "after", after):
+            if not self.graph.has_edge(dep, task_id):
+                self.add_edge(dep, task_id)
+        return task_id
 
     @_on_loop
     def add_edge(self, source: str, target: str) -> None:
@@ -301,6 +362,8 @@ class Workflow:
             estimate=estimate if estimate is not None else old.estimate,
             when=old.when,
             trigger=old.trigger,
+            idempotent=old.idempotent,
+            idempotency_key=old.idempotency_key,
         )
         if self._hooks is not None:
             self._hooks.validate(task)

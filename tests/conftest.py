@@ -169,6 +169,15 @@ class MemoryStore(Store):
     async def collect_garbage(self) -> int:
         raise NotImplementedError("the journal never collects")
 
+    async def compact(
+        self,
+        workflows: Sequence[str] | None = None,
+        *,
+        finished_before: float | None = None,
+        limit: int | None = None,
+    ) -> int:
+        raise NotImplementedError("the journal never compacts")
+
     async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
         return self.log.get(workflow, [])[after_seq:]
 

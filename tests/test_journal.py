@@ -32,6 +32,7 @@ from orchestrator import (
     TaskSucceeded,
     Usage,
     UsageError,
+    WorkflowResumed,
     WorkflowRow,
     WorkflowStatus,
     payload_digest,
@@ -270,6 +271,7 @@ def test_append_event_writes_what_the_event_adapter_writes() -> None:
         CallRetrying(workflow="w", task="t", backend="b", attempt=1, error="e", delay=0.5, at=1),
         TaskReplaced(workflow="w", task="t", action=ActionSpec("tool", "search", {"q": "x"}), at=1),
         EdgeRemoved(workflow="w", source="a", target="b", at=1.0),
+        WorkflowResumed(workflow="w", program=3, deadline=None, rerun=("a", "b"), at=2.0),
         TaskSucceeded(
             workflow="w",
             task="t",
@@ -302,3 +304,100 @@ def test_records_without_references_share_one_empty_mapping_that_pickles() -> No
         assert copy.deepcopy(record).refs is record.refs
 
     with_journal(body)
+
+
+class Outage:
+    """The writer's clock while the store is down: each wait the writer makes moves time on
+    by its length, and the store comes back after `back_after` waits (never, if None)."""
+
+    def __init__(self, store: MemoryStore, back_after: int | None) -> None:
+        self.store, self.back_after = store, back_after
+        self.time = 0.0
+        self.waits: list[float] = []
+
+    def now(self) -> float:
+        return self.time
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.time += seconds
+        if self.back_after is not None and len(self.waits) >= self.back_after:
+            self.store.fail_with = None
+        await asyncio.sleep(0)
+
+
+def test_a_store_that_comes_back_loses_nothing_and_the_waiters_just_wait() -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        outage = Outage(store, back_after=4)
+        journal = Journal(store, patience_s=60.0, sleep=outage.sleep, now=outage.now)
+        store.fail_with = StoreError("the database cannot be reached", transient=True)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(journal.run())
+            for i in range(3):
+                journal.append("w", "k", float(i), {"i": i})
+            await journal.durable()  # waits out the outage, then returns
+            assert len(outage.waits) == 4 and outage.waits == sorted(outage.waits)
+            assert journal.outages == 1 and not journal.outage
+            journal.append("w", "k", 3.0, {"i": 3})
+            await journal.close()
+        assert [r.seq for r in store.log["w"]] == [1, 2, 3, 4]
+
+    asyncio.run(main())
+
+
+def test_a_commit_whose_answer_was_lost_is_not_written_twice() -> None:
+    # The connection broke after COMMIT: the batch is in, the writer was told it failed.
+    class LostAnswer(MemoryStore):
+        async def append(self, batch: Any) -> None:
+            await super().append(batch)
+            if len(self.batches) == 1:
+                raise StoreError("server closed the connection unexpectedly", transient=True)
+
+    async def main() -> None:
+        store = LostAnswer()
+        outage = Outage(store, back_after=None)
+        journal = Journal(store, sleep=outage.sleep, now=outage.now)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(journal.run())
+            journal.append("w", "k", 0.0, {})
+            journal.append("w", "k", 1.0, {})
+            await journal.durable()
+            journal.append("w", "k", 2.0, {})
+            await journal.close()
+        assert [r.seq for r in store.log["w"]] == [1, 2, 3]  # MemoryStore asserts no gap
+        assert len(outage.waits) == 1
+
+    asyncio.run(main())
+
+
+def test_an_outage_longer_than_the_patience_fails_as_before() -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        outage = Outage(store, back_after=None)
+        journal = Journal(store, patience_s=5.0, sleep=outage.sleep, now=outage.now)
+        store.fail_with = StoreError("No space left on device", transient=True)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(journal.run())
+            journal.append("w", "k", 0.0, {})
+            with pytest.raises(StoreError, match="could not commit 1 record.*No space left"):
+                await journal.durable()
+        assert 5.0 <= outage.time < 5.0 + 2.0 * 2  # gave up after its patience, not before
+
+    asyncio.run(main())
+
+
+def test_a_failure_that_will_not_pass_is_not_waited_for() -> None:
+    async def main() -> None:
+        store = MemoryStore()
+        outage = Outage(store, back_after=None)
+        journal = Journal(store, sleep=outage.sleep, now=outage.now)
+        store.fail_with = StoreError("event 3 of 'w' does not follow 1")  # not transient
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(journal.run())
+            journal.append("w", "k", 0.0, {})
+            with pytest.raises(StoreError, match="does not follow"):
+                await journal.durable()
+        assert outage.waits == []
+
+    asyncio.run(main())

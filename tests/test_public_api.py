@@ -38,9 +38,13 @@ EXPECTED = {
         "ProgramAware", "capabilities",
         "ActionKind", "ActionSpec", "CallSite", "Describable", "LLMCalls", "TaskOptions",
         "TaskRun", "WorkflowEditor", "describe", "registered_name",
+        "Decision", "Rebuildable", "RebuildError", "RecordedFailure", "Registry", "ResumePlan",
+        "ResumeReport", "WorkflowResumed",
         "CallRecord", "EventRecord", "Journal", "JournalStats", "Store", "StoreBatch",
         "StoreError", "StoreSize", "StoreVersionError", "WorkflowRow", "payload_digest",
         "read_events", "restore",
+        "Retention", "RunImage", "SweepReport", "Sweeper", "SweeperStats", "TaskImage",
+        "compactable", "rebuild", "sweep_once",
     },
     "executors": {
         "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",

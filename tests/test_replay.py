@@ -174,3 +174,16 @@ def test_an_event_of_a_task_never_added_is_refused() -> None:
     no_plan = [e for e in events if not (e.kind == "task_added" and e.task == "plan")]
     with pytest.raises(UsageError, match="'plan'.*never added"):
         rebuild(no_plan)
+
+
+def test_a_log_written_before_the_idempotency_options_still_rebuilds() -> None:
+    # Written by the release before `TaskOptions` had idempotent/idempotency_key: a store
+    # keeps old logs, and resume must read them as they are.
+    lines = (GOLDEN.parent / "replay_run_v2.jsonl").read_text().splitlines()
+    old = rebuild(EVENT_ADAPTER.validate_json(line) for line in lines)
+    new = rebuild(EVENT_ADAPTER.validate_json(line) for line in GOLDEN.read_text().splitlines())
+    assert {t: i.state for t, i in old.tasks.items()} == {t: i.state for t, i in new.tasks.items()}
+    assert old.results() == new.results()
+    assert all(
+        t.options.idempotent and t.options.idempotency_key is None for t in old.tasks.values()
+    )

@@ -5,10 +5,12 @@ test against the same database at the same time)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from conftest import StoreFactory
 from sqlalchemy import event
+from stored_runs import BIG_ERROR, BIG_RESULT, put_run, same_run, stored_image
 
 from memory import SQLStore
 from memory import _schema as schema
@@ -277,6 +280,120 @@ def test_gc_keeps_payloads_still_referenced(make_store: StoreFactory) -> None:
     run(main())
 
 
+# --- compaction -----------------------------------------------------------------------------
+
+
+def test_compaction_keeps_what_rebuilds_a_finished_run(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with opened(make_store) as store:
+            written = await put_run(store, "done", big=True)
+            await put_run(store, "live", status="running", big=True)
+            await store.record_call("p-done", "h", b"c" * 3000, workflow="done")
+            await store.record_call("p-live", "h", b"l" * 3000, workflow="live")
+            before, live = await stored_image(store, "done"), await stored_image(store, "live")
+            live_records = await store.events("live")
+            size = await store.size()
+
+            assert await store.compact() == 1  # "live" is not finished: untouched
+            assert await store.compact() == 0  # done once
+            image = await stored_image(store, "done")
+            assert same_run(image) == same_run(before)
+            assert image.tasks["write"].result == BIG_RESULT
+            assert image.tasks["flaky"].attempts == 2
+            assert image.edges == before.edges and image.status == "failed"
+            records = await store.events("done")
+            assert len(records) == written - 15
+            assert records[-1].seq == written  # its seqs keep their numbers: gaps before
+            assert await store.last_seq("done") == written
+            assert [w.id for w in await store.workflows() if w.compacted] == ["done"]
+            # Its call records go (only an unfinished run is resumed); the other run's stay.
+            assert await store.find_call("p-done", "h") is None
+            assert await store.find_call("p-live", "h") == b"l" * 3000
+
+            # The unfinished run is as it was, and appends continue it without a gap.
+            assert await store.events("live") == live_records
+            assert same_run(await stored_image(store, "live")) == same_run(live)
+            last = live_records[-1].seq
+            await store.append(StoreBatch(events=[ev("live", last + 1)]))
+            with pytest.raises(StoreError, match="gap or a duplicate"):
+                await store.append(StoreBatch(events=[ev("live", last + 3)]))
+
+            # The retry's big error was the only reference to its payload from "done", but
+            # "live" still has it; once "live" goes, it and the call result are collected.
+            assert await store.collect_garbage() == 1  # the call result of "done"
+            await store.delete(["live"])
+            assert await store.collect_garbage() == 2  # "live"'s retry error and call result
+            assert (await stored_image(store, "done")).tasks["write"].result == BIG_RESULT
+            after = await store.size()
+            assert after.events == size.events - 15 - len(live_records)
+            assert after.event_bytes < size.event_bytes
+
+    run(main())
+
+
+def test_compaction_alone_drops_what_only_the_dropped_events_held(
+    make_store: StoreFactory,
+) -> None:
+    async def main() -> None:
+        async with opened(make_store) as store:
+            await put_run(store, "done", big=True)
+            size = await store.size()
+            assert (size.payloads, size.calls) == (2, 0)  # the retry's error, the result
+            assert await store.compact(["done"]) == 1
+            assert await store.collect_garbage() == 1  # the error: only task_retrying had it
+            after = await store.size()
+            assert after.payload_bytes == size.payload_bytes - len(json.dumps(BIG_ERROR))
+            assert (await stored_image(store, "done")).tasks["write"].result == BIG_RESULT
+
+    run(main())
+
+
+def test_compaction_selects_by_name_age_and_count(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with opened(make_store) as store:
+            for i, name in enumerate(["a", "b", "c", "d"]):
+                await put_run(store, name, finished=10.0 * (i + 1))  # 10, 20, 30, 40
+            await put_run(store, "r", status="running")
+
+            async def compacted() -> list[str]:
+                return sorted(w.id for w in await store.workflows() if w.compacted)
+
+            assert await store.compact(["c", "r", "missing"]) == 1
+            assert await compacted() == ["c"]
+            assert await store.compact(finished_before=20.0) == 1  # "a" (finished at 10)
+            assert await store.compact(limit=1) == 1  # the earliest finished left: "b"
+            assert await compacted() == ["a", "b", "c"]
+            assert await store.compact(["d"], finished_before=40.0) == 0
+            assert await store.compact() == 1
+            assert await compacted() == ["a", "b", "c", "d"]
+            assert (await store.workflow("r")).compacted is False  # type: ignore[union-attr]
+
+            # An append of a compacted workflow's row (a late writer) does not unmark it.
+            again = await store.workflow("a")
+            assert again is not None
+            await store.append(StoreBatch(workflows=[replace(again, compacted=False)]))
+            assert (await store.workflow("a")).compacted is True  # type: ignore[union-attr]
+
+    run(main())
+
+
+def test_concurrent_compactions_compact_once(make_store: StoreFactory) -> None:
+    """Two stores (two processes, as far as the database knows) compact the same runs."""
+
+    async def main() -> None:
+        async with opened(make_store) as first, opened(make_store) as second:
+            for i in range(6):
+                await put_run(first, f"w{i}", big=True)
+            counts = await asyncio.gather(first.compact(), second.compact(), first.compact())
+            assert sum(counts) == 6
+            for i in range(6):
+                image = await stored_image(second, f"w{i}")
+                assert image.tasks["write"].result == BIG_RESULT
+                assert len(await second.events(f"w{i}")) == 40 - 15
+
+    run(main())
+
+
 # --- schema versions --------------------------------------------------------------------------
 
 
@@ -284,7 +401,9 @@ def test_a_store_from_a_newer_plait_is_refused(make_store: StoreFactory) -> None
     async def main() -> None:
         async with opened(make_store) as store, store.engines[0].begin() as conn:
             await conn.execute(sa.update(schema.meta).values(value="99"))
-        with pytest.raises(StoreVersionError, match=r"schema version 99.*versions up to 2"):
+        with pytest.raises(
+            StoreVersionError, match=rf"schema version 99.*versions up to {schema.SCHEMA_VERSION}\b"
+        ):
             await make_store().open()
 
     run(main())
@@ -315,7 +434,7 @@ def test_a_store_from_an_older_plait_is_migrated_forward(make_store: StoreFactor
         async with opened(make_store) as store:
             got = await store.workflow("w")
             assert got is not None
-            assert (got.name, got.tenant, got.labels) == ("old", None, {})
+            assert (got.name, got.tenant, got.labels, got.compacted) == ("old", None, {}, False)
             assert [e.seq for e in await store.events("w")] == [1]
             await store.record_call("p", "h", b"r")
             assert await store.find_call("p", "h") == b"r"

@@ -1,0 +1,160 @@
+"""The engine's durable side: what a store adds to running workflows.
+
+One `Durability` per engine with a store. It owns the journal (every event appended in
+order, grouped commits, an outage ridden out), the call memo (LLM and keyed task results
+recorded, and reused by resumed runs) and the retention sweeper, and it says when the engine
+must wait for the store: before a run's result is handed back, before a task whose inputs
+cost something outside starts, and when the store falls too far behind. The engine's loop
+calls it; it never calls the engine back, except through `wake`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ._clock import Clock
+from ._events import Event, WorkflowFinished, WorkflowStatus
+from ._journal import Journal
+from ._resume import StoredCalls
+from ._retention import Retention, Sweeper
+from ._run import Run, RunResult
+from ._store import Store, StoreError, WorkflowRow
+from ._task import TaskRun
+
+JOURNAL_MAX_PENDING = 2_000_000
+"""Records the journal may hold uncommitted: a 100,000-task workflow is added in one go."""
+JOURNAL_HIGH_WATER = 50_000
+"""Past this many uncommitted records the loop waits for the store before going on."""
+
+_ROW_EVENTS = frozenset({"workflow_started", "workflow_resumed", "workflow_finished"})
+
+
+class Durability:
+    """Records the engine's runs in `store`; see the module docstring."""
+
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        runs: Mapping[str, Run],
+        wake: Callable[[], None],
+        *,
+        patience_s: float,
+        retention: Retention | None,
+    ) -> None:
+        self.store = store
+        self.journal = Journal(store, max_pending=JOURNAL_MAX_PENDING, patience_s=patience_s)
+        self.memo = StoredCalls(store, self.journal)
+        self.sweeper = None if retention is None else Sweeper(store, retention, clock)
+        self.error: StoreError | None = None
+        """The store failed for good: every run must stop, and nothing more is accepted."""
+        self.suspended = False
+        """The engine is closing: its runs go on in a later process, nothing more is told."""
+        self._clock = clock
+        self._runs = runs
+        self._wake = wake
+
+    def start(self, tg: asyncio.TaskGroup) -> None:
+        tg.create_task(self.journal.run(), name="plait-journal")
+        if self.sweeper is not None:
+            tg.create_task(self.sweeper.run(), name="plait-retention")
+
+    def suspend(self) -> None:
+        """The engine closes with runs going on: what was committed stays, unfinished, for a
+        resume; the cancellations the closing makes are this process's, not the runs'."""
+        self.suspended = True
+        if self.sweeper is not None:
+            self.sweeper.stop()
+
+    async def close(self) -> None:
+        try:
+            await self.journal.close()
+        except StoreError as exc:
+            self.error = self.error or exc
+
+    # --- what the loop asks --------------------------------------------------------------------
+
+    def behind(self) -> bool:
+        return self.journal.stats.pending >= JOURNAL_HIGH_WATER
+
+    async def catch_up(self) -> None:
+        """Let the store commit what it holds before the loop goes on."""
+        try:
+            await self.journal.durable()
+        except StoreError as exc:
+            self.error = self.error or exc
+
+    def record(self, run_id: str, event: Event) -> None:
+        """Every event goes to the journal as it is emitted, in order (the bus's recorder)."""
+        if self.error is not None or self.suspended:
+            return  # stopping: nothing more is recorded (the log stays as the run left it)
+        journal = self.journal
+        try:
+            journal.append_event(run_id, event)
+            if event.kind in _ROW_EVENTS:
+                journal.upsert(self._row(run_id, event))
+        except StoreError as exc:
+            self.error = exc
+            self._wake()
+
+    def ended(self, record: TaskRun, llm_calls: int) -> None:
+        """A task succeeded. A result that cost something outside (an LLM call, a side
+        effect) is committed before anything uses it: its dependents wait for this mark."""
+        task = record.task
+        if llm_calls or not task.idempotent or task.idempotency_key is not None:
+            record.mark = self.journal.appended
+
+    async def inputs_ready(self, run: Run, record: TaskRun) -> None:
+        """Wait until the task's costly inputs are committed (a StoreError: the run is
+        being stopped anyway)."""
+        mark = run.inputs_mark(record)
+        if mark > self.journal.committed:
+            await self.journal.durable(mark)
+
+    async def hand_back(self, run: Run, result: RunResult) -> None:
+        """Give the run's awaiters its result once its last event is committed."""
+        try:
+            await self.journal.durable()
+        except StoreError as exc:
+            fail(run.done, exc)
+        else:
+            run.done.set_result(result)
+
+    # --- keyed tasks ---------------------------------------------------------------------------
+
+    async def recall_result(self, run: Run, key: str) -> tuple[bool, Any]:
+        return await self.memo.recall_result(run.id, key)
+
+    def remember_result(self, run: Run, key: str, result: Any) -> None:
+        self.memo.remember_result(run.id, key, result)
+
+    # --- inside ----------------------------------------------------------------------------------
+
+    def _row(self, run_id: str, event: Event) -> WorkflowRow:
+        run = self._runs.get(run_id)
+        clock = self._clock
+        now, mono = clock.now(), clock.monotonic()
+        deadline = None
+        if run is not None and run.deadline is not None:
+            deadline = now + (run.deadline - mono)  # rows keep wall-clock times
+        status: WorkflowStatus = event.status if isinstance(event, WorkflowFinished) else "running"
+        started = now - (mono - run.started_at) if run is not None else now
+        return WorkflowRow(
+            id=run_id,
+            name=run.workflow.name if run is not None else run_id,
+            status=status,
+            priority=run.priority_class if run is not None else "batch",
+            deadline=deadline,
+            created=started,
+            updated=now,
+            finished=now if status != "running" else None,
+        )
+
+
+def fail(done: asyncio.Future[RunResult], error: BaseException) -> None:
+    """Hand `error` to whoever awaits the run; nobody may (a run submitted and left), and
+    that must not log "exception was never retrieved": the error is the engine's to tell."""
+    done.set_exception(error)
+    done.exception()  # marks it retrieved; awaiting it still raises it

@@ -1,0 +1,95 @@
+"""`plait run --store` and `plait resume`: a run killed mid-way (a real os._exit, in a
+subprocess) goes on from the store, keeping what had finished; bad input is one line."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator._cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "durable_pipeline.py"
+PLAIT = [sys.executable, "-c", "from orchestrator._cli import main; raise SystemExit(main())"]
+
+
+def plait(*args: str, crash: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("CRASH", "PLAIT_STORE")}
+    if crash:
+        env["CRASH"] = "1"
+    return subprocess.run(
+        [*PLAIT, *args], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+
+
+def test_a_killed_run_is_resumed_from_the_store(tmp_path: Path) -> None:
+    store = str(tmp_path / "runs.db")
+    killed = plait("run", str(EXAMPLE), "--store", store, crash=True)
+    assert killed.returncode == 137, killed.stderr
+    assert "killing the process now" in killed.stdout
+
+    dry = plait("resume", str(EXAMPLE), "--store", store, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    # The summaries' LLM results were committed before the checkpoint that crashed
+    # started (an LLM result is durable before anything uses it): only the brief is left.
+    assert "keeps 7 finished task(s)" in dry.stdout
+    assert "would run again 1 that had started (checkpoint) and 1 that had not" in dry.stdout
+    assert "at most 1 LLM call(s)" in dry.stdout
+
+    done = plait("resume", str(EXAMPLE), "--store", store)
+    assert done.returncode == 0, done.stderr
+    assert "succeeded" in done.stdout
+    assert " 9/9 " in done.stdout  # every task of the run, those kept included
+    again = plait("resume", str(EXAMPLE), "--store", store)
+    assert again.returncode == 0
+    assert "nothing to resume" in again.stdout
+
+
+def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    out = io.StringIO()
+    code = main(argv, out=out)
+    return code, out.getvalue(), capsys.readouterr().err
+
+
+def test_resume_without_a_store_says_how_to_name_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PLAIT_STORE", raising=False)
+    code, _, err = run_main(["resume", str(EXAMPLE)], capsys)
+    assert code == 2
+    assert err.strip() == "plait: error: plait resume needs --store PATH_OR_URL (or $PLAIT_STORE)"
+
+
+def test_a_bad_decision_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run_main(
+        ["resume", str(EXAMPLE), "--store", str(tmp_path / "x.db"), "--decide", "wf/t=maybe"],
+        capsys,
+    )
+    assert code == 2
+    assert "write RUN/TASK=rerun or RUN/TASK=fail" in err
+
+
+def test_a_file_that_is_not_a_store_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    junk = tmp_path / "notes.txt"
+    junk.write_text("these are not the runs you are looking for\n" * 100)
+    code, _, err = run_main(["resume", str(EXAMPLE), "--store", str(junk)], capsys)
+    assert code == 1
+    assert err.count("\n") == 1 and "is not a SQLite database" in err
+    assert junk.read_text().startswith("these are not")  # nothing was written over it
+
+
+def test_an_empty_store_has_nothing_to_resume(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, _ = run_main(
+        ["resume", str(EXAMPLE), "--store", str(tmp_path / "new.db"), "--dry-run"], capsys
+    )
+    assert code == 0
+    assert "nothing to resume" in out
