@@ -7,8 +7,10 @@ PostgreSQL), and by LangGraph without and with its SQLite checkpointer, side by 
 A table goes to stdout, progress to stderr, and the last line of stdout is one JSON object:
 `added_us_per_task_sqlite` / `added_us_per_task_postgres` (durable minus in-memory time per
 task, same graphs, same process), `langgraph_checkpoint_us_per_step` and `..._per_node`
-(checkpointer minus plain), `store_bytes_per_task`, and `resume_100k_s` (null until resume
-is built: it is not measured here, nothing is made up).
+(checkpointer minus plain), `store_bytes_per_task_sqlite` and `..._after_compaction`
+(bench/compaction.py on the same graphs), and `resume_100k_s`: how long `engine.resume()`
+takes to put a stopped 100,000-task run (half of it done) back to work, on SQLite
+(bench/_resume_large.py; `--resume-tasks` changes the size, 0 skips it).
 
 Each figure is the best of `--repeat` runs; the in-memory and durable runs of one graph
 alternate so that a busy machine slows both.
@@ -160,12 +162,34 @@ def measure_langgraph(quick: bool, seed: int, repeat: int) -> dict[str, Any] | N
     return per
 
 
+def measure_compaction(quick: bool, seed: int) -> float | None:
+    """Stored bytes per finished task once compacted (SQLite), on the durability graphs."""
+    from compaction import measure as compact
+
+    per_task = []
+    for kind, size in SIZES["quick" if quick else "full"].items():
+        print(f"compaction {kind} {size}", file=sys.stderr)
+        per_task.append(asyncio.run(compact(scenario(kind, size, seed), "sqlite")).per_task[1])
+    return round(statistics.fmean(per_task), 1)
+
+
+def measure_resume(tasks: int) -> dict[str, float]:
+    from _resume_large import run as resume_large
+
+    print(f"resume of a {tasks}-task run", file=sys.stderr)
+    result: dict[str, float] = asyncio.run(resume_large(tasks, "sqlite", None))
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller graphs (about a minute)")
     parser.add_argument("--only", default="sqlite,postgres,langgraph", help="what to run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs per graph")
+    parser.add_argument(
+        "--resume-tasks", type=int, default=100_000, help="size of the run resumed (0: skip)"
+    )
     args = parser.parse_args(argv)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = only - {"sqlite", "postgres", "langgraph"}
@@ -194,6 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     lg_node = mean([r["us_per_node"] for r in langgraph.values()]) if langgraph else None
     lg_step = mean([r["us_per_step"] for r in langgraph.values()]) if langgraph else None
     sqlite_added = added.get("sqlite")
+    compacted = measure_compaction(args.quick, args.seed) if "sqlite" in stores else None
+    resume = measure_resume(args.resume_tasks) if args.resume_tasks else None
     summary = {
         "added_us_per_task_sqlite": sqlite_added,
         "added_us_per_task_postgres": added.get("postgres"),
@@ -207,8 +233,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         if "sqlite" in stores
         else None,
-        "store_bytes_per_task_after_compaction": None,
-        "resume_100k_s": None,
+        "store_bytes_per_task_after_compaction": compacted,
+        "resume_100k_s": resume["resume_s"] if resume and resume["tasks"] == 100_000 else None,
+        "resume": resume,
         "quick": args.quick,
         "plait": plait,
         "langgraph": langgraph,
