@@ -487,6 +487,12 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     settings = config_of(module, args.config)
     engine = settings.engine if settings is not None else None
     clock_name, clock_notes = clock_of(args.clock, settings, module)
+    if args.store and clock_name == "virtual":
+        raise UsageError(
+            f"--store needs the system clock, but {args.path} runs on the virtual clock (its "
+            "CLOCK, or the config's): a store does real I/O, which virtual time would jump "
+            "over; add --clock system"
+        )
     policy = args.policy or (engine.policy if engine is not None else "fcfs")
     deadline = args.deadline or (engine.deadline if engine is not None else None)
     clock: Clock = VirtualClock() if clock_name == "virtual" else SystemClock()

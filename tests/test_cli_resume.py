@@ -93,3 +93,14 @@ def test_an_empty_store_has_nothing_to_resume(
     )
     assert code == 0
     assert "nothing to resume" in out
+
+
+def test_a_store_on_the_virtual_clock_is_refused_with_the_fix(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    module = ROOT / "examples" / "writer_critic.py"  # CLOCK = "virtual"
+    store = tmp_path / "runs.db"
+    code, _, err = run_main(["run", str(module), "--store", str(store)], capsys)
+    assert code == 2
+    assert "--store needs the system clock" in err and "add --clock system" in err
+    assert not store.exists()  # refused before anything was opened
