@@ -92,7 +92,7 @@ class TaskContext:
         "clock",
         "usage",
         "llm_calls",
-        "idempotency_key",
+        "_key",
         "_calls",
         "_caller",
         "_to_thread",
@@ -109,7 +109,6 @@ class TaskContext:
         calls: LLMCalls,
         caller: Caller,
         to_thread: Callable[..., Awaitable[Any]],
-        idempotency_key: str = "",
     ) -> None:
         self.workflow = workflow
         self.task_id = task_id
@@ -121,9 +120,17 @@ class TaskContext:
         self._calls = calls
         self._caller = caller
         self._to_thread = to_thread
-        self.idempotency_key = idempotency_key
+        self._key: str | None = None
+
+    @property
+    def idempotency_key(self) -> str:
         """The task's declared idempotency key, else `workflow id/task id`: the same when
         the task runs again after a crash; hand it to a service that deduplicates."""
+        return self._key if self._key is not None else f"{self.workflow.id}/{self.task_id}"
+
+    @idempotency_key.setter
+    def idempotency_key(self, key: str) -> None:
+        self._key = key
 
     def input(self, task_id: str) -> Any:
         """The result of dependency `task_id`, with a clear error if it is not an input."""

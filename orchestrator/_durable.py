@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from ._clock import Clock
 from ._events import Event, WorkflowFinished, WorkflowStatus
@@ -53,6 +52,8 @@ class Durability:
         self.suspended = False
         """The engine is closing: its runs go on in a later process, nothing more is told."""
         self._clock = clock
+        self._costly: set[str] = set()
+        """Runs with a costly result (`ended`): only their tasks check their inputs' marks."""
         self._runs = runs
         self._wake = wake
 
@@ -99,16 +100,24 @@ class Durability:
             self.error = exc
             self._wake()
 
-    def ended(self, record: TaskRun, llm_calls: int) -> None:
+    def ended(self, run: Run, record: TaskRun, llm_calls: int) -> None:
         """A task succeeded. A result that cost something outside (an LLM call, a side
         effect) is committed before anything uses it: its dependents wait for this mark."""
         task = record.task
         if llm_calls or not task.idempotent or task.idempotency_key is not None:
             record.mark = self.journal.appended
+            self._costly.add(run.id)
+
+    def forget(self, run: Run) -> None:
+        """The run has finished."""
+        self._costly.discard(run.id)
+        self.memo.forget(run.id)
 
     async def inputs_ready(self, run: Run, record: TaskRun) -> None:
         """Wait until the task's costly inputs are committed (a StoreError: the run is
         being stopped anyway)."""
+        if run.id not in self._costly:
+            return  # nothing of it cost anything outside: no input to wait for
         mark = run.inputs_mark(record)
         if mark > self.journal.committed:
             await self.journal.durable(mark)
@@ -121,14 +130,6 @@ class Durability:
             fail(run.done, exc)
         else:
             run.done.set_result(result)
-
-    # --- keyed tasks ---------------------------------------------------------------------------
-
-    async def recall_result(self, run: Run, key: str) -> tuple[bool, Any]:
-        return await self.memo.recall_result(run.id, key)
-
-    def remember_result(self, run: Run, key: str, result: Any) -> None:
-        self.memo.remember_result(run.id, key, result)
 
     # --- inside ----------------------------------------------------------------------------------
 

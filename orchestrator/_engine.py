@@ -424,7 +424,7 @@ class Engine:
             elapsed=outcome.elapsed,
         )
         if self.durable is not None and outcome.state == "done":
-            self.durable.ended(record, outcome.llm_calls)
+            self.durable.ended(run, record, outcome.llm_calls)
 
     def _changed(self, run: Run) -> None:
         """A run tells the engine to look at it again (work became ready, or it ended)."""
@@ -463,7 +463,6 @@ class Engine:
             calls=self.calls,
             caller=run,
             to_thread=self.to_thread,
-            idempotency_key=f"{run.id}/{task.id}" if declared is None else "",
         )
         state: TaskState = "done"
         result: Any = None
@@ -473,10 +472,8 @@ class Engine:
                 ctx.idempotency_key = task.task.key_for(inputs) or ""
             if declared is not None and durable is not None:
                 result = await self._keyed(durable, run, task, ctx)
-            elif task.task.retry.attempts == 1:
-                result = await self._attempt(task, ctx)
             else:
-                result = await self._with_retries(run, task, ctx)
+                result = await self._attempts(run, task, ctx)
             check_serializable(task.id, result)
         except asyncio.CancelledError:
             current = asyncio.current_task()
@@ -502,15 +499,12 @@ class Engine:
     async def _keyed(self, durable: Durability, run: Run, record: TaskRun, ctx: TaskContext) -> Any:
         """A task with an idempotency key, in a durable engine: a result recorded under the
         key (before a crash) is its result; else it runs and its result is recorded."""
-        found, result = await durable.recall_result(run, ctx.idempotency_key)
+        found, result = await durable.memo.recall_result(run.id, ctx.idempotency_key)
         if found:
             return result
-        if record.task.retry.attempts == 1:
-            result = await self._attempt(record, ctx)
-        else:
-            result = await self._with_retries(run, record, ctx)
+        result = await self._attempts(run, record, ctx)
         check_serializable(record.id, result)
-        durable.remember_result(run, ctx.idempotency_key, result)
+        durable.memo.remember_result(run.id, ctx.idempotency_key, result)
         return result
 
     def _report(self, run: Run, task: TaskRun, handle: asyncio.Task[_Outcome]) -> None:
@@ -521,6 +515,12 @@ class Engine:
         # Cancelled before its first step, or the engine is shutting down.
         task.cancel_reason = task.cancel_reason or "the engine was closed"
         self._inbox.put_nowait(_Outcome(run, task, "cancelled", None, None, Usage(), 0, 0.0))
+
+    async def _attempts(self, run: Run, record: TaskRun, ctx: TaskContext) -> Any:
+        """The task's result after as many attempts as its `Retry` allows."""
+        if record.task.retry.attempts == 1:
+            return await self._attempt(record, ctx)
+        return await self._with_retries(run, record, ctx)
 
     async def _attempt(self, record: TaskRun, ctx: TaskContext) -> Any:
         task = record.task
@@ -692,7 +692,7 @@ class Engine:
             self.bus.drop(run.id)
             workflow._reset()
             if self.durable is not None:
-                self.durable.memo.forget(run.id)
+                self.durable.forget(run)
             raise
         self.wake()
         return RunHandle(self, run)
@@ -709,7 +709,7 @@ class Engine:
         """What `resume` would do, changing nothing: for each unfinished run in the store,
         the tasks that would run again, those that keep their results, the LLM tasks to
         pay for at most, and why a run cannot be rebuilt or waits for a decision."""
-        store = self._durable("plan_resume")
+        store = self._store_for("plan_resume")
         return await plan_resume(
             store, registry or Registry(), decisions=decisions, workflows=workflows
         )
@@ -730,7 +730,7 @@ class Engine:
         A task declared `idempotent=False` that was running at the crash holds its run back
         until `decisions` says, for "workflow id/task id" (or the workflow id), "rerun" or
         "fail". Runs that cannot be rebuilt are left as they are and reported."""
-        self._durable("resume")
+        self._store_for("resume")
         if self._tg is None or self._closing:
             raise UsageError("the engine is not running; resume() inside `async with Engine(...)`")
         decided = dict(decisions or {})
@@ -774,7 +774,7 @@ class Engine:
                 )
         return handle
 
-    def _durable(self, what: str) -> Store:
+    def _store_for(self, what: str) -> Store:
         if self.store is None:
             raise UsageError(
                 f"engine.{what}() needs a store: Engine(store=SQLStore(...)) records runs "
@@ -866,7 +866,7 @@ class Engine:
         if self.durable is None:
             run.done.set_result(result)
         else:
-            self.durable.memo.forget(run.id)
+            self.durable.forget(run)
             assert self._group is not None
             hand_back = self.durable.hand_back(run, result)
             self._group.create_task(hand_back, name=f"plait-durable/{run.id}")

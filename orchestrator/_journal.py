@@ -34,7 +34,7 @@ from pydantic import TypeAdapter
 from pydantic_core import SchemaSerializer
 
 from ._errors import OverloadedError, UsageError
-from ._events import Event
+from ._events import EVENT_ADAPTER, Event
 from ._store import (
     NO_REFS,
     CallRecord,
@@ -388,10 +388,31 @@ class Journal:
 async def read_events(store: Store, workflow: str, after_seq: int = 0) -> list[dict[str, Any]]:
     """The workflow's events after `after_seq`, as the JSON-able dicts that were appended,
     with every field that went to the payloads table put back (one payload query)."""
+    records, payloads = await _read(store, workflow, after_seq)
+    return [restore(record, payloads) for record in records]
+
+
+async def read_log(store: Store, workflow: str) -> tuple[list[Event], int]:
+    """The workflow's whole log as typed events, and its last `seq` (0 when empty). An event
+    without payload references is decoded straight from its JSON text (pydantic's parser,
+    several times faster than `json` and validation in two steps: resume reads 250,000 for
+    a 100,000-task run)."""
+    records, payloads = await _read(store, workflow, 0)
+    events = [
+        EVENT_ADAPTER.validate_python(restore(r, payloads))
+        if r.refs
+        else EVENT_ADAPTER.validate_json(r.data)
+        for r in records
+    ]
+    return events, records[-1].seq if records else 0
+
+
+async def _read(
+    store: Store, workflow: str, after_seq: int
+) -> tuple[list[EventRecord], dict[str, bytes]]:
     records = await store.events(workflow, after_seq)
     wanted = sorted({digest for record in records for digest in record.refs.values()})
-    payloads = await store.payloads(wanted) if wanted else {}
-    return [restore(record, payloads) for record in records]
+    return records, await store.payloads(wanted) if wanted else {}
 
 
 def restore(record: EventRecord, payloads: Mapping[str, bytes]) -> dict[str, Any]:

@@ -17,8 +17,7 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 
 from ._errors import PlaitError, UsageError
-from ._events import EVENT_ADAPTER
-from ._journal import Journal, restore
+from ._journal import Journal, read_log
 from ._registry import Registry
 from ._replay import RunImage, rebuild
 from ._store import Store, StoreError, WorkflowRow
@@ -81,21 +80,13 @@ async def _plan(
         return ResumePlan(workflow, workflow, error="the store has no such workflow")
     if row.status not in ("pending", "running"):
         return ResumePlan(workflow, row.name, error=f"it has finished ({row.status})")
-    records = await store.events(workflow)
-    if not records:
-        return ResumePlan(workflow, row.name, row=row, error="its log has no events")
-    wanted = sorted({d for r in records for d in r.refs.values()})
-    payloads = await store.payloads(wanted) if wanted else {}
     try:
-        image = rebuild(
-            EVENT_ADAPTER.validate_python(restore(r, payloads))
-            if r.refs
-            else EVENT_ADAPTER.validate_json(r.data)
-            for r in records
-        )
+        events, last_seq = await read_log(store, workflow)
+        if not events:
+            return ResumePlan(workflow, row.name, row=row, error="its log has no events")
+        image = rebuild(events)
     except (UsageError, ValidationError, StoreError) as exc:
         return ResumePlan(workflow, row.name, row=row, error=f"its log cannot be read: {exc}")
-    last_seq = records[-1].seq
     try:
         built = _workflow(row.name, image, registry)
     except PlaitError as exc:
@@ -108,7 +99,7 @@ async def _plan(
         and not t.options.idempotent
         and t.options.idempotency_key is None
         and t.options.idempotency_key_from is None
-        and decisions.get(f"{workflow}/{t.id}", decisions.get(workflow)) is None
+        and decision_for(decisions, workflow, t.id) is None
     )
     estimates = [t.options.estimate for t in to_run]
     return ResumePlan(
