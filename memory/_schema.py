@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 6
 """1: workflows, events, payloads and their references. 2: call results; tenant and labels.
-3: a finished workflow's `compacted` mark (its log keeps only what rebuilds it)."""
+3: a finished workflow's `compacted` mark (its log keeps only what rebuilds it).
+4: agent memory. 5: peer messages. 6: the blackboard."""
 
 metadata = sa.MetaData()
 
@@ -79,3 +80,14 @@ calls = sa.Table(
     sa.Index("plait_calls_digest", "digest"),
     sa.Index("plait_calls_workflow", "workflow_id"),
 )
+
+
+# --- agent memory (v4) -------------------------------------------------------------------
+
+
+
+# --- peer messages (v5) ------------------------------------------------------------------
+
+
+
+# --- the blackboard (v6) -----------------------------------------------------------------
