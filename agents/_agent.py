@@ -1,10 +1,16 @@
-"""Agents: a role with a system prompt and a model; `agent.ask(...)` makes an LLM task."""
+"""Agents: a role with a system prompt, a model, tools and capabilities.
+
+`agent.ask(...)` makes one LLM task (structured with `output=`); `agent.solve(...)` adds a
+tool-using loop to a workflow, unrolled into tasks (see `_loop`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import pydantic
 
 from orchestrator import (
     DEFAULT_BACKEND,
@@ -12,19 +18,39 @@ from orchestrator import (
     LLMCall,
     LLMRequest,
     Message,
+    OutputSchema,
     Registry,
     Sampling,
     TaskContext,
     UsageError,
+    WorkflowEditor,
     registered_name,
 )
 
-Prompt = str | Callable[[TaskContext], str]
+from ._loop import (
+    Answer,
+    ConversationLog,
+    Limits,
+    Loop,
+    Prompt,
+    Turn,
+    rebuild_step,
+    structured,
+)
+from ._tools import Tool
+
+Bid = Callable[[Any], float | None]
+"""An agent's bid for a blackboard post: higher wins; None declines."""
 
 
 @dataclass(frozen=True, slots=True)
 class Agent:
-    """A role. Its system prompt opens every request it makes: a natural shared prefix."""
+    """A role. Its system prompt opens every request it makes: a natural shared prefix.
+
+    `tools`: what it may call in `solve` loops. `capabilities`: tags the blackboard matches
+    posts against; `bid`: an optional function of a post returning its bid (higher wins,
+    None declines). `memory`: where its conversations are kept across tasks and runs.
+    """
 
     name: str
     system_prompt: str
@@ -32,19 +58,57 @@ class Agent:
     backend: str = DEFAULT_BACKEND
     sampling: Sampling = field(default_factory=Sampling)
     max_tokens: int | None = None
+    tools: tuple[Tool, ...] = ()
+    capabilities: frozenset[str] = frozenset()
+    bid: Bid | None = field(default=None, compare=False)
+    memory: ConversationLog | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name:
             raise UsageError("an Agent needs a name")
+        tools = tuple(self.tools)
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise UsageError(
+                    f"agent {self.name!r}: tools must be Tool objects (make one with "
+                    f"agents.tool(fn)), got {type(t).__name__}"
+                )
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise UsageError(f"agent {self.name!r}: two tools share a name in {names}")
+        object.__setattr__(self, "tools", tools)
+        if isinstance(self.capabilities, str):
+            raise UsageError(
+                f"agent {self.name!r}: capabilities is a set of tags, got the string "
+                f"{self.capabilities!r}; write capabilities={{{self.capabilities!r}}}"
+            )
+        object.__setattr__(self, "capabilities", frozenset(self.capabilities))
 
     @property
     def rebuilds(self) -> tuple[str, str]:
         """Resume finds this agent's LLM calls by its name (see `Registry`)."""
         return ("llm", self.name)
 
-    def rebuild(self, spec: ActionSpec, registry: Registry) -> LLMCall:
-        """The call `ask` made, from its recorded `ActionSpec`."""
+    def rebuild(self, spec: ActionSpec, registry: Registry) -> Any:
+        """The task `ask` or `solve` made, from its recorded `ActionSpec`."""
         args = spec.args
+        step = args.get("step")
+        if step in ("turn", "answer"):
+            return rebuild_step(self, spec, registry.function)
+        if step == "ask":
+            output: Any = registry.function(args["output"], "output model")
+            prompt_of: Prompt = (
+                args["prompt"]
+                if "prompt" in args
+                else registry.function(args["prompt_from"], "prompt builder")
+            )
+            return self.ask(
+                prompt_of,
+                output=output,
+                max_tokens=args.get("max_tokens"),
+                retries=args.get("retries", 2),
+                extra_body=args.get("extra_body"),
+            )
         prompt: Prompt
         if "prompt" in args:
             prompt = args["prompt"]
@@ -53,6 +117,46 @@ class Agent:
         return self.ask(
             prompt, max_tokens=args.get("max_tokens"), extra_body=args.get("extra_body")
         )
+
+    def request_for(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Iterable[Tool] = (),
+        output: OutputSchema | None = None,
+        max_tokens: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> LLMRequest:
+        """The request for a conversation so far (everything after the system prompt)."""
+        return LLMRequest(
+            messages=(Message("system", self.system_prompt), *messages),
+            model=self.model,
+            sampling=self.sampling,
+            max_tokens=max_tokens if max_tokens is not None else self.max_tokens,
+            tools=tuple(t.spec() for t in tools),
+            output=output,
+            extra_body=dict(extra_body or {}),
+        )
+
+    def solve(
+        self,
+        workflow: WorkflowEditor,
+        task_id: str,
+        prompt: Prompt,
+        *,
+        after: Iterable[str] = (),
+        output: type[pydantic.BaseModel] | None = None,
+        limits: Limits | None = None,
+    ) -> str:
+        """Add this agent's tool loop to `workflow` (before or during its run), answering
+        `prompt`. Task `task_id` gets the answer (text, or an `output` object); its turns
+        are `task_id.turnN` and its tool calls `task_id.turnN.I.TOOL`. Returns `task_id`."""
+        _check_output(self.name, output)
+        after = list(after)
+        loop = Loop(self, task_id, prompt, output, limits or Limits())
+        workflow.add(f"{task_id}.turn1", Turn(loop), after=after)
+        workflow.add(task_id, Answer(loop), after=[f"{task_id}.turn1"])
+        return task_id
 
     def request(
         self,
@@ -80,9 +184,17 @@ class Agent:
         max_tokens: int | None = None,
         expected_output_tokens: int | None = None,
         extra_body: Mapping[str, Any] | None = None,
-    ) -> LLMCall:
+        output: type[pydantic.BaseModel] | None = None,
+        retries: int = 2,
+    ) -> Any:
         """An LLM task action. `prompt` is text, or a function of the task's context that
-        builds the text from the task's inputs. The task's result is the reply text."""
+        builds the text from the task's inputs. The task's result is the reply text, or with
+        `output` (a pydantic model) a validated object: the schema is sent for the server
+        to enforce, and an answer that does not fit is asked again up to `retries` times
+        with the error. (A result read back from the log after a resume is its dict.)"""
+        if output is not None:
+            _check_output(self.name, output)
+            return StructuredAsk(self, prompt, output, retries, max_tokens, dict(extra_body or {}))
         if not (isinstance(prompt, str) or callable(prompt)):
             raise UsageError(
                 f"agent {self.name!r}: ask() takes a str or a function of the TaskContext, "
@@ -112,3 +224,61 @@ class Agent:
             expected_output_tokens=expected_output_tokens or max_tokens or self.max_tokens,
             description=ActionSpec("llm", self.name, args),
         )
+
+
+def _check_output(agent: str, output: object) -> None:
+    if output is not None and not (
+        isinstance(output, type) and issubclass(output, pydantic.BaseModel)
+    ):
+        raise UsageError(f"agent {agent!r}: output must be a pydantic model class, got {output!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredAsk:
+    """`Agent.ask(..., output=Model)`: one question, answered as a validated `Model`."""
+
+    agent: Agent
+    prompt: Prompt
+    output: type[pydantic.BaseModel]
+    retries: int = 2
+    max_tokens: int | None = None
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def resource(self) -> str:
+        return self.agent.backend
+
+    @property
+    def label(self) -> str:
+        return f"{self.agent.name} asks {self.agent.model} for {self.output.__name__}"
+
+    @property
+    def spec(self) -> ActionSpec:
+        args: dict[str, Any] = {
+            "step": "ask",
+            "output": registered_name(self.output),
+            "retries": self.retries,
+        }
+        if isinstance(self.prompt, str):
+            args["prompt"] = self.prompt
+        else:
+            args["prompt_from"] = registered_name(self.prompt)
+        if self.max_tokens is not None:
+            args["max_tokens"] = self.max_tokens
+        if self.extra_body:
+            args["extra_body"] = dict(self.extra_body)
+        return ActionSpec("llm", self.agent.name, args)
+
+    async def run(self, ctx: TaskContext) -> Any:
+        text = self.prompt if isinstance(self.prompt, str) else self.prompt(ctx)
+        value, _ = await structured(
+            ctx,
+            self.agent,
+            self.output,
+            [Message("user", text)],
+            None,
+            self.retries,
+            max_tokens=self.max_tokens,
+            extra_body=self.extra_body,
+        )
+        return value

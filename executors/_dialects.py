@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator import Hints, UsageError
+from orchestrator import Hints, OutputSchema, UsageError
 
 DialectName = Literal["vllm", "vllm-continuum", "sglang", "dynamo", "llamacpp", "openai", "sim"]
 DIALECTS: tuple[DialectName, ...] = (
@@ -88,6 +88,23 @@ def encode(dialect: str, hints: Hints, *, slots: int | None = None) -> Encoded:
             body["keep_alive_s"] = hints.keep_alive_s
         return Encoded(body)
     raise UsageError(f"unknown dialect {dialect!r}; choose one of {', '.join(DIALECTS)}")
+
+
+def structured_output(dialect: str, output: OutputSchema) -> dict[str, Any]:
+    """The body field that makes a server speaking `dialect` hold its reply to `output`.
+
+    vLLM (0.12 and later) reads `structured_outputs.json` (its older `guided_json` is gone);
+    SGLang, llama.cpp's server, Dynamo and OpenAI read OpenAI's `response_format` with a
+    `json_schema`. Either way the reply is validated again by the caller: a server without
+    a grammar backend may ignore the field."""
+    if dialect in ("vllm", "vllm-continuum"):
+        return {"structured_outputs": {"json": output.schema}}
+    return {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": output.name, "schema": output.schema},
+        }
+    }
 
 
 def merge(

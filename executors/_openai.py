@@ -40,7 +40,7 @@ from orchestrator import (
     running_clock,
 )
 
-from ._dialects import DIALECTS, encode, merge
+from ._dialects import DIALECTS, encode, merge, structured_output
 from ._load import report_from_header, report_from_metrics
 from ._simtext import render as render_prompt
 
@@ -157,14 +157,19 @@ class OpenAIBackend(ProgramAware, HealthChecked, LoadReporting, WallClockBackend
         if self.stream:
             kwargs["stream"] = True
             kwargs["stream_options"] = {"include_usage": True}
+        # The structured-output field rides in the body beside the hints (the client has no
+        # parameter for vLLM's), and extra_body may not replace it.
+        structured = (
+            structured_output(self.dialect, request.output) if request.output is not None else {}
+        )
         hinted = merge(
             self.dialect,
             encode(self.dialect, hints, slots=self.slots),
-            kwargs.keys() | _CLIENT_FIELDS,
+            kwargs.keys() | _CLIENT_FIELDS | structured.keys(),
             request.extra_body,
             request.extra_headers,
         )
-        kwargs["extra_body"] = hinted.body or None
+        kwargs["extra_body"] = {**structured, **hinted.body} or None
         kwargs["extra_headers"] = hinted.headers or None
         if self.dialect == "sglang":
             await self._open_sglang_session(client, hints)
@@ -341,6 +346,11 @@ def _message(message: Any) -> dict[str, Any]:
         out["name"] = message.name
     if message.tool_call_id:
         out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
     return out
 
 

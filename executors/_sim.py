@@ -32,6 +32,7 @@ from orchestrator import (
     running_clock,
 )
 
+from ._simagent import agent_reply
 from ._simengine import SimEngine, SimRequest, StepPlan
 from ._simprofile import Profile, get_profile
 from ._simtext import block_hashes, count_tokens, generate, render, text_hash
@@ -135,7 +136,17 @@ class SimServer:
         # Sizes first: the text and block hashes of an output cost time in proportion to its
         # length, so a request that can never run must be refused before any of that work.
         self.check_sizes(prompt_tokens, output_tokens)
-        output = generate(self.seed, text_hash(prompt), output_tokens)
+        prompt_hash = text_hash(prompt)
+        output, call = "", None
+        if request.tools or request.output is not None:
+            output, call = agent_reply(request, self.seed, prompt_hash)
+        finish = "length"
+        if output or call is not None:  # an answer of its own length, as a model stops
+            written = output or (call.arguments if call is not None else "")
+            output_tokens = max(1, min(output_tokens, count_tokens(written)))
+            finish = "tool_calls" if call is not None else "stop"
+        else:
+            output = generate(self.seed, prompt_hash, output_tokens)
         req = self.make_request(
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
@@ -146,7 +157,8 @@ class SimServer:
         return LLMResponse(
             text=output,
             usage=Usage(done.prompt_tokens, done.output_tokens, done.cached_tokens),
-            finish_reason="length",
+            finish_reason=finish,
+            tool_calls=(call,) if call is not None else (),
             model=self.profile.model,
         )
 

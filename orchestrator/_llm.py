@@ -20,11 +20,22 @@ DEFAULT_BACKEND = "default"
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+    """The arguments as the model wrote them: JSON text, not yet validated."""
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     role: Role
     content: str
     name: str | None = None
     tool_call_id: str | None = None
+    """On a "tool" message: the call it answers."""
+    tool_calls: tuple[ToolCall, ...] = ()
+    """On an "assistant" message: the tool calls the model made (sent back in the history)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +48,21 @@ class ToolSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class ToolCall:
-    id: str
+class OutputSchema:
+    """The shape the reply must have: a JSON schema, named. Each backend's dialect sends it
+    the way its server enforces it (vLLM `structured_outputs`, OpenAI and SGLang
+    `response_format`); backends that are not HTTP servers ignore it, and the caller
+    validates the reply either way (`agents.Agent.ask(output=...)`)."""
+
     name: str
-    arguments: str
-    """The arguments as the model wrote them: JSON text, not yet validated."""
+    schema: dict[str, Any] = field(hash=False)
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.schema, dict):
+            raise UsageError(
+                f"OutputSchema needs a name and a JSON schema dict, got {self.name!r}, "
+                f"{type(self.schema).__name__}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +80,8 @@ class LLMRequest:
     sampling: Sampling = Sampling()
     max_tokens: int | None = None
     tools: tuple[ToolSpec, ...] = ()
+    output: OutputSchema | None = None
+    """The schema the reply must follow (structured output), or None for free text."""
     extra_body: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """Server-specific body fields sent as they are (vLLM's `ignore_eos`, `min_tokens`,
     `logprobs`, `response_format`, `structured_outputs`...). A backend merges them with the

@@ -5,6 +5,7 @@ guard), answers parsed, errors translated."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 import zlib
@@ -29,6 +30,7 @@ from orchestrator import (
     LLMRequest,
     LLMResponse,
     Message,
+    OutputSchema,
     Retry,
     RunResult,
     Sampling,
@@ -249,6 +251,47 @@ HINT_HEADERS = {
     "x-dynamo-session-id",
     "x-dynamo-session-final",
 }
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+RESPONSE_FORMAT = {
+    "response_format": {
+        "type": "json_schema",
+        "json_schema": {"name": "Place", "schema": SCHEMA},
+    }
+}
+STRUCTURED: dict[str, dict[str, Any]] = {
+    "vllm": {"structured_outputs": {"json": SCHEMA}},
+    "vllm-continuum": {"structured_outputs": {"json": SCHEMA}},
+    "sglang": RESPONSE_FORMAT,
+    "dynamo": RESPONSE_FORMAT,
+    "llamacpp": RESPONSE_FORMAT,
+    "openai": RESPONSE_FORMAT,
+    "sim": RESPONSE_FORMAT,
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(STRUCTURED))
+def test_each_dialect_asks_for_structured_output_its_own_way(
+    clock: VirtualClock, dialect: str
+) -> None:
+    recorder = Recorder()
+    request = dataclasses.replace(REQUEST, output=OutputSchema("Place", SCHEMA))
+    call(clock, dialect, recorder, request=request, slots=4 if dialect == "llamacpp" else None)
+    _, body, _ = recorder.seen[0]
+    hint_fields = EXPECTED[dialect][0].keys()
+    sent = {k: v for k, v in body.items() if k not in STANDARD and k not in hint_fields}
+    assert sent == STRUCTURED[dialect]
+
+
+def test_extra_body_may_not_replace_the_structured_output_field(clock: VirtualClock) -> None:
+    request = dataclasses.replace(
+        REQUEST,
+        output=OutputSchema("Place", SCHEMA),
+        extra_body={"structured_outputs": {"regex": "x"}},
+    )
+    with pytest.raises(UsageError, match="structured_outputs"):
+        call(clock, "vllm", Recorder(), request=request)
 
 
 @pytest.mark.parametrize("dialect", sorted(EXPECTED))

@@ -19,7 +19,7 @@ EXPECTED = {
         "DeadlineMissed", "DeadlockError",
         "DuplicateTaskError", "EdgeAdded", "EdgeRemoved", "Engine", "EngineStats", "Event",
         "Fcfs", "FunctionAction", "Hints", "LLMBackend", "LLMCall", "LLMRequest", "LLMResponse",
-        "Las", "Limits", "Message", "OverloadedError", "PlaitError", "Policy", "PriorityClass",
+        "Las", "Limits", "Message", "OutputSchema", "OverloadedError", "PlaitError", "Policy", "PriorityClass",
         "ProgramView", "ReadyTask", "ResourceStats", "ResultNotSerializableError", "Retry",
         "Role", "RunError", "RunHandle", "RunResult", "Sampling", "Slack", "SystemClock", "Task",
         "TaskAdded", "TaskCancelled", "TaskCancelledError", "TaskContext", "TaskFailed",
@@ -55,7 +55,10 @@ EXPECTED = {
         "LoadReport",
         "Faults",
     },
-    "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
+    "agents": {
+        "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",
+        "StructuredAsk", "Tool", "ToolAction", "ToolArgumentsError", "ToolUse", "tool",
+    },
     "memory": {"SQLStore", "store_url"},
 }  # fmt: skip
 

@@ -1,0 +1,490 @@
+"""The agent loop, unrolled into the DAG: LLM turn -> tool tasks -> LLM turn -> ... -> answer.
+
+`Agent.solve(wf, "answer", prompt)` adds two tasks: the first turn (`answer.turn1`) and the
+answer (`answer`), which waits for the last turn. A turn whose reply calls tools adds one
+task per call (they run in parallel), the next turn after them, and hands its place before
+the answer to that next turn. So every pause of the loop is a tool task the scheduler sees:
+the keep-alive predictor learns each tool's pause, the agent's calls share one program
+priority, and the event log holds each step (a resumed loop continues from its last step).
+
+What the model gets wrong goes back to it as the tool's answer: arguments that do not fit a
+tool's schema, a tool it does not have, a tool that raised. What it cannot fix stops the
+loop with `AgentStopped` and the reason: too many turns, too many tokens, an answer that
+never fits the output schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol, runtime_checkable
+
+import pydantic
+
+from orchestrator import (
+    DEFAULT_FUNCTION_RESOURCE,
+    ActionSpec,
+    LLMRequest,
+    LLMResponse,
+    Message,
+    OutputSchema,
+    RunError,
+    TaskContext,
+    ToolCall,
+    UsageError,
+    registered_name,
+)
+
+from ._tools import TOOL_ERROR, Tool, ToolArgumentsError, ToolUse
+
+Prompt = str | Callable[[TaskContext], str]
+
+
+class AgentStopped(RunError):
+    """An agent loop ended without an answer it could give: `reason` says why."""
+
+    def __init__(self, agent: str, reason: str) -> None:
+        super().__init__(f"agent {agent!r} stopped: {reason}")
+        self.agent = agent
+        self.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on one agent loop. `max_turns`: LLM turns (each reply that calls tools is one);
+    `max_tokens`: prompt plus completion tokens over all its calls (None: unbounded);
+    `output_retries`: how often an answer that does not fit the output schema is asked
+    again, with the validation error."""
+
+    max_turns: int = 8
+    max_tokens: int | None = None
+    output_retries: int = 2
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1 or self.output_retries < 0:
+            raise UsageError(
+                f"Limits(max_turns={self.max_turns}, output_retries={self.output_retries}): "
+                "max_turns must be at least 1 and output_retries not negative"
+            )
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise UsageError(f"Limits(max_tokens={self.max_tokens}) must be at least 1 or None")
+
+
+@runtime_checkable
+class ConversationLog(Protocol):
+    """Where an agent keeps its conversations (`memory.Memory` is one): turns per agent and
+    workflow name, in order. A loop reads the history before its first turn and appends the
+    prompt and the final answer after its last."""
+
+    async def append_turn(self, agent: str, workflow: str, role: str, content: str) -> Any: ...
+
+    async def conversation(self, agent: str, workflow: str) -> Sequence[Any]:
+        """Turns with `.role` and `.content` (or mappings with those keys), oldest first."""
+        ...
+
+
+class LoopAgent(Protocol):
+    """What a loop needs of its agent (`Agent` is the one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def max_tokens(self) -> int | None: ...
+    @property
+    def tools(self) -> tuple[Tool, ...]: ...
+    @property
+    def memory(self) -> ConversationLog | None: ...
+
+    def request_for(
+        self,
+        messages: Sequence[Message],
+        *,
+        tools: Iterable[Tool] = (),
+        output: OutputSchema | None = None,
+        max_tokens: int | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+    ) -> LLMRequest: ...
+
+
+# --- turn state as data (what the event log records, and resume rebuilds from) -------------
+
+
+def message_data(message: Message) -> dict[str, Any]:
+    data: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_call_id:
+        data["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        data["tool_calls"] = [[c.id, c.name, c.arguments] for c in message.tool_calls]
+    return data
+
+
+def message_from(data: Mapping[str, Any]) -> Message:
+    return Message(
+        data["role"],
+        data["content"],
+        tool_call_id=data.get("tool_call_id"),
+        tool_calls=tuple(ToolCall(*c) for c in data.get("tool_calls", ())),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A tool call of the previous turn: answered by task `task`, or already by `reply`."""
+
+    call_id: str
+    name: str
+    task: str | None = None
+    reply: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Loop:
+    """What every step of one loop shares."""
+
+    agent: LoopAgent
+    answer: str
+    """The task that carries the loop's answer."""
+    prompt: Prompt
+    output: type[pydantic.BaseModel] | None = None
+    limits: Limits = field(default_factory=Limits)
+
+    def args(self) -> dict[str, Any]:
+        args: dict[str, Any] = {"answer": self.answer}
+        if isinstance(self.prompt, str):
+            args["prompt"] = self.prompt
+        else:
+            args["prompt_from"] = registered_name(self.prompt)
+        if self.output is not None:
+            args["output"] = registered_name(self.output)
+        limits = self.limits
+        args["limits"] = [limits.max_turns, limits.max_tokens, limits.output_retries]
+        return args
+
+
+def loop_from(agent: LoopAgent, args: Mapping[str, Any], function: Callable[..., Any]) -> Loop:
+    """The `Loop` a step recorded (`function` finds prompt builders and output models)."""
+    prompt = args["prompt"] if "prompt" in args else function(args["prompt_from"], "prompt builder")
+    output = function(args["output"], "output model") if "output" in args else None
+    max_turns, max_tokens, retries = args["limits"]
+    return Loop(agent, args["answer"], prompt, output, Limits(max_turns, max_tokens, retries))
+
+
+# --- the steps -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One LLM turn of a loop. Its result is the reply's text and tool calls, or, for the
+    last turn, the answer."""
+
+    loop: Loop
+    number: int = 1
+    history: tuple[Message, ...] = ()
+    """Everything after the system prompt up to this turn (the prompt included after turn 1)."""
+    pending: tuple[Pending, ...] = ()
+    tokens: int = 0
+
+    @property
+    def resource(self) -> str:
+        return self.loop.agent.backend
+
+    @property
+    def label(self) -> str:
+        return f"{self.loop.agent.name} turn"
+
+    @property
+    def spec(self) -> ActionSpec:
+        args = self.loop.args()
+        args.update(
+            step="turn",
+            turn=self.number,
+            history=[message_data(m) for m in self.history],
+            pending=[[p.call_id, p.name, p.task, p.reply] for p in self.pending],
+            tokens=self.tokens,
+        )
+        return ActionSpec("llm", self.loop.agent.name, args)
+
+    async def run(self, ctx: TaskContext) -> Any:
+        loop, agent = self.loop, self.loop.agent
+        history = list(self.history)
+        if self.number == 1:
+            history = [*await _remembered(agent, ctx), Message("user", _prompt(loop.prompt, ctx))]
+        for p in self.pending:
+            history.append(Message("tool", _tool_reply(p, ctx), tool_call_id=p.call_id))
+        _check_budget(loop, self.tokens)
+        tools = agent.tools
+        # With tools offered the model must be free to call them (a JSON grammar would rule
+        # out the tool-call syntax), so the schema is enforced on its final answer instead.
+        output = _schema(loop.output) if loop.output is not None and not tools else None
+        request = agent.request_for(history, tools=tools, output=output)
+        response = await ctx.complete(
+            request,
+            backend=agent.backend,
+            expected_output_tokens=agent.max_tokens,
+        )
+        tokens = self.tokens + response.usage.total_tokens
+        if response.tool_calls:
+            return self._call_tools(ctx, history, response, tokens)
+        return await _finish(ctx, loop, history, response, tokens)
+
+    def _call_tools(
+        self, ctx: TaskContext, history: list[Message], response: LLMResponse, tokens: int
+    ) -> dict[str, Any]:
+        loop, agent = self.loop, self.loop.agent
+        if self.number >= loop.limits.max_turns:
+            raise AgentStopped(
+                agent.name,
+                f"still calling tools after {self.number} turns (Limits.max_turns="
+                f"{loop.limits.max_turns}); raise max_turns or ask for fewer steps",
+            )
+        _check_budget(loop, tokens)
+        by_name = {t.name: t for t in agent.tools}
+        pending: list[Pending] = []
+        steps: list[tuple[str, Tool, dict[str, Any]]] = []
+        for i, call in enumerate(response.tool_calls):
+            tool = by_name.get(call.name)
+            if tool is None:
+                known = ", ".join(sorted(by_name)) or "none"
+                reply = f"there is no tool {call.name!r}; the tools are: {known}"
+                pending.append(Pending(call.id, call.name, reply=reply))
+                continue
+            try:
+                tool.validate(call.arguments)
+            except ToolArgumentsError as exc:
+                pending.append(Pending(call.id, call.name, reply=str(exc)))
+                continue
+            args = json.loads(call.arguments or "{}")
+            task = f"{loop.answer}.turn{self.number}.{i}.{call.name}"
+            steps.append((task, tool, args))
+            pending.append(Pending(call.id, call.name, task=task))
+        said = Message("assistant", response.text, tool_calls=response.tool_calls)
+        follow = Turn(loop, self.number + 1, (*history, said), tuple(pending), tokens)
+        wf = ctx.workflow
+        for task, tool, args in steps:
+            wf.add(task, ToolUse(tool, args), after=[ctx.task_id])
+        after = [task for task, _, _ in steps] or [ctx.task_id]
+        wf.add(
+            f"{loop.answer}.turn{self.number + 1}",
+            follow,
+            after=after,
+            before=[loop.answer],
+            trigger="all_done",  # a tool that failed is said to the model, not skipped
+        )
+        wf.remove_edge(ctx.task_id, loop.answer)
+        return {
+            "text": response.text,
+            "tool_calls": [[c.id, c.name, c.arguments] for c in response.tool_calls],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The loop's answer: the last turn's result (as the output model, when there is one)."""
+
+    loop: Loop
+
+    @property
+    def resource(self) -> str:
+        return DEFAULT_FUNCTION_RESOURCE
+
+    @property
+    def label(self) -> str:
+        return f"{self.loop.agent.name} answer"
+
+    @property
+    def spec(self) -> ActionSpec:
+        args = self.loop.args()
+        args["step"] = "answer"
+        return ActionSpec("llm", self.loop.agent.name, args)
+
+    async def run(self, ctx: TaskContext) -> Any:
+        if len(ctx.inputs) != 1:
+            raise UsageError(
+                f"the answer task {ctx.task_id!r} of agent {self.loop.agent.name!r} must have "
+                f"exactly one input, its loop's last turn; it has {sorted(ctx.inputs)}"
+            )
+        (value,) = ctx.inputs.values()
+        output = self.loop.output
+        if output is not None and not isinstance(value, output):
+            return output.model_validate(value)  # a result read back from the log
+        return value
+
+
+# --- structured output -------------------------------------------------------------------
+
+
+def _schema(model: type[pydantic.BaseModel]) -> OutputSchema:
+    return OutputSchema(model.__name__, model.model_json_schema())
+
+
+def parse(model: type[pydantic.BaseModel], text: str) -> pydantic.BaseModel:
+    """`text` as `model`; a fenced ```json block is unwrapped first, as models often write."""
+    body = text.strip()
+    if body.startswith("```"):
+        body = body.split("\n", 1)[1] if "\n" in body else ""
+        body = body.rsplit("```", 1)[0]
+    return model.model_validate_json(body)
+
+
+async def structured(
+    ctx: TaskContext,
+    agent: LoopAgent,
+    model: type[pydantic.BaseModel],
+    messages: list[Message],
+    response: LLMResponse | None,
+    retries: int,
+    *,
+    budget: Callable[[int], None] = lambda tokens: None,
+    tokens: int = 0,
+    max_tokens: int | None = None,
+    extra_body: Mapping[str, Any] | None = None,
+) -> tuple[pydantic.BaseModel, int]:
+    """Ask until the reply fits `model`: the first reply (`response`, or a new call), then
+    up to `retries` more, each told what was wrong. Returns the object and tokens used."""
+    schema = _schema(model)
+    error = ""
+    for attempt in range(retries + 1):
+        if response is None:
+            budget(tokens)
+            request = agent.request_for(
+                messages, output=schema, max_tokens=max_tokens, extra_body=extra_body
+            )
+            response = await ctx.complete(
+                request, backend=agent.backend, expected_output_tokens=agent.max_tokens
+            )
+            tokens += response.usage.total_tokens
+        try:
+            return parse(model, response.text), tokens
+        except pydantic.ValidationError as exc:
+            error = _problems(exc)
+        if attempt == retries:
+            break
+        messages = [
+            *messages,
+            Message("assistant", response.text),
+            Message(
+                "user",
+                f"That answer does not fit the schema {model.__name__}: {error}. Answer again "
+                "with JSON that fits the schema, and nothing else.",
+            ),
+        ]
+        response = None
+    raise AgentStopped(
+        agent.name,
+        f"its answer did not fit {model.__name__} after {retries + 1} tries (last error: "
+        f"{error}); raise output_retries, simplify the schema, or use a server that "
+        "enforces it",
+    )
+
+
+def _problems(exc: pydantic.ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'the answer'}: {e['msg']}"
+        for e in exc.errors(include_url=False)[:5]
+    )
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+async def _finish(
+    ctx: TaskContext, loop: Loop, history: list[Message], response: LLMResponse, tokens: int
+) -> Any:
+    agent = loop.agent
+    value: Any = response.text
+    if loop.output is not None:
+
+        def budget(used: int) -> None:
+            _check_budget(loop, used)
+
+        value, tokens = await structured(
+            ctx,
+            agent,
+            loop.output,
+            [*history],
+            response,
+            loop.limits.output_retries,
+            budget=budget,
+            tokens=tokens,
+        )
+    if agent.memory is not None:
+        prompt = next((m.content for m in history if m.role == "user"), "")
+        text = value.model_dump_json() if isinstance(value, pydantic.BaseModel) else str(value)
+        name = ctx.workflow.name
+        await agent.memory.append_turn(agent.name, name, "user", prompt)
+        await agent.memory.append_turn(agent.name, name, "assistant", text)
+    return value
+
+
+async def _remembered(agent: LoopAgent, ctx: TaskContext) -> list[Message]:
+    if agent.memory is None:
+        return []
+    turns = await agent.memory.conversation(agent.name, ctx.workflow.name)
+    out = []
+    for turn in turns:
+        role, content = (
+            (turn["role"], turn["content"])
+            if isinstance(turn, Mapping)
+            else (turn.role, turn.content)
+        )
+        if role in ("user", "assistant"):
+            out.append(Message(role, str(content)))
+    return out
+
+
+def _prompt(prompt: Prompt, ctx: TaskContext) -> str:
+    text = prompt if isinstance(prompt, str) else prompt(ctx)
+    if not isinstance(text, str):
+        raise UsageError(
+            f"the prompt builder of task {ctx.task_id!r} returned {type(text).__name__}; "
+            "it must return the prompt text"
+        )
+    return text
+
+
+def _tool_reply(pending: Pending, ctx: TaskContext) -> str:
+    if pending.reply is not None:
+        return pending.reply
+    if pending.task is None or pending.task not in ctx.inputs:
+        return f"tool {pending.name!r} failed (task {pending.task!r}); no result"
+    value = ctx.inputs[pending.task]
+    if isinstance(value, dict) and TOOL_ERROR in value:
+        return str(value[TOOL_ERROR])
+    if isinstance(value, str):
+        return value
+    if isinstance(value, pydantic.BaseModel):
+        return value.model_dump_json()
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _check_budget(loop: Loop, tokens: int) -> None:
+    cap = loop.limits.max_tokens
+    if cap is not None and tokens >= cap:
+        raise AgentStopped(
+            loop.agent.name,
+            f"used {tokens} tokens, the loop's budget is {cap} (Limits.max_tokens); raise it "
+            "or ask for less",
+        )
+
+
+def rebuild_step(agent: LoopAgent, spec: ActionSpec, function: Callable[..., Any]) -> Any:
+    """A loop step (turn, answer) or a structured ask, from its recorded spec."""
+    args = spec.args
+    loop = loop_from(agent, args, function)
+    if args["step"] == "answer":
+        return Answer(loop)
+    pending = tuple(Pending(*p) for p in args.get("pending", ()))
+    history = tuple(message_from(m) for m in args.get("history", ()))
+    return replace(
+        Turn(loop),
+        number=args["turn"],
+        history=history,
+        pending=pending,
+        tokens=args.get("tokens", 0),
+    )
