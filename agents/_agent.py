@@ -89,6 +89,10 @@ class Agent:
         """Resume finds this agent's LLM calls by its name (see `Registry`)."""
         return ("llm", self.name)
 
+    def parts(self) -> tuple[Tool, ...]:
+        """Registering the agent registers its tools (a resumed loop rebuilds their calls)."""
+        return self.tools
+
     def rebuild(self, spec: ActionSpec, registry: Registry) -> Any:
         """The task `ask` or `solve` made, from its recorded `ActionSpec`."""
         args = spec.args

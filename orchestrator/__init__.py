@@ -84,7 +84,7 @@ from ._llm import (
     WallClockBackend,
     capabilities,
 )
-from ._registry import Rebuildable, RebuildError, Registry
+from ._registry import Composite, Rebuildable, RebuildError, Registry
 from ._replay import RunImage, TaskImage, rebuild
 from ._resilience import Breaker, CallRetry, CircuitBreaker, CircuitState
 from ._resume import Decision, ResumePlan
@@ -145,6 +145,7 @@ __all__ = [
     "Decision",
     "Registry",
     "RebuildError",
+    "Composite",
     "Rebuildable",
     "WorkflowResumed",
     "RecordedFailure",

@@ -244,13 +244,14 @@ class LLMCalls:
         )
 
     def keep_alive_for(self, site: CallSite, request: LLMRequest) -> float | None:
-        """The pause expected after this call: that of the tools the task's dependents run,
-        else of the tools the request offers the model (an agent loop inside one task)."""
+        """The pause expected after this call: that of the tools the request offers the
+        model (an agent loop: the reply may call any of them), else of the tools the task's
+        dependents run."""
         if self.pauses is None:
             return None
-        tools = [label for label, resource in site.next_steps if resource not in self.backends]
+        tools = [f"tool {t.name}" for t in request.tools]
         if not tools:
-            tools = [f"tool {t.name}" for t in request.tools]
+            tools = [label for label, resource in site.next_steps if resource not in self.backends]
         return self.pauses.predict(tools)
 
     async def complete(

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
@@ -39,6 +39,14 @@ class Rebuildable(Protocol):
     def rebuild(self, spec: ActionSpec, registry: Registry) -> Action: ...
 
 
+@runtime_checkable
+class Composite(Protocol):
+    """A `Rebuildable` that brings others along (an agent its tools): registering it
+    registers them too."""
+
+    def parts(self) -> Iterable[Rebuildable]: ...
+
+
 class Registry:
     """What a resumed run's `ActionSpec`s and options name: agents, tools, functions.
 
@@ -59,6 +67,9 @@ class Registry:
     def add(self, *entries: Rebuildable | Callable[..., Any]) -> Registry:
         for entry in entries:
             if isinstance(entry, Rebuildable):
+                if isinstance(entry, Composite):
+                    for part in entry.parts():
+                        self._builders.setdefault(part.rebuilds, part)
                 self._builders[entry.rebuilds] = entry
             elif callable(entry):
                 self._functions[registered_name(entry)] = entry

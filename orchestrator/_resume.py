@@ -108,7 +108,10 @@ async def _plan(
         rerun=tuple(t.id for t in to_run if t.state in _RUNNING),
         pending=tuple(t.id for t in to_run if t.state not in _RUNNING),
         kept=len(image.tasks) - len(to_run),
-        llm_tasks=sum(1 for t in to_run if t.action.kind == "llm"),
+        # An agent loop's answer task is "llm" by kind but sends nothing.
+        llm_tasks=sum(
+            1 for t in to_run if t.action.kind == "llm" and t.action.args.get("step") != "answer"
+        ),
         estimate_s=None if None in estimates else sum(e for e in estimates if e is not None),
         needs_decision=undecided,
         image=image,

@@ -1,4 +1,5 @@
-"""Schema version 4: agent memory: conversation history, versioned facts, notes and documents, full-text search.
+"""Schema version 4: agent memory: conversation history, versioned facts, notes and
+documents, full-text search.
 
 Revision ID: v4
 Revises: v3
