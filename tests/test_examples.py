@@ -139,3 +139,23 @@ def test_cli_shows_call_retries(tmp_path: Path) -> None:
     text = out.getvalue()
     assert "flaky/ask: call to 'default' failed on attempt 1" in text
     assert "1 LLM call(s) retried after a backend error" in text
+
+
+def test_tool_agent_reads_the_table_through_its_tools_and_answers_in_the_schema() -> None:
+    module = load("tool_agent")
+    results, _ = run(module, module.workflows(), "fake_backends")
+    first, second = (r["finding"] for r in results)
+    assert isinstance(first, module.Finding) and isinstance(second, module.Finding)
+    quarter = {r: sum(module.SALES[r][m] for m in ("jan", "feb", "mar")) for r in module.REGIONS}
+    best = max(quarter, key=lambda r: quarter[r])
+    assert (first.region, first.total) == (best, round(quarter[best], 1))
+    west = sum(module.SALES["west"][m] for m in ("apr", "may", "jun"))
+    assert (second.region, second.total) == ("west", round(west, 1))
+    # Turn 1 lists the regions; turn 2 reads all four at once (four parallel tool tasks).
+    assert sum(1 for t in results[0].results if ".monthly_sales" in t) == 4
+
+
+def test_tool_agent_runs_on_the_simulated_server_with_plait_run() -> None:
+    out = io.StringIO()
+    assert main(["run", str(EXAMPLES / "tool_agent.py")], out=out) == 0
+    assert "2 workflow(s), 2 succeeded" in out.getvalue()
