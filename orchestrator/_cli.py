@@ -3,7 +3,8 @@
 A workflow module defines `workflows()` returning a Workflow or a list of them, and may
 define `backends(clock)` returning the LLM backends by name, `CLOCK = "virtual"` to run
 on virtual time (simulated latencies without waiting for them) and `CONFIG = "plait.toml"`
-(a config file beside it, used when `--config` is not given). A config file defines
+(a config file beside it, used when `--config` is not given), and `lifespan()`, an async
+context manager entered around the run (to open what its tasks use). A config file defines
 backends, their limits and engine settings; `plait config check FILE` validates one.
 """
 
@@ -243,11 +244,11 @@ async def run_module(
     deadline: float | None = None,
     store: str | None = None,
 ) -> Mapping[str, str]:
-    flows: Iterable[Workflow] = workflows_of(module)
     statuses: dict[str, str] = {}
     async with _engine_for(
         module, clock, policy, progress, config, max_in_flight, max_waiting, store
     ) as engine:
+        flows: Iterable[Workflow] = workflows_of(module)
         async for event in engine.iter(*flows, deadline=deadline):
             progress.apply(event)
             if event.kind == "workflow_finished":
@@ -272,6 +273,7 @@ async def _engine_for(
     progress.notes.extend(notes)
     limits = limits_of(backends, config, max_in_flight, max_waiting)
     async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(lifespan_of(module))
         for backend in backends.values():
             # Backends that run something of their own (a simulated server, a connection
             # pool) are async context managers; they live as long as the run.
@@ -285,6 +287,24 @@ async def _engine_for(
             describe = getattr(backend, "describe", None)
             if callable(describe):
                 progress.notes.append(f"backend {name!r}: {describe()}")
+
+
+def lifespan_of(module: ModuleType) -> contextlib.AbstractAsyncContextManager[Any]:
+    """The module's `lifespan()`: an async context manager that `plait run` and `plait
+    resume` enter before anything else and leave after the engine closes (to open and close
+    what its tasks use: agent memory, a blackboard's store). None: nothing to enter."""
+    factory = getattr(module, "lifespan", None)
+    if factory is None:
+        return contextlib.nullcontext()
+    if not callable(factory):
+        raise UsageError(f"lifespan in {module.__file__} must be a function, got {factory!r}")
+    manager = factory()
+    if not isinstance(manager, contextlib.AbstractAsyncContextManager):
+        raise UsageError(
+            f"lifespan() in {module.__file__} returned {type(manager).__name__}; define it "
+            "with @contextlib.asynccontextmanager (an async generator that yields once)"
+        )
+    return manager
 
 
 def open_store(target: str) -> Store:
@@ -313,6 +333,8 @@ The module may define:
                     (for simulated backends); "system" (the default) is wall time, and the
                     only clock for backends that talk to a server over the network
   CONFIG = "f.toml" optional: a config file beside the module, used when --config is not given
+  lifespan()        optional: an async context manager entered before the run and left after
+                    it (open what the tasks use: agent memory, a blackboard's store)
 
 Exit status: 0 all workflows succeeded, 1 one failed (or a run-time error), 2 bad usage,
 130 interrupted (Ctrl-C; the summary of what finished is printed first).

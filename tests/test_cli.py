@@ -175,3 +175,49 @@ def test_a_syntax_error_in_the_module_names_file_and_line(tmp_path: Path) -> Non
     assert proc.returncode == 2
     assert proc.stderr.startswith("plait: error: ") and f"{path}:2: syntax error" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+LIFESPAN = """
+import contextlib
+import pathlib
+from orchestrator import Workflow
+
+CLOCK = "virtual"
+LOG = []
+OPENED = {}
+
+@contextlib.asynccontextmanager
+async def lifespan():
+    LOG.append("enter")
+    OPENED["greeting"] = "hello"
+    yield
+    LOG.append("exit")
+    pathlib.Path(__file__).with_suffix(".log").write_text(" ".join(LOG))
+
+def greet():
+    return OPENED["greeting"]
+
+def workflows():
+    wf = Workflow("uses-what-lifespan-opened")
+    wf.add("greet", greet)
+    return wf
+"""
+
+
+def test_a_modules_lifespan_is_entered_around_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(["run", flow(tmp_path, LIFESPAN)], capsys)
+    assert code == 0, out
+    assert "1 workflow(s), 1 succeeded" in out
+    assert (tmp_path / "flow.log").read_text() == "enter exit"
+
+
+def test_a_lifespan_that_is_not_a_context_manager_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = "from orchestrator import Workflow\nCLOCK = 'virtual'\n"
+    body += "def lifespan():\n    return 3\ndef workflows():\n    return Workflow('w')\n"
+    code, _, err = run(["run", flow(tmp_path, body)], capsys)
+    assert code == 2
+    assert "lifespan() in" in err and "returned int" in err and "asynccontextmanager" in err
