@@ -55,8 +55,14 @@ EXPECTED = {
         "LoadReport",
         "Faults",
     },
-    "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
-    "memory": {"SQLStore", "store_url"},
+    "agents": {
+        "Agent", "Prompt", "Tool", "ToolAction",
+        # the blackboard (issue 10)
+        "Answer", "Answered", "Awarded", "Board", "BoardEvent", "BoardStats", "BoardStore",
+        "Claim", "ClaimLostError", "Helper", "MemoryBoardStore", "Offer", "Post", "PostFailed",
+        "PostFailedError", "Posted", "Released", "Volunteer", "award",
+    },
+    "memory": {"SQLStore", "store_url", "SQLBoardStore"},
 }  # fmt: skip
 
 
