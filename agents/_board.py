@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import Clock, RunError, TaskContext, UsageError, running_clock
+from orchestrator import Clock, TaskContext, UsageError, running_clock
 
 from ._board_model import (
     Answer,
@@ -542,27 +542,38 @@ class Board:
                     batch, writer.pending = writer.pending, []
                     try:
                         results = await self.store.write([op for op, _ in batch])
-                    except BaseException as exc:
-                        for _, future in batch:
-                            if not future.done():
-                                future.set_exception(exc)
-                        if not isinstance(exc, Exception):
-                            raise
+                    except Exception as exc:
+                        _settle(batch, exc)
                         continue
+                    except BaseException:
+                        _settle(batch, None)  # the committer was cancelled: so are its waiters
+                        raise
                     self.stats.commits += 1
-                    for (_, future), result in zip(batch, results, strict=True):
-                        future.set_result(result)
+                    _settle(batch, results)
                     if self._subscribers:
                         await self._refresh_outcomes()
             finally:
                 writer.busy = False
-                for _, future in writer.pending:  # the committer was cancelled
-                    if not future.done():
-                        future.set_exception(
-                            RunError("the board's commit was cancelled; post again")
-                        )
+                _settle(writer.pending, None)
                 writer.pending = []
         return [await future for future in futures]
+
+
+def _settle(
+    batch: list[tuple[BoardWrite, asyncio.Future[int]]],
+    outcome: list[int] | Exception | None,
+) -> None:
+    """Hand each waiter its write's answer (the store's error; None: cancelled). A waiter
+    that was cancelled meanwhile has nothing to hear."""
+    for i, (_, future) in enumerate(batch):
+        if future.done():
+            continue
+        if outcome is None:
+            future.cancel()
+        elif isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome[i])
 
 
 def _post_fields(post: Post) -> dict[str, Any]:
