@@ -107,6 +107,7 @@ class Board:
         self.poll = poll
         self.stats = BoardStats()
         self._volunteers: dict[str, Volunteer] = {}
+        self._names: set[str] = set()
         self._index: dict[str, set[str]] = {}
         self._loads: dict[str, int] = {}
         self._entries: dict[str, _Entry] = {}
@@ -180,6 +181,7 @@ class Board:
         if name in self._volunteers:
             raise UsageError(f"a volunteer named {name!r} already joined this board")
         self._volunteers[name] = volunteer
+        self._names.add(name)
         self._loads.setdefault(name, 0)
         for tag in tags(volunteer.capabilities, f"volunteer {name!r}"):
             self._index.setdefault(tag, set()).add(name)
@@ -189,6 +191,7 @@ class Board:
         """Stop offering posts to `name` (claims it holds run on)."""
         if self._volunteers.pop(name, None) is None:
             raise UsageError(f"no volunteer named {name!r} joined this board")
+        self._names.discard(name)
         for members in self._index.values():
             members.discard(name)
 
@@ -262,7 +265,7 @@ class Board:
         entry.awarding = True
         try:
             post = entry.post
-            names = capable(post.capabilities, self._index, set(self._volunteers))
+            names = capable(post.capabilities, self._index, self._names)
             bids = await self._bids(post, names) if names else {}
             offer = award(bids, self._loads)
             ops = [first] if first is not None else []
@@ -485,7 +488,7 @@ class Board:
         await self._refresh_outcomes()
 
     def _why(self, post: Post) -> str:
-        if capable(post.capabilities, self._index, set(self._volunteers)):
+        if capable(post.capabilities, self._index, self._names):
             return (
                 f"no agent with capabilities {sorted(post.capabilities)} bid for it by its deadline"
             )

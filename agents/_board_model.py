@@ -210,12 +210,12 @@ class Offer:
 def award(bids: Mapping[str, float], loads: Mapping[str, int]) -> Offer | None:
     """The winning offer: the highest bid; ties go to the volunteer holding the fewest
     claims, then to the first name in order (so the result never depends on dict order)."""
-    best: Offer | None = None
+    best: tuple[float, int, str] | None = None
     for name, amount in bids.items():
-        offer = Offer(name, amount, loads.get(name, 0))
-        if best is None or offer < best:
-            best = offer
-    return best
+        key = (-amount, loads.get(name, 0), name)  # Offer's order, without an Offer per bid
+        if best is None or key < best:
+            best = key
+    return None if best is None else Offer(best[2], -best[0], best[1])
 
 
 def capable(
