@@ -1,6 +1,26 @@
-"""Agents: roles with tools and capabilities, their tool loops and structured answers."""
+"""Agents: roles with tools and capabilities, their tool loops and structured answers, and
+the blackboard they coordinate on."""
 
 from ._agent import Agent, Bid, StructuredAsk
+from ._board import Board, BoardStats
+from ._board_model import (
+    Answer,
+    Answered,
+    Awarded,
+    BoardEvent,
+    Claim,
+    ClaimLostError,
+    Helper,
+    Offer,
+    Post,
+    Posted,
+    PostFailed,
+    PostFailedError,
+    Released,
+    Volunteer,
+    award,
+)
+from ._board_store import BoardStore, MemoryBoardStore
 from ._loop import AgentStopped, ConversationLog, Limits, Prompt
 from ._tools import TOOL_ERROR, Tool, ToolAction, ToolArgumentsError, ToolUse, tool
 
@@ -18,4 +38,24 @@ __all__ = [
     "ToolArgumentsError",
     "ToolUse",
     "tool",
+    # the blackboard
+    "Answer",
+    "Answered",
+    "Awarded",
+    "Board",
+    "BoardEvent",
+    "BoardStats",
+    "BoardStore",
+    "Claim",
+    "ClaimLostError",
+    "Helper",
+    "MemoryBoardStore",
+    "Offer",
+    "Post",
+    "PostFailed",
+    "PostFailedError",
+    "Posted",
+    "Released",
+    "Volunteer",
+    "award",
 ]

@@ -89,3 +89,46 @@ calls = sa.Table(
 
 
 # --- the blackboard (v6) -----------------------------------------------------------------
+# Posts on the board; a post's live claim is the claims row of its current attempt. Times
+# are epoch seconds from the boards' clocks.
+board_posts = sa.Table(
+    "plait_board_posts",
+    metadata,
+    sa.Column("id", sa.String(200), primary_key=True),
+    sa.Column("poster", sa.String(200), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("capabilities", sa.Text, nullable=False),
+    sa.Column("posted_at", sa.Double, nullable=False),
+    sa.Column("deadline", sa.Double, nullable=True),
+    sa.Column("workflow", sa.String(200), nullable=True),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("result", sa.Text, nullable=True),
+    sa.Column("answered_by", sa.String(200), nullable=True),
+    sa.Index("plait_board_posts_state", "state", "posted_at"),
+)
+
+board_claims = sa.Table(
+    "plait_board_claims",
+    metadata,
+    sa.Column("post_id", sa.String(200), primary_key=True),
+    sa.Column("attempt", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("holder", sa.String(200), nullable=False),
+    sa.Column("bid", sa.Double, nullable=False),
+    sa.Column("lease_until", sa.Double, nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Index("plait_board_claims_live", "state", "lease_until"),
+)
+
+# The board's log: every post, award, release, answer and failure, in commit order.
+board_events = sa.Table(
+    "plait_board_events",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("post_id", sa.String(200), nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("data", sa.Text, nullable=False),
+)

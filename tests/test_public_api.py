@@ -60,8 +60,12 @@ EXPECTED = {
     "agents": {
         "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",
         "StructuredAsk", "Tool", "ToolAction", "ToolArgumentsError", "ToolUse", "tool",
+        # the blackboard
+        "Answer", "Answered", "Awarded", "Board", "BoardEvent", "BoardStats", "BoardStore",
+        "Claim", "ClaimLostError", "Helper", "MemoryBoardStore", "Offer", "Post", "PostFailed",
+        "PostFailedError", "Posted", "Released", "Volunteer", "award",
     },
-    "memory": {"SQLStore", "store_url"},
+    "memory": {"SQLStore", "store_url", "SQLBoardStore"},
 }  # fmt: skip
 
 
