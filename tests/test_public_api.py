@@ -56,7 +56,11 @@ EXPECTED = {
         "Faults",
     },
     "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
-    "memory": {"SQLStore", "store_url"},
+    "memory": {
+        "SQLStore", "store_url",
+        "Embedder", "EmbedderError", "Fact", "Hit", "Memory", "MemoryQueryError",
+        "MemoryValueError", "Note", "Scope", "Turn",
+    },
 }  # fmt: skip
 
 
