@@ -50,7 +50,10 @@ class Memory:
 
     `clock` stamps each row (`at`) and dates retention; `embedder`, when given, stores a
     vector with each fact and note for `similar`. `max_value_bytes` bounds a fact's JSON and
-    `max_note_bytes` a note's text: larger writes are refused, naming the limit."""
+    `max_note_bytes` a note's text: larger writes are refused, naming the limit.
+    `search_window` bounds the work of one search: a query matching more rows than that in
+    its scope ranks the newest `search_window` of them (BM25 costs time per matching row,
+    and a word found in most rows would otherwise cost a scan of them all)."""
 
     def __init__(
         self,
@@ -60,12 +63,20 @@ class Memory:
         embedder: Embedder | None = None,
         max_value_bytes: int = 64 * 1024,
         max_note_bytes: int = 1024 * 1024,
+        search_window: int = 1000,
     ) -> None:
         self.store = store
         self._clock = clock or SystemClock()
         self._embedder = embedder
         self._max_value = max_value_bytes
         self._max_note = max_note_bytes
+        if (
+            isinstance(search_window, bool)
+            or not isinstance(search_window, int)
+            or search_window < 1
+        ):
+            raise MemoryValueError(f"search_window={search_window!r} must be an integer >= 1")
+        self._window = search_window
         self._postgres = store.url.get_backend_name() == "postgresql"
 
     # --- facts ------------------------------------------------------------------------------
@@ -266,12 +277,13 @@ class Memory:
         same. Words are stemmed (Porter on SQLite, 'english' on PostgreSQL), and PostgreSQL
         also drops English stop words."""
         terms = query_terms(query)
-        statement, params = search_sql(
-            terms, scope, include_shared, check_kinds(kinds), check_limit(limit),
-            postgres=self._postgres,
-        )  # fmt: skip
+        args = (terms, scope, include_shared, check_kinds(kinds))
+        limit = check_limit(limit)
         async with self.store._read() as conn:
-            rows = (await conn.execute(statement, params)).mappings().all()
+            floor_query = search_sql(*args, postgres=self._postgres, window=self._window)
+            floor = (await conn.execute(*floor_query)).scalar_one_or_none() or 0
+            statement = search_sql(*args, postgres=self._postgres, limit=limit, floor=floor)
+            rows = (await conn.execute(*statement)).mappings().all()
         return [Hit(_item(row), float(row["score"])) for row in rows]
 
     async def similar(
@@ -293,11 +305,11 @@ class Memory:
         if not isinstance(query, str) or not query.strip():
             query_terms(query)  # raises the clear error
         (vector,) = await self._embed([query])
-        statement, params = search_sql(
-            None, scope, include_shared, check_kinds(kinds), None, postgres=self._postgres
+        statement = search_sql(
+            None, scope, include_shared, check_kinds(kinds), postgres=self._postgres
         )
         async with self.store._read() as conn:
-            rows = (await conn.execute(statement, params)).mappings().all()
+            rows = (await conn.execute(*statement)).mappings().all()
         ranked = rank_similar(vector, rows, check_limit(limit))
         return [Hit(_item(row), score) for row, score in ranked]
 

@@ -23,21 +23,36 @@ _COLUMNS = (
 )  # fmt: skip
 _SELECT = ", ".join(f"m.{c}" for c in _COLUMNS)
 
-# FTS5's bm25() is lower for better matches; its weights follow the columns: title, text, tags.
+# FTS5's `rank` (BM25, configured in the migration) is lower for better matches. The inner
+# query never leaves the FTS5 table: it filters on the copied scope columns and FTS5 sorts
+# rowids by rank alone; only the rows returned are joined.
 _SQLITE_SEARCH = f"""
-SELECT {_SELECT}, -bm25(plait_memory_fts, 4.0, 1.0, 1.0) AS score
-FROM plait_memory_fts JOIN plait_memory AS m ON m.id = plait_memory_fts.rowid
-WHERE plait_memory_fts MATCH :match AND m.kind IN :kinds AND {{scope}}
-ORDER BY score DESC, m.id DESC
-LIMIT :limit
+SELECT {_SELECT}, -f.rank AS score
+FROM (
+    SELECT rowid AS id, rank FROM plait_memory_fts AS f
+    WHERE plait_memory_fts MATCH :match AND f.kind IN :kinds AND {{scope}}
+    AND f.rowid >= :floor
+    ORDER BY rank LIMIT :limit
+) AS f JOIN plait_memory AS m ON m.id = f.id
+ORDER BY f.rank, m.id DESC
+"""
+_SQLITE_FLOOR = """
+SELECT rowid FROM plait_memory_fts AS f
+WHERE plait_memory_fts MATCH :match AND f.kind IN :kinds AND {scope}
+ORDER BY rowid DESC LIMIT 1 OFFSET :window
 """
 # 32: rank / (rank + 1), a score between 0 and 1.
 _POSTGRES_SEARCH = f"""
 SELECT {_SELECT}, ts_rank_cd(m.tsv, q, 32) AS score
 FROM plait_memory AS m, to_tsquery('english', :match) AS q
-WHERE m.tsv @@ q AND m.kind IN :kinds AND {{scope}}
+WHERE m.tsv @@ q AND m.kind IN :kinds AND {{scope}} AND m.id >= :floor
 ORDER BY score DESC, m.id DESC
 LIMIT :limit
+"""
+_POSTGRES_FLOOR = """
+SELECT m.id FROM plait_memory AS m, to_tsquery('english', :match) AS q
+WHERE m.tsv @@ q AND m.kind IN :kinds AND {scope}
+ORDER BY m.id DESC LIMIT 1 OFFSET :window
 """
 _EMBEDDED = f"""
 SELECT {_SELECT}, m.embedding, 0.0 AS score
@@ -47,16 +62,18 @@ AND {{scope}}
 """
 
 
-def scope_sql(scope: Scope, include_shared: bool) -> tuple[str, dict[str, Any]]:
-    """The WHERE clause that keeps a search inside `scope` (see `Scope`), and its parameters."""
+def scope_sql(scope: Scope, include_shared: bool, table: str) -> tuple[str, dict[str, Any]]:
+    """The WHERE clause that keeps a search of `table` (an alias) inside `scope` (see
+    `Scope`), and its parameters."""
     params: dict[str, Any] = {f"s_{k}": v for k, v in scope.columns().items()}
     if not include_shared:
-        return "m.tenant = :s_tenant AND m.workflow = :s_workflow AND m.agent = :s_agent", params
-    return (
-        "(m.tenant = :s_tenant OR (m.tenant = '' AND m.workflow = '' AND m.agent = ''))"
-        " AND m.workflow IN (:s_workflow, '') AND m.agent IN (:s_agent, '')",
-        params,
-    )
+        where = "m.tenant = :s_tenant AND m.workflow = :s_workflow AND m.agent = :s_agent"
+    else:
+        where = (
+            "(m.tenant = :s_tenant OR (m.tenant = '' AND m.workflow = '' AND m.agent = ''))"
+            " AND m.workflow IN (:s_workflow, '') AND m.agent IN (:s_agent, '')"
+        )
+    return where.replace("m.", f"{table}."), params
 
 
 def search_sql(
@@ -64,21 +81,29 @@ def search_sql(
     scope: Scope,
     include_shared: bool,
     kinds: Sequence[str],
-    limit: int | None,
     *,
     postgres: bool,
+    limit: int | None = None,
+    floor: int = 0,
+    window: int | None = None,
 ) -> tuple[sa.TextClause, dict[str, Any]]:
-    """A full-text search for any of `terms`, or (terms None) every embedded row in scope."""
-    where, params = scope_sql(scope, include_shared)
+    """A full-text search for any of `terms` among rows with ids from `floor`; with
+    `window`, the query for the floor instead: the id of the `window`-th newest match (no row
+    if there are fewer). With terms None: every embedded row in scope."""
+    where, params = scope_sql(scope, include_shared, "m" if terms is None or postgres else "f")
     params["kinds"] = list(kinds)
     if terms is None:
         text = _EMBEDDED
     elif postgres:
-        text = _POSTGRES_SEARCH
-        params.update(match=" | ".join(terms), limit=limit)
+        text = _POSTGRES_SEARCH if window is None else _POSTGRES_FLOOR
+        params["match"] = " | ".join(terms)
     else:
-        text = _SQLITE_SEARCH
-        params.update(match=" OR ".join(f'"{term}"' for term in terms), limit=limit)
+        text = _SQLITE_SEARCH if window is None else _SQLITE_FLOOR
+        params["match"] = " OR ".join(f'"{term}"' for term in terms)
+    if terms is not None:
+        params.update(
+            {"limit": limit, "floor": floor} if window is None else {"window": window - 1}
+        )
     statement = sa.text(text.format(scope=where)).bindparams(sa.bindparam("kinds", expanding=True))
     return statement, params
 

@@ -448,3 +448,21 @@ def test_retention_bounds_growth_and_keeps_each_latest_version(make_store: Store
                 await mem.retain(keep_versions=0)
 
     run(main())
+
+
+def test_a_query_matching_more_than_the_window_ranks_the_newest(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with memory(make_store, search_window=3) as mem:
+            await mem.note("walrus walrus walrus walrus", title="walrus")  # the best match, oldest
+            for i in range(4):
+                await mem.note(f"walrus sighting {i}", scope=Scope(tenant="other"))
+                await mem.note(f"walrus sighting {i}")
+            hits = await mem.search("walrus", limit=10)
+            # Three rows in scope are ranked (the other tenant's never count against it).
+            assert sorted(h.item.text for h in hits) == [  # type: ignore[union-attr]
+                "walrus sighting 1", "walrus sighting 2", "walrus sighting 3",
+            ]  # fmt: skip
+        async with memory(make_store) as mem:
+            assert (await mem.search("walrus"))[0].item.title == "walrus"  # type: ignore[union-attr]
+
+    run(main())

@@ -23,13 +23,19 @@ _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
 # unicode61 splits as the Python tokeniser in memory/_memory_query.py does; porter stems
 # English as PostgreSQL's 'english' configuration does.
+# The scope columns are copied in (unindexed) so a search filters and ranks inside FTS5, which
+# then sorts rowids by rank alone, with no join until the few rows that are returned.
 _SQLITE = (
     "CREATE VIRTUAL TABLE plait_memory_fts USING fts5("
-    "title, text, tags, tokenize = 'porter unicode61 remove_diacritics 2')",
+    "title, text, tags, kind UNINDEXED, tenant UNINDEXED, workflow UNINDEXED, "
+    "agent UNINDEXED, tokenize = 'porter unicode61 remove_diacritics 2')",
+    # `rank` is BM25 with a title weighing four times the text and the tags.
+    "INSERT INTO plait_memory_fts (plait_memory_fts, rank) VALUES ('rank', 'bm25(4.0, 1.0, 1.0)')",
     "CREATE TRIGGER plait_memory_fts_insert AFTER INSERT ON plait_memory "
     "WHEN new.latest AND NOT new.forgotten BEGIN "
-    "INSERT INTO plait_memory_fts (rowid, title, text, tags) "
-    "VALUES (new.id, coalesce(new.title, ''), new.text, new.tags); END",
+    "INSERT INTO plait_memory_fts (rowid, title, text, tags, kind, tenant, workflow, agent) "
+    "VALUES (new.id, coalesce(new.title, ''), new.text, new.tags, new.kind, new.tenant, "
+    "new.workflow, new.agent); END",
     "CREATE TRIGGER plait_memory_fts_supersede AFTER UPDATE OF latest ON plait_memory "
     "WHEN old.latest AND NOT new.latest BEGIN "
     "DELETE FROM plait_memory_fts WHERE rowid = old.id; END",
