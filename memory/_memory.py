@@ -9,7 +9,7 @@ readable until the user's own `retain` call bounds them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from orchestrator import Clock, SystemClock
 
 from . import _schema as t
+from ._memory_rows import exact, fact_from, item_from, note_from, retention
 from ._memory_search import rank_similar, search_sql
 from ._memory_types import (
     MAX_KEY,
@@ -33,6 +34,7 @@ from ._memory_types import (
     check_kinds,
     check_limit,
     check_name,
+    check_source,
     check_tags,
     encode_value,
     query_terms,
@@ -108,7 +110,7 @@ class Memory:
         """`remember` for many (namespace, key, value) at once, in one transaction: each
         becomes the next version of its key, in order (a key given twice gets two)."""
         tag_list = check_tags(tuple(tags) if not isinstance(tags, str) else tags)
-        _check_source(source)
+        check_source(source)
         now = self._clock.now()
         rows: list[dict[str, Any]] = []
         for namespace, key, value in facts:
@@ -126,7 +128,7 @@ class Memory:
         await self._embed_rows(rows)
         async with self.store._write() as conn:
             await self._put_facts(conn, scope, rows)
-        return [_fact(scope, row) for row in rows]
+        return [fact_from(scope, row) for row in rows]
 
     async def fact(self, namespace: str, key: str, *, scope: Scope = _SHARED) -> Fact | None:
         """The latest version of the fact, or None if there is none or it was forgotten."""
@@ -145,7 +147,7 @@ class Memory:
         forgotten."""
         check_name("namespace", namespace)
         check_name("key", key, MAX_KEY)
-        _check_source(source)
+        check_source(source)
         m = t.memory.c
         row = {
             "kind": "fact", "namespace": namespace, "key": key, "value": None, "text": "",
@@ -155,13 +157,13 @@ class Memory:
         async with self.store._write() as conn:
             await self._lock(conn, scope, namespace)
             query = sa.select(m.forgotten).where(
-                *_exact(scope), m.namespace == namespace, m.key == key, m.latest
+                *exact(scope), m.namespace == namespace, m.key == key, m.latest
             )
             live = (await conn.execute(query)).scalar_one_or_none()
             if live is None or live:
                 return None
             await self._put_facts(conn, scope, [row], locked=True)
-        return _fact(scope, row)
+        return fact_from(scope, row)
 
     async def _facts(
         self, namespace: str, key: str, scope: Scope, *, latest_only: bool
@@ -169,14 +171,14 @@ class Memory:
         m = t.memory.c
         query = (
             sa.select(t.memory)
-            .where(*_exact(scope), m.kind == "fact", m.namespace == namespace, m.key == key)
+            .where(*exact(scope), m.kind == "fact", m.namespace == namespace, m.key == key)
             .order_by(m.version)
         )
         if latest_only:
             query = query.where(m.latest)
         async with self.store._read() as conn:
             rows = (await conn.execute(query)).mappings().all()
-        return [_fact(scope, row) for row in rows]
+        return [fact_from(scope, row) for row in rows]
 
     async def _put_facts(
         self,
@@ -201,7 +203,7 @@ class Memory:
             versions: dict[str, int] = {}
             for start in range(0, len(keys), _CHUNK):
                 chunk = keys[start : start + _CHUNK]
-                where = (*_exact(scope), m.namespace == namespace, m.key.in_(chunk), m.latest)
+                where = (*exact(scope), m.namespace == namespace, m.key.in_(chunk), m.latest)
                 found = await conn.execute(sa.select(m.key, m.version).where(*where))
                 versions.update({k: v for k, v in found})
                 await conn.execute(t.memory.update().where(*where).values(latest=False))
@@ -243,7 +245,7 @@ class Memory:
             )
         if title is not None and not isinstance(title, str):
             raise MemoryValueError(f"note title {title!r} must be a string or None")
-        _check_source(source)
+        check_source(source)
         tag_list = check_tags(tuple(tags) if not isinstance(tags, str) else tags)
         row: dict[str, Any] = {
             "kind": "note", "title": title, "text": text, "value": None,
@@ -254,7 +256,7 @@ class Memory:
         async with self.store._write() as conn:
             result = await conn.execute(t.memory.insert().returning(t.memory.c.id), row)
             note_id = int(result.scalar_one())
-        return _note(scope, {**row, "id": note_id})
+        return note_from(scope, {**row, "id": note_id})
 
     # --- search -----------------------------------------------------------------------------
 
@@ -284,7 +286,7 @@ class Memory:
             floor = (await conn.execute(*floor_query)).scalar_one_or_none() or 0
             statement = search_sql(*args, postgres=self._postgres, limit=limit, floor=floor)
             rows = (await conn.execute(*statement)).mappings().all()
-        return [Hit(_item(row), float(row["score"])) for row in rows]
+        return [Hit(item_from(row), float(row["score"])) for row in rows]
 
     async def similar(
         self,
@@ -311,7 +313,7 @@ class Memory:
         async with self.store._read() as conn:
             rows = (await conn.execute(*statement)).mappings().all()
         ranked = rank_similar(vector, rows, check_limit(limit))
-        return [Hit(_item(row), score) for row, score in ranked]
+        return [Hit(item_from(row), score) for row, score in ranked]
 
     async def _embed_rows(self, rows: list[dict[str, Any]]) -> None:
         if self._embedder is None:
@@ -354,7 +356,7 @@ class Memory:
         now = self._clock.now()
         async with self.store._write() as conn:
             await self._lock(conn, scope, "\x1eturns")
-            last = await conn.execute(sa.select(sa.func.max(c.seq)).where(*_exact(scope, c)))
+            last = await conn.execute(sa.select(sa.func.max(c.seq)).where(*exact(scope, c)))
             seq = (last.scalar_one() or 0) + 1
             row = {**scope.columns(), "seq": seq, "role": role, "content": content, "at": now}
             await conn.execute(t.memory_turns.insert(), row)
@@ -378,7 +380,7 @@ class Memory:
             ):
                 raise MemoryValueError(f"{name}={bound!r} must be a non-negative integer or None")
         c = t.memory_turns.c
-        query = sa.select(t.memory_turns).where(*_exact(scope, c)).order_by(c.seq.desc())
+        query = sa.select(t.memory_turns).where(*exact(scope, c)).order_by(c.seq.desc())
         if last is not None:
             query = query.limit(last)
         turns: list[Turn] = []
@@ -414,92 +416,10 @@ class Memory:
         and turns written longer ago than that. A fact's latest version (a tombstone
         included) goes only with `drop_latest=True` and `older_than_s`. `scope` limits all
         of it to one scope exactly; None means every scope."""
-        for name, bound in (("keep_versions", keep_versions), ("keep_turns", keep_turns)):
-            if bound is not None and (
-                isinstance(bound, bool) or not isinstance(bound, int) or bound < 1
-            ):
-                raise MemoryValueError(
-                    f"{name}={bound!r} must be an integer of at least 1, or None"
-                )
-        if older_than_s is not None and not older_than_s >= 0:
-            raise MemoryValueError(f"older_than_s={older_than_s!r} must be a number >= 0, or None")
-        m, c = t.memory.c, t.memory_turns.c
-        where_m = [] if scope is None else list(_exact(scope))
-        where_c = [] if scope is None else list(_exact(scope, c))
-        statements: list[sa.Delete] = []
-        if keep_versions is not None:
-            newer = t.memory.alias("newer")
-            n = newer.c
-            kept = sa.exists().where(
-                n.tenant == m.tenant, n.workflow == m.workflow, n.agent == m.agent,
-                n.namespace == m.namespace, n.key == m.key, n.latest,
-                n.version >= m.version + keep_versions,
-            )  # fmt: skip
-            statements.append(t.memory.delete().where(*where_m, m.kind == "fact", ~m.latest, kept))
-        if keep_turns is not None:
-            later = t.memory_turns.alias("later")
-            newest = (
-                sa.select(sa.func.max(later.c.seq))
-                .where(
-                    later.c.tenant == c.tenant,
-                    later.c.workflow == c.workflow,
-                    later.c.agent == c.agent,
-                )
-                .scalar_subquery()
-            )
-            statements.append(t.memory_turns.delete().where(*where_c, c.seq <= newest - keep_turns))
-        if older_than_s is not None:
-            cutoff = self._clock.now() - older_than_s
-            droppable = sa.or_(
-                m.kind == "note", ~m.latest, sa.true() if drop_latest else sa.false()
-            )
-            statements.append(t.memory.delete().where(*where_m, m.at < cutoff, droppable))
-            statements.append(t.memory_turns.delete().where(*where_c, c.at < cutoff))
+        cutoff = None if older_than_s is None else self._clock.now() - older_than_s
+        statements = retention(keep_versions, keep_turns, older_than_s, cutoff, drop_latest, scope)
         gone = 0
         async with self.store._write() as conn:
             for statement in statements:
                 gone += (await conn.execute(statement)).rowcount
         return gone
-
-
-def _exact(scope: Scope, columns: Any = None) -> tuple[sa.ColumnElement[bool], ...]:
-    c = t.memory.c if columns is None else columns
-    s = scope.columns()
-    return (c.tenant == s["tenant"], c.workflow == s["workflow"], c.agent == s["agent"])
-
-
-def _check_source(source: object) -> None:
-    if source is not None:
-        check_name("source", source, 500)
-
-
-def _item(row: Mapping[Any, Any]) -> Fact | Note:
-    scope = Scope.from_columns(row["tenant"], row["workflow"], row["agent"])
-    return _fact(scope, row) if row["kind"] == "fact" else _note(scope, row)
-
-
-def _fact(scope: Scope, row: Mapping[Any, Any]) -> Fact:
-    forgotten = bool(row["forgotten"])
-    return Fact(
-        scope=scope,
-        namespace=row["namespace"],
-        key=row["key"],
-        version=row["version"],
-        value=None if forgotten or row["value"] is None else json.loads(row["value"]),
-        tags=tuple(json.loads(row["tags"])),
-        source=row["source"],
-        at=row["at"],
-        forgotten=forgotten,
-    )
-
-
-def _note(scope: Scope, row: Mapping[Any, Any]) -> Note:
-    return Note(
-        id=row["id"],
-        scope=scope,
-        title=row["title"],
-        text=row["text"],
-        tags=tuple(json.loads(row["tags"])),
-        source=row["source"],
-        at=row["at"],
-    )

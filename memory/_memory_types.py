@@ -146,6 +146,11 @@ def check_name(what: str, value: object, limit: int = MAX_NAME) -> str:
     return value
 
 
+def check_source(source: object) -> None:
+    if source is not None:
+        check_name("source", source, 500)
+
+
 def check_tags(tags: object) -> tuple[str, ...]:
     if isinstance(tags, str) or not isinstance(tags, Sequence | set | frozenset):
         raise MemoryValueError(
