@@ -43,15 +43,15 @@ ORDER BY rowid DESC LIMIT 1 OFFSET :window
 """
 # 32: rank / (rank + 1), a score between 0 and 1.
 _POSTGRES_SEARCH = f"""
-SELECT {_SELECT}, ts_rank_cd(m.tsv, q, 32) AS score
-FROM plait_memory AS m, to_tsquery('english', :match) AS q
-WHERE m.tsv @@ q AND m.kind IN :kinds AND {{scope}} AND m.id >= :floor
+SELECT {_SELECT}, ts_rank_cd(m.tsv, to_tsquery('english', :match), 32) AS score
+FROM plait_memory AS m
+WHERE m.tsv @@ to_tsquery('english', :match) AND m.kind IN :kinds AND {{scope}} AND m.id >= :floor
 ORDER BY score DESC, m.id DESC
 LIMIT :limit
 """
 _POSTGRES_FLOOR = """
-SELECT m.id FROM plait_memory AS m, to_tsquery('english', :match) AS q
-WHERE m.tsv @@ q AND m.kind IN :kinds AND {scope}
+SELECT m.id FROM plait_memory AS m
+WHERE m.tsv @@ to_tsquery('english', :match) AND m.kind IN :kinds AND {scope}
 ORDER BY m.id DESC LIMIT 1 OFFSET :window
 """
 _EMBEDDED = f"""
