@@ -1,10 +1,39 @@
-"""Persistent memory: the SQL store (SQLite and PostgreSQL through SQLAlchemy).
+"""Persistent memory: the SQL store (SQLite and PostgreSQL through SQLAlchemy), and what
+agents keep in it: versioned facts, notes, conversations, full-text and embedding search,
+and the blackboard.
 
-`SQLStore` implements orchestrator's `Store`; `SQLBoardStore` keeps the blackboard in the
-same database (it satisfies `agents.BoardStore`). Agent memory arrives later.
+`SQLStore` implements orchestrator's `Store`; `Memory` keeps what agents remember in the
+same database; `SQLBoardStore` keeps the blackboard there (it satisfies
+`agents.BoardStore`).
 """
 
 from ._board import SQLBoardStore
+from ._memory import Memory
+from ._memory_types import (
+    Embedder,
+    EmbedderError,
+    Fact,
+    Hit,
+    MemoryQueryError,
+    MemoryValueError,
+    Note,
+    Scope,
+    Turn,
+)
 from ._sql import SQLStore, store_url
 
-__all__ = ["SQLStore", "store_url", "SQLBoardStore"]
+__all__ = [
+    "Embedder",
+    "EmbedderError",
+    "Fact",
+    "Hit",
+    "Memory",
+    "MemoryQueryError",
+    "MemoryValueError",
+    "Note",
+    "SQLBoardStore",
+    "SQLStore",
+    "Scope",
+    "Turn",
+    "store_url",
+]

@@ -7,6 +7,7 @@ them. `SCHEMA_VERSION` is the version this plait writes and the highest it can o
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import TSVECTOR
 
 SCHEMA_VERSION = 6
 """1: workflows, events, payloads and their references. 2: call results; tenant and labels.
@@ -83,7 +84,63 @@ calls = sa.Table(
 
 
 # --- agent memory (v4) -------------------------------------------------------------------
+# Facts (one row per version) and notes in one table, so one full-text index ranks both.
+# Scope columns hold "" for "none" (not NULL), so the unique index sees two writes to the same
+# shared key as the same key. The full-text index itself is dialect-specific and lives in the
+# migration only: on SQLite an FTS5 table (`plait_memory_fts`, filled by triggers), on
+# PostgreSQL the `tsv` column below (filled by a trigger, GIN-indexed); `tsv` is plain text
+# left NULL on SQLite. Only a fact's latest, live version is in either index.
 
+_ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite: the rowid itself
+
+memory = sa.Table(
+    "plait_memory",
+    metadata,
+    sa.Column("id", _ID, primary_key=True, autoincrement=True),
+    sa.Column("kind", sa.String(8), nullable=False),  # "fact" or "note"
+    sa.Column("tenant", sa.String(200), nullable=False),
+    sa.Column("workflow", sa.String(200), nullable=False),
+    sa.Column("agent", sa.String(200), nullable=False),
+    sa.Column("namespace", sa.String(200), nullable=True),  # facts only
+    sa.Column("key", sa.String(500), nullable=True),  # facts only
+    sa.Column("version", sa.Integer, nullable=True),  # facts only: 1, 2, ... per key
+    sa.Column("title", sa.Text, nullable=True),  # notes only
+    sa.Column("text", sa.Text, nullable=False),  # what search reads
+    sa.Column("value", sa.Text, nullable=True),  # a fact's JSON, as written
+    sa.Column("tags", sa.Text, nullable=False),  # a JSON list of strings
+    sa.Column("source", sa.String(500), nullable=True),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Column("forgotten", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("latest", sa.Boolean, nullable=False, server_default=sa.true()),
+    sa.Column("embedding", sa.Text, nullable=True),  # a JSON list of floats
+    sa.Column("tsv", sa.Text().with_variant(TSVECTOR(), "postgresql"), nullable=True),
+    sa.Index(
+        "plait_memory_fact",
+        "tenant",
+        "workflow",
+        "agent",
+        "namespace",
+        "key",
+        "version",
+        unique=True,
+    ),
+    sa.Index("plait_memory_at", "kind", "at"),
+)
+
+memory_turns = sa.Table(
+    "plait_memory_turns",
+    metadata,
+    sa.Column("id", _ID, primary_key=True, autoincrement=True),
+    sa.Column("tenant", sa.String(200), nullable=False),
+    sa.Column("workflow", sa.String(200), nullable=False),
+    sa.Column("agent", sa.String(200), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("role", sa.String(32), nullable=False),
+    sa.Column("content", sa.Text, nullable=False),
+    sa.Column("at", sa.Double, nullable=False),
+    sa.Index("plait_memory_turns_seq", "tenant", "workflow", "agent", "seq", unique=True),
+    sa.Index("plait_memory_turns_at", "at"),
+)
 
 # --- peer messages (v5) ------------------------------------------------------------------
 

@@ -65,7 +65,11 @@ EXPECTED = {
         "Claim", "ClaimLostError", "Helper", "MemoryBoardStore", "Offer", "Post", "PostFailed",
         "PostFailedError", "Posted", "Released", "Volunteer", "award",
     },
-    "memory": {"SQLStore", "store_url", "SQLBoardStore"},
+    "memory": {
+        "SQLStore", "store_url", "SQLBoardStore",
+        "Embedder", "EmbedderError", "Fact", "Hit", "Memory", "MemoryQueryError",
+        "MemoryValueError", "Note", "Scope", "Turn",
+    },
 }  # fmt: skip
 
 
