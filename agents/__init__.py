@@ -1,7 +1,7 @@
 """Agents: roles with tools and capabilities, their tool loops and structured answers, and
 the blackboard they coordinate on."""
 
-from ._agent import Agent, Bid, StructuredAsk
+from ._agent import Agent, Bid, StructuredAsk, llm_bid
 from ._board import Board, BoardStats
 from ._board_model import (
     Answer,
@@ -37,6 +37,7 @@ __all__ = [
     "ToolAction",
     "ToolArgumentsError",
     "ToolUse",
+    "llm_bid",
     "tool",
     # the blackboard
     "Answer",

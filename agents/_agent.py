@@ -6,6 +6,8 @@ tool-using loop to a workflow, unrolled into tasks (see `_loop`).
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +17,8 @@ import pydantic
 from orchestrator import (
     DEFAULT_BACKEND,
     ActionSpec,
+    Hints,
+    LLMBackend,
     LLMCall,
     LLMRequest,
     Message,
@@ -39,8 +43,9 @@ from ._loop import (
 )
 from ._tools import Tool
 
-Bid = Callable[[Any], float | None]
-"""An agent's bid for a blackboard post: higher wins; None declines."""
+Bid = Callable[[Any], Any]
+"""An agent's bid for a blackboard post (a function of the `Post`, sync or async): a number,
+higher wins; None declines. Rule-based, or asked of a model (`llm_bid`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +93,21 @@ class Agent:
     def rebuilds(self) -> tuple[str, str]:
         """Resume finds this agent's LLM calls by its name (see `Registry`)."""
         return ("llm", self.name)
+
+    async def serve(self, post: Any, ctx: TaskContext | None) -> str:
+        """Answer a blackboard post this agent was awarded (`agents.Board`): one LLM call
+        with the post's content as the prompt (text as it is, data as JSON), made as the
+        claim's task in the poster's workflow, so it shares that program's priority."""
+        if ctx is None:
+            raise UsageError(
+                f"agent {self.name!r} answers posts with its model, which it reaches only as a "
+                "task of a workflow: post from inside a task (board.post(..., ctx=ctx)), or "
+                "put a Helper on the board for posts made outside workflows"
+            )
+        content = post.content
+        prompt = content if isinstance(content, str) else json.dumps(content, default=str)
+        response = await ctx.complete(self.request(prompt), backend=self.backend)
+        return response.text
 
     def parts(self) -> tuple[Tool, ...]:
         """Registering the agent registers its tools (a resumed loop rebuilds their calls)."""
@@ -286,3 +306,22 @@ class StructuredAsk:
             extra_body=self.extra_body,
         )
         return value
+
+
+def llm_bid(agent: Agent, backend: LLMBackend, *, max_tokens: int = 4) -> Bid:
+    """A bid asked of a model: `agent`'s system prompt, then "how well can you serve this,
+    0 to 10?"; the number in the reply is the bid, a reply without one declines. The call
+    goes straight to `backend` (bidding happens on the board, outside any workflow)."""
+
+    async def bid(post: Any) -> float | None:
+        content = post.content if isinstance(post.content, str) else json.dumps(post.content)
+        request = agent.request(
+            "On a scale of 0 to 10, how well can you serve this request? Answer with the "
+            f"number only.\n\n{content}",
+            max_tokens=max_tokens,
+        )
+        reply = await backend.complete(request, Hints(f"bid:{post.id}:{agent.name}"))
+        found = re.search(r"\d+(?:\.\d+)?", reply.text)
+        return float(found.group()) if found else None
+
+    return bid

@@ -352,3 +352,56 @@ def test_a_loop_resumes_from_its_last_step_without_paying_a_turn_twice(
             assert sent == ["user", "tool"]  # turn 1 was not sent again
 
     asyncio.run(main())
+
+
+# --- agents on the blackboard ----------------------------------------------------------------
+
+
+def test_agents_volunteer_by_capability_and_answer_with_their_model(clock: VirtualClock) -> None:
+    from agents import Board, llm_bid
+
+    geo = Agent("geo", "You know maps.", capabilities={"geo"})
+    sql_a = Agent("sql-a", "You write SQL.", capabilities={"sql"}, bid=lambda post: 1.0)
+
+    def reply(request: LLMRequest) -> str:
+        system = request.messages[0].content
+        if "how well can you serve" in request.messages[-1].content:
+            return "I would say 9" if system == "You write SQL, well." else "3"
+        return f"{system} answers: {request.messages[-1].content}"
+
+    llm = FunctionLLM(lambda request, hints: reply(request), latency=1.0, clock=clock)
+    asks = Agent("sql-b", "You write SQL, well.")  # what its bid asks the model as
+    sql_b = Agent("sql-b", "You write SQL, well.", capabilities={"sql"}, bid=llm_bid(asks, llm))
+
+    async def main() -> RunResult:
+        async with Engine(backends={"default": llm}) as engine, Board(clock=clock) as board:
+            for agent in (geo, sql_a, sql_b):
+                board.join(agent)
+
+            async def coordinator(ctx: Any) -> str:
+                post = await board.post("count the rows", capabilities={"sql"}, ctx=ctx)
+                return str(await board.answer_of(post))
+
+            wf = Workflow("board")
+            wf.add("coordinator", coordinator)
+            return await engine.run(wf)
+
+    result = clock.run(main())
+    assert result.status == "succeeded", result.failures
+    # sql-b bid 9 (asked of its model) over sql-a's rule-based 1; geo was never asked.
+    assert result["coordinator"] == "You write SQL, well. answers: count the rows"
+    asked = [c.request.messages[0].content for c in llm.calls]
+    assert "You know maps." not in asked
+
+
+def test_an_agent_cannot_answer_a_post_made_outside_a_workflow(clock: VirtualClock) -> None:
+    from agents import Board, PostFailedError
+
+    async def main() -> None:
+        async with Board(clock=clock, max_attempts=1) as board:
+            board.join(Agent("sql", "You write SQL.", capabilities={"sql"}))
+            post = await board.post("count the rows", capabilities={"sql"})
+            await board.answer_of(post)
+
+    with pytest.raises(PostFailedError, match="reaches only as a task of a workflow"):
+        clock.run(main())

@@ -59,7 +59,7 @@ EXPECTED = {
     },
     "agents": {
         "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",
-        "StructuredAsk", "Tool", "ToolAction", "ToolArgumentsError", "ToolUse", "tool",
+        "StructuredAsk", "Tool", "ToolAction", "ToolArgumentsError", "ToolUse", "llm_bid", "tool",
         # the blackboard
         "Answer", "Answered", "Awarded", "Board", "BoardEvent", "BoardStats", "BoardStore",
         "Claim", "ClaimLostError", "Helper", "MemoryBoardStore", "Offer", "Post", "PostFailed",
