@@ -159,3 +159,31 @@ def test_tool_agent_runs_on_the_simulated_server_with_plait_run() -> None:
     out = io.StringIO()
     assert main(["run", str(EXAMPLES / "tool_agent.py")], out=out) == 0
     assert "2 workflow(s), 2 succeeded" in out.getvalue()
+
+
+def test_data_discovery_awards_each_question_to_the_partition_that_holds_it() -> None:
+    module = load("data_discovery")
+    clock = VirtualClock()
+
+    async def go() -> RunResult:
+        async with module.lifespan(), Engine(backends=module.fake_backends(clock)) as engine:
+            return await engine.run(module.workflows())
+
+    result = clock.run(go())
+    assert result.ok, result.failures
+    answers = result["coordinate"]
+    assert [answers[q]["by"] for q in module.QUESTIONS] == [
+        "sales",
+        "logistics",
+        "people",
+        "search",  # no partition holds suppliers: the search agent's low bid wins
+    ]
+    assert answers[module.QUESTIONS[0]]["summary"] == "Join orders and refunds on id."
+    # Each award ran as a task of the coordinator's workflow.
+    assert sum(1 for task in result.results if task.startswith("board/")) == 4
+
+
+def test_data_discovery_runs_with_plait_run() -> None:
+    out = io.StringIO()
+    assert main(["run", str(EXAMPLES / "data_discovery.py")], out=out) == 0
+    assert "1 workflow(s), 1 succeeded" in out.getvalue()
