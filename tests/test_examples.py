@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import io
 from pathlib import Path
 from types import ModuleType
 
-from orchestrator import Engine, RunResult, VirtualClock, Workflow
+import pytest
+
+from orchestrator import Engine, RunResult, SystemClock, VirtualClock, Workflow
 from orchestrator._cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -187,3 +190,50 @@ def test_data_discovery_runs_with_plait_run() -> None:
     out = io.StringIO()
     assert main(["run", str(EXAMPLES / "data_discovery.py")], out=out) == 0
     assert "1 workflow(s), 1 succeeded" in out.getvalue()
+
+
+def test_team_memory_reuses_approved_work_in_its_second_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAIT_MEMORY", str(tmp_path / "memory.db"))
+    module = load("team_memory")
+
+    async def once() -> RunResult:
+        clock = SystemClock()  # memory is real I/O; the fake model answers at once
+        backends = module.fake_backends(clock, latency=0.0)
+        async with module.lifespan(), Engine(backends=backends, clock=clock) as engine:
+            return await engine.run(module.workflows())
+
+    first = asyncio.run(once())
+    assert first.ok, first.failures
+    assert first["dispatch"] == {
+        "list the policies": "worked",
+        "compare them": "worked",
+        "recommend one": "worked",
+    }
+    assert first.llm_calls == 1 + 3 * 2  # the plan, then work and review per step
+
+    second = asyncio.run(once())
+    assert second.ok, second.failures
+    # The critic approved two steps in the first run: remembered, not paid for again. It
+    # sent "compare them" back, so that one is worked again.
+    assert second["dispatch"] == {
+        "list the policies": "memory",
+        "compare them": "worked",
+        "recommend one": "memory",
+    }
+    assert second.llm_calls == 1 + 2
+    assert "Done: list the policies." in second["report"]
+
+
+def test_team_memory_runs_twice_with_plait_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PLAIT_MEMORY", str(tmp_path / "memory.db"))
+    calls = []
+    for _ in range(2):
+        out = io.StringIO()
+        assert main(["run", str(EXAMPLES / "team_memory.py")], out=out) == 0
+        row = next(line for line in out.getvalue().splitlines() if line.startswith("team-memory "))
+        calls.append(int(row.split()[6]))
+    assert calls[1] < calls[0]
