@@ -55,8 +55,13 @@ EXPECTED = {
         "LoadReport",
         "Faults",
     },
-    "agents": {"Agent", "Prompt", "Tool", "ToolAction"},
-    "memory": {"SQLStore", "store_url"},
+    "agents": {
+        "Agent", "Prompt", "Tool", "ToolAction",
+        "DEFAULT_TENANT", "Address", "Delivery", "InProcessMailStore", "MailScopeError",
+        "MailStats", "MailStore", "MessageId", "MessageNotJSONError", "MessageTooLargeError",
+        "PostOffice",
+    },
+    "memory": {"SQLMailStore", "SQLStore", "store_url"},
 }  # fmt: skip
 
 
