@@ -541,3 +541,12 @@ def test_tasks_message_each_other_and_an_oversized_message_fails_only_its_task(
     assert "5002 bytes of JSON, over the post office's limit of 1000" in result.failures["dump"]
     assert isinstance(result.errors["dump"], MessageTooLargeError)
     assert office.stats.refused == 1
+
+
+def test_the_example_in_docs_messaging_runs(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "messaging.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace: dict[str, Any] = {}
+    exec(compile(code, "docs/messaging.md", "exec"), namespace)
+    results = asyncio.run(namespace["main"](str(tmp_path / "store.db")))
+    assert results == {"plan": None, "code": "parse the CSV"}
