@@ -1,5 +1,5 @@
-"""Agents: roles with tools and capabilities, their tool loops and structured answers, and
-the blackboard they coordinate on."""
+"""Agents: roles with tools and capabilities, their tool loops and structured answers, the
+blackboard they coordinate on, and peer messages between them."""
 
 from ._agent import Agent, Bid, StructuredAsk, llm_bid
 from ._board import Board, BoardStats
@@ -22,6 +22,18 @@ from ._board_model import (
 )
 from ._board_store import BoardStore, MemoryBoardStore
 from ._loop import AgentStopped, ConversationLog, Limits, Prompt
+from ._mail import (
+    DEFAULT_TENANT,
+    Address,
+    Delivery,
+    MailScopeError,
+    MailStats,
+    MessageId,
+    MessageNotJSONError,
+    MessageTooLargeError,
+    PostOffice,
+)
+from ._mailstore import InProcessMailStore, MailStore
 from ._tools import TOOL_ERROR, Tool, ToolAction, ToolArgumentsError, ToolUse, tool
 
 __all__ = [
@@ -59,4 +71,16 @@ __all__ = [
     "Released",
     "Volunteer",
     "award",
+    # peer messages
+    "DEFAULT_TENANT",
+    "Address",
+    "Delivery",
+    "InProcessMailStore",
+    "MailScopeError",
+    "MailStats",
+    "MailStore",
+    "MessageId",
+    "MessageNotJSONError",
+    "MessageTooLargeError",
+    "PostOffice",
 ]

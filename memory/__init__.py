@@ -4,10 +4,12 @@ and the blackboard.
 
 `SQLStore` implements orchestrator's `Store`; `Memory` keeps what agents remember in the
 same database; `SQLBoardStore` keeps the blackboard there (it satisfies
-`agents.BoardStore`).
+`agents.BoardStore`); `SQLMailStore` keeps agents' peer messages there (it satisfies
+`agents.MailStore`).
 """
 
 from ._board import SQLBoardStore
+from ._mail import SQLMailStore
 from ._memory import Memory
 from ._memory_types import (
     Embedder,
@@ -32,6 +34,7 @@ __all__ = [
     "MemoryValueError",
     "Note",
     "SQLBoardStore",
+    "SQLMailStore",
     "SQLStore",
     "Scope",
     "Turn",

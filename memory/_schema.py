@@ -144,6 +144,54 @@ memory_turns = sa.Table(
 
 # --- peer messages (v5) ------------------------------------------------------------------
 
+# One row per message copy not yet acknowledged (a topic's publish keeps one per subscriber).
+# `id` is never reused (AUTOINCREMENT on SQLite, a sequence on PostgreSQL): a late ack of an
+# acknowledged message must not delete a newer one. A sender's messages share its tenant.
+mail = sa.Table(
+    "plait_mail",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("tenant", sa.String(200), nullable=False),
+    sa.Column("workflow", sa.String(200), nullable=False),
+    sa.Column("agent", sa.String(200), nullable=False),
+    sa.Column("sender_workflow", sa.String(200), nullable=False),
+    sa.Column("sender_agent", sa.String(200), nullable=False),
+    sa.Column("seq", sa.Integer, nullable=False),
+    sa.Column("topic", sa.String(200), nullable=True),
+    sa.Column("kind", sa.String(64), nullable=False),
+    sa.Column("body", sa.Text, nullable=False),
+    sa.Column("sent_at", sa.Double, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("leased_until", sa.Double, nullable=True),
+    sa.Index("plait_mail_box", "tenant", "workflow", "agent", "id"),
+    sa.Index(
+        "plait_mail_stream",
+        *("tenant", "workflow", "agent", "sender_workflow", "sender_agent", "seq"),
+        unique=True,
+    ),
+    sqlite_autoincrement=True,
+)
+
+# Each sender's last sequence number: kept apart from its messages, which acks delete.
+mail_senders = sa.Table(
+    "plait_mail_senders",
+    metadata,
+    sa.Column("tenant", sa.String(200), primary_key=True),
+    sa.Column("workflow", sa.String(200), primary_key=True),
+    sa.Column("agent", sa.String(200), primary_key=True),
+    sa.Column("last_seq", sa.Integer, nullable=False),
+)
+
+# Topic subscriptions; `scope` is a workflow id, or "" for a topic shared across the tenant.
+mail_topics = sa.Table(
+    "plait_mail_topics",
+    metadata,
+    sa.Column("tenant", sa.String(200), primary_key=True),
+    sa.Column("scope", sa.String(200), primary_key=True),
+    sa.Column("topic", sa.String(200), primary_key=True),
+    sa.Column("workflow", sa.String(200), primary_key=True),
+    sa.Column("agent", sa.String(200), primary_key=True),
+)
 
 # --- the blackboard (v6) -----------------------------------------------------------------
 # Posts on the board; a post's live claim is the claims row of its current attempt. Times

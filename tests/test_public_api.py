@@ -64,9 +64,13 @@ EXPECTED = {
         "Answer", "Answered", "Awarded", "Board", "BoardEvent", "BoardStats", "BoardStore",
         "Claim", "ClaimLostError", "Helper", "MemoryBoardStore", "Offer", "Post", "PostFailed",
         "PostFailedError", "Posted", "Released", "Volunteer", "award",
+        # peer messages
+        "DEFAULT_TENANT", "Address", "Delivery", "InProcessMailStore", "MailScopeError",
+        "MailStats", "MailStore", "MessageId", "MessageNotJSONError", "MessageTooLargeError",
+        "PostOffice",
     },
     "memory": {
-        "SQLStore", "store_url", "SQLBoardStore",
+        "SQLStore", "store_url", "SQLBoardStore", "SQLMailStore",
         "Embedder", "EmbedderError", "Fact", "Hit", "Memory", "MemoryQueryError",
         "MemoryValueError", "Note", "Scope", "Turn",
     },
