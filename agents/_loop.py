@@ -411,7 +411,8 @@ async def _finish(
             tokens=tokens,
         )
     if agent.memory is not None:
-        prompt = next((m.content for m in history if m.role == "user"), "")
+        # The last user message is this loop's prompt (those before it were remembered).
+        prompt = next((m.content for m in reversed(history) if m.role == "user"), "")
         text = value.model_dump_json() if isinstance(value, pydantic.BaseModel) else str(value)
         name = ctx.workflow.name
         await agent.memory.append_turn(agent.name, name, "user", prompt)
