@@ -53,9 +53,9 @@ class Memory:
     `clock` stamps each row (`at`) and dates retention; `embedder`, when given, stores a
     vector with each fact and note for `similar`. `max_value_bytes` bounds a fact's JSON and
     `max_note_bytes` a note's text: larger writes are refused, naming the limit.
-    `search_window` bounds the work of one search: a query matching more rows than that in
-    its scope ranks the newest `search_window` of them (BM25 costs time per matching row,
-    and a word found in most rows would otherwise cost a scan of them all)."""
+    `search_window` bounds the work of one search: only the newest `search_window` rows
+    that match in its scope are ranked (ranking costs time per row, and a word found in
+    most rows would otherwise cost a pass over them all); see `search`."""
 
     def __init__(
         self,
@@ -277,14 +277,18 @@ class Memory:
         PostgreSQL has no BM25, so there it is `ts_rank_cd` over a GIN-indexed tsvector
         (cover density, normalised by rank/(rank+1)), which orders similarly but not the
         same. Words are stemmed (Porter on SQLite, 'english' on PostgreSQL), and PostgreSQL
-        also drops English stop words."""
+        also drops English stop words.
+
+        Bounded work: only the newest `search_window` (Memory's argument, 1000 by default)
+        rows matching in scope are ranked; an older row, however relevant, is found only
+        when fewer than that many newer rows match. On SQLite the BM25 statistics (how rare
+        each word is) count every row of the store, all scopes; no row outside the scope
+        is ever returned."""
         terms = query_terms(query)
         args = (terms, scope, include_shared, check_kinds(kinds))
         limit = check_limit(limit)
+        statement = search_sql(*args, postgres=self._postgres, limit=limit, window=self._window)
         async with self.store._read() as conn:
-            floor_query = search_sql(*args, postgres=self._postgres, window=self._window)
-            floor = (await conn.execute(*floor_query)).scalar_one_or_none() or 0
-            statement = search_sql(*args, postgres=self._postgres, limit=limit, floor=floor)
             rows = (await conn.execute(*statement)).mappings().all()
         return [Hit(item_from(row), float(row["score"])) for row in rows]
 

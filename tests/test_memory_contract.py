@@ -466,3 +466,32 @@ def test_a_query_matching_more_than_the_window_ranks_the_newest(make_store: Stor
             assert (await mem.search("walrus"))[0].item.title == "walrus"  # type: ignore[union-attr]
 
     run(main())
+
+
+def test_a_word_in_every_row_stays_inside_its_scope_and_kind(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with memory(make_store, search_window=5) as mem:
+            # Scopes whose names differ by a byte, a stem, a prefix or a character.
+            names = ["a", "ab", "abed", "abe", "é", "e\u0301", "x", "7878"]
+            mine = Scope(tenant="ab", workflow="w", agent="x")
+            await mem.note("common mine", scope=mine)
+            await mem.remember("k", "v", "common my fact", scope=mine)
+            for tenant in names:
+                for i in range(8):  # newer than mine, and more than the window
+                    await mem.note(f"common other {tenant} {i}", scope=Scope(tenant=tenant))
+                    await mem.note(f"common near {i}", scope=Scope(tenant, "w", "x2"))
+            hits = await mem.search("common", scope=mine, include_shared=False, limit=50)
+            assert {h.item.scope for h in hits} == {mine} and len(hits) == 2
+            notes = await mem.search(
+                "common", scope=mine, include_shared=False, kinds=("note",), limit=50
+            )
+            assert [h.item.text for h in notes] == ["common mine"]  # type: ignore[union-attr]
+            # The tenant's own rows enclose the scope: the newest 5 of them, no other's.
+            wide = await mem.search("common", scope=mine, limit=50)
+            assert len(wide) == 5
+            assert {h.item.scope for h in wide} == {Scope(tenant="ab")}
+            assert {
+                h.item.scope for h in await mem.search("common", scope=Scope("é"), limit=50)
+            } == {Scope("é")}
+
+    run(main())
