@@ -12,7 +12,7 @@ yields the statements it needs and reads their answers; a driver per database ru
   a commit of a hundred posts and awards took 35-45 ms, most of it those round trips. The
   store's write lock is held meanwhile, as for the journal's appends, which share the thread.
 - PostgreSQL: one asyncpg transaction on a pooled connection; sets of rows go in and out
-  as arrays (`unnest`), the log with COPY.
+  as arrays (`unnest`): a statement is one round trip.
 
 Durability: a write's answer is returned only after its transaction committed, with the
 store's `synchronous` setting (FULL by default: the WAL is synced, so the batch survives a
@@ -449,11 +449,12 @@ class _PostgresSteps:
         return [(r[0], r[1]) for r in await self.conn.fetch(sql, list(ids))]
 
     async def insert_claims(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        await self.conn.copy_records_to_table(
-            "plait_board_claims",
-            records=[(*row, "live") for row in rows],
-            columns=("post_id", "attempt", "holder", "bid", "lease_until", "state"),
+        sql = (
+            "INSERT INTO plait_board_claims (post_id, attempt, holder, bid, lease_until, state) "
+            "SELECT *, 'live' FROM unnest($1::text[], $2::int[], $3::text[], $4::float8[], "
+            "$5::float8[])"
         )
+        await self.conn.execute(sql, *zip(*rows, strict=True))
 
     async def answer_claims(self, pairs: Sequence[tuple[str, int]]) -> list[tuple[str, int, str]]:
         sql = (
@@ -502,6 +503,11 @@ class _PostgresSteps:
         return [(r[0], r[1], r[2]) for r in await self.conn.fetch(sql, now)]
 
     async def log(self, rows: Sequence[tuple[str, str, float, str]]) -> None:
-        await self.conn.copy_records_to_table(
-            "plait_board_events", records=rows, columns=("kind", "post_id", "at", "data")
+        # unnest keeps the rows' order, so their seqs follow the batch's order. (COPY does
+        # too, but asyncpg reads the table's columns first: one more round trip a batch.)
+        sql = (
+            "INSERT INTO plait_board_events (kind, post_id, at, data) "
+            "SELECT k, p, a, d FROM unnest($1::text[], $2::text[], $3::float8[], $4::text[]) "
+            "WITH ORDINALITY AS u(k, p, a, d, n) ORDER BY n"
         )
+        await self.conn.execute(sql, *zip(*rows, strict=True))
