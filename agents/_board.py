@@ -6,6 +6,23 @@ What is durable lives in the `BoardStore` (exactly-once awards, leases, answers,
 the board keeps a view of it for speed: its volunteers, their loads, the posts it waits
 on. Writes are grouped: whoever writes while no commit is under way commits everything
 queued since, so many posts and awards share one transaction (as the journal does).
+
+Durability: nothing is acknowledged before the transaction holding it committed ("committed"
+means what the store makes of it: with `memory.SQLBoardStore`, synced to disk under the SQL
+store's `synchronous=FULL`, or committed by PostgreSQL; with the in-process store, in this
+process's memory only). A batch that fails fails every write in it, and none of it is
+stored. In particular:
+- when `post()` returns, the post and its "posted" event are committed, and so is its
+  award, if a capable volunteer bid (the post's own write and its award go in one batch);
+- an award takes effect (the claim is counted, its task or handler starts) only after the
+  conditional UPDATE that made it committed: no volunteer serves a claim the store could
+  lose, and two boards on one store never both win one attempt;
+- when `answer()` returns, the answer (the claim and the post marked answered, the result,
+  the "answered" event) is committed, and only then are waiters on `answer_of` woken;
+  `ClaimLostError` means nothing was written;
+- `release()` and `renew()` likewise return after their commit.
+A process that dies between a commit and its acknowledgement leaves the write in the store
+(a post other boards see, a claim whose lease runs out and puts the post back).
 """
 
 from __future__ import annotations
@@ -250,8 +267,8 @@ class Board:
 
         `deadline`: seconds from now; no award by then fails the post with the reason.
         `ctx`: posting from inside a task: each claim runs as a task of that task's workflow
-        (`claim.task_id`), whose result is the answer. Returns once the post is stored (and
-        awarded, if a capable volunteer bid)."""
+        (`claim.task_id`), whose result is the answer. Returns once the post is committed,
+        and with it its award, if a capable volunteer bid (see the module docstring)."""
         required = tags(capabilities, f"post by {poster!r}")
         if deadline is not None and not (isinstance(deadline, int | float) and deadline >= 0):
             raise UsageError(f"post deadline={deadline!r} must be seconds from now, >= 0")
@@ -402,8 +419,9 @@ class Board:
     # --- claims -------------------------------------------------------------------------------
 
     async def answer(self, claim: Claim, result: Any) -> None:
-        """Record `claim`'s answer; every subscriber sees it. Raises `ClaimLostError` if the
-        claim is no longer live (its lease expired; the post was offered again)."""
+        """Record `claim`'s answer; returns once it is committed, and every subscriber sees
+        it. Raises `ClaimLostError` if the claim is no longer live (its lease expired; the
+        post was offered again): then nothing was written."""
         try:
             json.dumps(result)
         except (TypeError, ValueError) as exc:
