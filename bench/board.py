@@ -22,8 +22,8 @@ costs an agent workload on the simulated H100 against the same work wired as DAG
      still while Python runs, so this shows only structural overhead (extra tasks and
      hops in the DAG), never the board's CPU or storage time.
 
-    python bench/board.py --quick     # about a minute
-    python bench/board.py             # 1,000 agents, 10,000 posts; about two minutes
+    python bench/board.py --quick     # about half a minute
+    python bench/board.py             # 1,000 agents, 10,000 posts; about a minute
 
 The last line of stdout is one JSON object with the figures.
 """
