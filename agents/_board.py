@@ -6,12 +6,31 @@ What is durable lives in the `BoardStore` (exactly-once awards, leases, answers,
 the board keeps a view of it for speed: its volunteers, their loads, the posts it waits
 on. Writes are grouped: whoever writes while no commit is under way commits everything
 queued since, so many posts and awards share one transaction (as the journal does).
+
+Durability: nothing is acknowledged before the transaction holding it committed ("committed"
+means what the store makes of it: with `memory.SQLBoardStore`, synced to disk under the SQL
+store's `synchronous=FULL`, or committed by PostgreSQL; with the in-process store, in this
+process's memory only). A batch that fails fails every write in it, and none of it is
+stored. In particular:
+- when `post()` returns, the post and its "posted" event are committed, and so is its
+  award, if a capable volunteer bid (the post's own write and its award go in one batch);
+- an award takes effect (the claim is counted, its task or handler starts) only after the
+  conditional UPDATE that made it committed: no volunteer serves a claim the store could
+  lose, and two boards on one store never both win one attempt;
+- when `answer()` returns, the answer (the claim and the post marked answered, the result,
+  the "answered" event) is committed, and only then are waiters on `answer_of` woken;
+  `ClaimLostError` means nothing was written;
+- `release()` and `renew()` likewise return after their commit.
+A process that dies between a commit and its acknowledgement leaves the write in the store
+(a post other boards see, a claim whose lease runs out and puts the post back).
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
+import math
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass, field
@@ -118,6 +137,14 @@ class Board:
         self._tg: asyncio.TaskGroup | None = None
         self._running: set[asyncio.Task[Any]] = set()
         self._wake = asyncio.Event()
+        self._due: list[tuple[float, int, str, Any]] = []
+        """(time, push number, "deadline" | "lease", post id | claim key): a heap of what
+        the timers wait for; an item whose post ended or claim moved on is dropped when met."""
+        self._pushed = 0
+        self._sleeping_until = -math.inf
+        """When the timers wake unless woken: an earlier due time wakes them (-inf: awake)."""
+        self._sweep_wanted = True
+        self._last_sweep = -math.inf
 
     @property
     def clock(self) -> Clock:
@@ -149,24 +176,47 @@ class Board:
         await tg.__aexit__(None, None, None)
 
     async def _timers(self) -> None:
+        # A sweep reads the store (expiries, every open post, the log): it runs when
+        # something is due or a volunteer joined, never merely because a post came in.
         while True:
             await self.sweep()
-            self._wake.clear()
-            due = self._next_due()
-            try:
-                async with asyncio.timeout(None if due is None else max(due, 0.0)):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+            while not self._sweep_wanted:
+                self._wake.clear()
+                due = self._next_due()
+                if due is not None and due <= 0:
+                    break
+                self._sleeping_until = math.inf if due is None else self.clock.now() + due
+                try:
+                    async with asyncio.timeout(due):
+                        await self._wake.wait()
+                except TimeoutError:
+                    pass
+                finally:
+                    self._sleeping_until = -math.inf
+
+    def _schedule(self, at: float, kind: str, key: Any) -> None:
+        self._pushed += 1
+        heapq.heappush(self._due, (at, self._pushed, kind, key))
+        if at < self._sleeping_until:
+            self._wake.set()
+
+    def _still_due(self, item: tuple[float, int, str, Any]) -> bool:
+        at, _, kind, key = item
+        if kind == "lease":
+            claim = self._held.get(key)
+            return claim is not None and claim.lease_until == at
+        entry = self._entries.get(key)
+        return entry is not None and not entry.outcome.done() and entry.post.deadline == at
 
     def _next_due(self) -> float | None:
-        now = self.clock.now()
-        times = [e.post.deadline for e in self._entries.values() if e.post.deadline is not None]
-        times += [c.lease_until for c in self._held.values()]
-        delays = [t - now for t in times]
+        """Seconds until the next deadline, lease end or poll (None: nothing is due)."""
+        due = self._due
+        while due and not self._still_due(due[0]):
+            heapq.heappop(due)
+        times = [due[0][0]] if due else []
         if self.poll is not None:
-            delays.append(self.poll)
-        return min(delays, default=None)
+            times.append(self._last_sweep + self.poll)
+        return None if not times else min(times) - self.clock.now()
 
     # --- volunteers ---------------------------------------------------------------------------
 
@@ -185,6 +235,7 @@ class Board:
         self._loads.setdefault(name, 0)
         for tag in tags(volunteer.capabilities, f"volunteer {name!r}"):
             self._index.setdefault(tag, set()).add(name)
+        self._sweep_wanted = True
         self._wake.set()
 
     def leave(self, name: str) -> None:
@@ -216,8 +267,8 @@ class Board:
 
         `deadline`: seconds from now; no award by then fails the post with the reason.
         `ctx`: posting from inside a task: each claim runs as a task of that task's workflow
-        (`claim.task_id`), whose result is the answer. Returns once the post is stored (and
-        awarded, if a capable volunteer bid)."""
+        (`claim.task_id`), whose result is the answer. Returns once the post is committed,
+        and with it its award, if a capable volunteer bid (see the module docstring)."""
         required = tags(capabilities, f"post by {poster!r}")
         if deadline is not None and not (isinstance(deadline, int | float) and deadline >= 0):
             raise UsageError(f"post deadline={deadline!r} must be seconds from now, >= 0")
@@ -251,8 +302,9 @@ class Board:
         self._entries[post.id] = entry
         self.stats.posts += 1
         fields = _post_fields(post)
+        if post.deadline is not None:
+            self._schedule(post.deadline, "deadline", post.id)
         await self._offer(entry, first=("post", post.id, fields))
-        self._wake.set()
         return post
 
     async def _offer(self, entry: _Entry, first: BoardWrite | None = None) -> None:
@@ -325,6 +377,7 @@ class Board:
         self.stats.awards += 1
         entry.claim = claim
         self._held[(claim.post.id, claim.attempt)] = claim
+        self._schedule(claim.lease_until, "lease", (claim.post.id, claim.attempt))
         self._loads[claim.holder] = self._loads.get(claim.holder, 0) + 1
         editor = entry.editor
         volunteer = self._volunteers[claim.holder]
@@ -366,8 +419,9 @@ class Board:
     # --- claims -------------------------------------------------------------------------------
 
     async def answer(self, claim: Claim, result: Any) -> None:
-        """Record `claim`'s answer; every subscriber sees it. Raises `ClaimLostError` if the
-        claim is no longer live (its lease expired; the post was offered again)."""
+        """Record `claim`'s answer; returns once it is committed, and every subscriber sees
+        it. Raises `ClaimLostError` if the claim is no longer live (its lease expired; the
+        post was offered again): then nothing was written."""
         try:
             json.dumps(result)
         except (TypeError, ValueError) as exc:
@@ -402,6 +456,7 @@ class Board:
             raise ClaimLostError(claim)
         renewed = Claim(claim.post, claim.attempt, claim.holder, claim.bid, until)
         self._held[(claim.post.id, claim.attempt)] = renewed
+        self._schedule(until, "lease", (claim.post.id, claim.attempt))
         return renewed
 
     def _ended(self, claim: Claim) -> None:
@@ -415,6 +470,8 @@ class Board:
             return
         entry.claim = None
         if reopened:
+            if entry.post.deadline is not None:
+                self._schedule(entry.post.deadline, "deadline", post_id)
             await self._offer(entry)
         else:
             await self._refresh_outcomes()
@@ -444,7 +501,6 @@ class Board:
             self.stats.failures += 1
             entry.outcome.set_exception(PostFailedError(post_id, failure))
             entry.outcome.exception()  # retrieved: nobody may be waiting on it
-        self._wake.set()
 
     async def events(self) -> AsyncIterator[BoardEvent]:
         """Every event from now on (posts, awards, releases, answers, failures), from every
@@ -470,6 +526,9 @@ class Board:
         processes') to this board's volunteers, and deliver the log's new events. The board's
         timers call it; call it yourself when driving time by hand."""
         now = self.clock.now()
+        self._sweep_wanted = False
+        self._last_sweep = now
+        mark = self._pushed
         for post_id, attempt, _holder, _reopened in await self.store.expire(now):
             claim = self._held.get((post_id, attempt))
             if claim is not None:
@@ -486,6 +545,12 @@ class Board:
             elif self._volunteers:
                 await self._offer(entry)
         await self._refresh_outcomes()
+        # What was due by `now` has been dealt with: a post past its deadline that was open
+        # failed; one that was claimed is scheduled again if its claim puts it back.
+        kept = [d for d in self._due if d[0] > now or d[1] > mark]
+        if len(kept) < len(self._due):
+            heapq.heapify(kept)
+            self._due = kept
 
     def _why(self, post: Post) -> str:
         if capable(post.capabilities, self._index, self._names):
@@ -498,6 +563,8 @@ class Board:
         post = _post_from(row)
         entry = _Entry(post, asyncio.get_running_loop().create_future())
         self._entries[post.id] = entry
+        if post.deadline is not None and row["state"] in ("open", "claimed"):
+            self._schedule(post.deadline, "deadline", post.id)
         if row["state"] == "answered":
             entry.outcome.set_result(row["result"])
         elif row["state"] == "failed":

@@ -44,7 +44,9 @@ class BoardStore(Protocol):
     """What the board needs from its storage; see the module docstring."""
 
     async def write(self, ops: Sequence[BoardWrite]) -> list[int]:
-        """Apply `ops` in order, in one transaction; one answer per op (see `BoardWrite`)."""
+        """Apply `ops` in order, in one transaction, and return only once it committed (as
+        durably as the store keeps anything); one answer per op (see `BoardWrite`). If the
+        transaction fails, none of `ops` took effect."""
         ...
 
     async def expire(self, now: float) -> list[Expiry]:

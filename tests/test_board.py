@@ -349,6 +349,88 @@ def test_a_new_board_on_the_store_sees_open_posts_and_answers(open_store: OpenSt
     asyncio.run(main())
 
 
+def test_a_batch_with_one_post_twice_stores_it_once(open_store: OpenStore) -> None:
+    post = {
+        "id": "p1", "content": {"q": 1}, "capabilities": ["x"], "poster": "app",
+        "posted_at": 1.0, "deadline": None, "workflow": None, "max_attempts": 3,
+    }  # fmt: skip
+    won = {"holder": "a", "bid": 1.0, "lease_until": 100.0, "at": 1.0}
+    answer = {"attempt": 1, "result": {"ok": True}, "at": 2.0}
+
+    async def main() -> None:
+        async with open_store() as store:
+            ops = [("post", "p1", post), ("post", "p1", post), ("award", "p1", won)]
+            assert await store.write([*ops, ("award", "p1", won)]) == [1, 0, 1, 0]
+            assert await store.write([("post", "p1", post)]) == [0]
+            assert await store.write([("answer", "p1", answer)] * 2) == [1, 0]
+            assert [kind for _, kind, _, _, _ in await store.events()] == [
+                "posted",
+                "awarded",
+                "answered",
+            ]
+            (row,) = await store.posts(("answered",))
+            assert (row["result"], row["answered_by"], row["attempts"]) == ({"ok": True}, "a", 1)
+
+    asyncio.run(main())
+
+
+class CountingStore:
+    """The in-process store, counting the sweeps that reach it (each starts with `expire`)."""
+
+    def __init__(self) -> None:
+        self.inner = MemoryBoardStore()
+        self.sweeps = 0
+
+    async def write(self, ops: Any) -> list[int]:
+        return await self.inner.write(ops)
+
+    async def expire(self, now: float) -> Any:
+        self.sweeps += 1
+        return await self.inner.expire(now)
+
+    async def posts(self, states: Any) -> list[dict[str, Any]]:
+        return await self.inner.posts(states)
+
+    async def events(self, after: int = 0, limit: int = 10_000) -> Any:
+        return await self.inner.events(after, limit)
+
+
+async def idle(turns: int = 50) -> None:
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+def test_posts_do_not_set_off_sweeps_of_the_store() -> None:
+    async def main() -> None:
+        store = CountingStore()
+        async with Board(store, clock=HandClock()) as board:
+            board.join(helper("a", "x"))
+            await idle()
+            before = store.sweeps
+            posts = [await board.post(i, capabilities={"x"}, deadline=50) for i in range(30)]
+            assert [await settle(board, post) for post in posts] == [f"a:{i}" for i in range(30)]
+            await idle()
+            assert store.sweeps == before  # nothing was due: no deadline, no lease has passed
+
+    asyncio.run(main())
+
+
+def test_a_claimed_post_past_its_deadline_does_not_keep_the_timers_busy() -> None:
+    async def main() -> None:
+        store, clock = CountingStore(), HandClock()
+        async with Board(store, clock=clock, lease=600) as board:
+            board.join(helper("slow", "x", work=lambda post, ctx: asyncio.Event().wait()))
+            post = await board.post("p", capabilities={"x"}, deadline=5)
+            await idle()
+            clock.advance(10)  # past the deadline, but the post is claimed until 1,600
+            board.join(helper("other", "y"))  # wakes the timers
+            await idle()
+            assert store.sweeps <= 3
+            assert [row["id"] for row in await store.posts(("claimed",))] == [post.id]
+
+    asyncio.run(main())
+
+
 def test_bad_input_is_refused_with_the_fix() -> None:
     async def main() -> None:
         async with Board(clock=HandClock()) as board:
