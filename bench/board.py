@@ -49,6 +49,8 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+from _memory_search import measure as measure_memory  # noqa: E402
+
 from agents import Board, BoardStore, Helper, Post  # noqa: E402
 from executors import SimServer  # noqa: E402
 from memory import SQLBoardStore, SQLStore  # noqa: E402
@@ -58,6 +60,7 @@ from orchestrator import (  # noqa: E402
     Limits,
     LLMRequest,
     Message,
+    StoreError,
     SystemClock,
     TaskContext,
     VirtualClock,
@@ -277,6 +280,14 @@ def run_jct_wall(programs: int, rate: float, seed: int, with_board: bool) -> flo
     return asyncio.run(main())
 
 
+async def _memory_on_postgres(facts: int) -> dict[str, Any] | None:
+    try:
+        return await measure_memory(PG_URL, facts=facts)
+    except (OSError, StoreError) as exc:
+        log(f"memory search on PostgreSQL skipped: {exc}")
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
@@ -316,7 +327,21 @@ def main(argv: list[str] | None = None) -> int:
         jct_edges_virtual_s=round(plain, 4),
         jct_board_virtual_s=round(boarded, 4),
         board_jct_overhead_virtual=round(boarded / plain, 4),
-        # memory_search_p99_ms: added at merge time from the agent-memory bench.
+    )
+    # Memory search over 100,000 facts (20,000 with --quick): bench/_memory_search.py.
+    facts = 20_000 if args.quick else 100_000
+    with tempfile.TemporaryDirectory() as tmp:
+        search = asyncio.run(measure_memory(str(Path(tmp) / "memory.db"), facts=facts))
+    log(f"memory search, SQLite: {json.dumps(search)}")
+    search_pg = asyncio.run(_memory_on_postgres(facts))
+    log(f"memory search, PostgreSQL: {json.dumps(search_pg)}")
+    figures.update(
+        memory_facts=facts,
+        memory_search_p99_ms=search["p99_ms"],
+        memory_search_p99_ms_postgres=None if search_pg is None else search_pg["p99_ms"],
+        memory_search_p99_ms_postgres_analyzed=(
+            None if search_pg is None else search_pg.get("p99_ms_analyzed")
+        ),
     )
     print(json.dumps(figures))
     return 0
