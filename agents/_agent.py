@@ -31,6 +31,7 @@ from orchestrator import (
     registered_name,
 )
 
+from ._board_model import tags
 from ._loop import (
     Answer,
     ConversationLog,
@@ -38,6 +39,9 @@ from ._loop import (
     Loop,
     Prompt,
     Turn,
+    prompt_args,
+    prompt_from_args,
+    prompt_text,
     rebuild_step,
     structured,
 )
@@ -82,12 +86,7 @@ class Agent:
         if len(set(names)) != len(names):
             raise UsageError(f"agent {self.name!r}: two tools share a name in {names}")
         object.__setattr__(self, "tools", tools)
-        if isinstance(self.capabilities, str):
-            raise UsageError(
-                f"agent {self.name!r}: capabilities is a set of tags, got the string "
-                f"{self.capabilities!r}; write capabilities={{{self.capabilities!r}}}"
-            )
-        object.__setattr__(self, "capabilities", frozenset(self.capabilities))
+        object.__setattr__(self, "capabilities", tags(self.capabilities, f"agent {self.name!r}"))
 
     @property
     def rebuilds(self) -> tuple[str, str]:
@@ -121,25 +120,17 @@ class Agent:
             return rebuild_step(self, spec, registry.function)
         if step == "ask":
             output: Any = registry.function(args["output"], "output model")
-            prompt_of: Prompt = (
-                args["prompt"]
-                if "prompt" in args
-                else registry.function(args["prompt_from"], "prompt builder")
-            )
             return self.ask(
-                prompt_of,
+                prompt_from_args(args, registry.function),
                 output=output,
                 max_tokens=args.get("max_tokens"),
                 retries=args.get("retries", 2),
                 extra_body=args.get("extra_body"),
             )
-        prompt: Prompt
-        if "prompt" in args:
-            prompt = args["prompt"]
-        else:
-            prompt = registry.function(args.get("prompt_from", "?"), "prompt builder")
         return self.ask(
-            prompt, max_tokens=args.get("max_tokens"), extra_body=args.get("extra_body")
+            prompt_from_args(args, registry.function),
+            max_tokens=args.get("max_tokens"),
+            extra_body=args.get("extra_body"),
         )
 
     def request_for(
@@ -229,14 +220,10 @@ class Agent:
         self.request("", extra_body=extra)  # a bad field fails here, at ask(), not in the run
 
         def build(ctx: TaskContext) -> LLMRequest:
-            text = prompt if isinstance(prompt, str) else prompt(ctx)
-            return self.request(text, max_tokens=max_tokens, extra_body=extra)
+            return self.request(prompt_text(prompt, ctx), max_tokens=max_tokens, extra_body=extra)
 
         args: dict[str, Any] = {"model": self.model, "backend": self.backend}
-        if isinstance(prompt, str):
-            args["prompt"] = prompt
-        else:
-            args["prompt_from"] = registered_name(prompt)
+        args.update(prompt_args(prompt))
         if max_tokens is not None:
             args["max_tokens"] = max_tokens
         if extra:
@@ -282,11 +269,8 @@ class StructuredAsk:
             "step": "ask",
             "output": registered_name(self.output),
             "retries": self.retries,
+            **prompt_args(self.prompt),
         }
-        if isinstance(self.prompt, str):
-            args["prompt"] = self.prompt
-        else:
-            args["prompt_from"] = registered_name(self.prompt)
         if self.max_tokens is not None:
             args["max_tokens"] = self.max_tokens
         if self.extra_body:
@@ -294,12 +278,11 @@ class StructuredAsk:
         return ActionSpec("llm", self.agent.name, args)
 
     async def run(self, ctx: TaskContext) -> Any:
-        text = self.prompt if isinstance(self.prompt, str) else self.prompt(ctx)
         value, _ = await structured(
             ctx,
             self.agent,
             self.output,
-            [Message("user", text)],
+            [Message("user", prompt_text(self.prompt, ctx))],
             None,
             self.retries,
             max_tokens=self.max_tokens,

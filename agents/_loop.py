@@ -36,7 +36,7 @@ from orchestrator import (
     registered_name,
 )
 
-from ._tools import TOOL_ERROR, Tool, ToolArgumentsError, ToolUse
+from ._tools import TOOL_ERROR, Tool, ToolArgumentsError, ToolUse, problems
 
 Prompt = str | Callable[[TaskContext], str]
 
@@ -152,11 +152,7 @@ class Loop:
     limits: Limits = field(default_factory=Limits)
 
     def args(self) -> dict[str, Any]:
-        args: dict[str, Any] = {"answer": self.answer}
-        if isinstance(self.prompt, str):
-            args["prompt"] = self.prompt
-        else:
-            args["prompt_from"] = registered_name(self.prompt)
+        args: dict[str, Any] = {"answer": self.answer, **prompt_args(self.prompt)}
         if self.output is not None:
             args["output"] = registered_name(self.output)
         limits = self.limits
@@ -164,9 +160,24 @@ class Loop:
         return args
 
 
+def prompt_args(prompt: Prompt) -> dict[str, Any]:
+    """How a step records its prompt: the text, or the registered name of its builder."""
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    return {"prompt_from": registered_name(prompt)}
+
+
+def prompt_from_args(args: Mapping[str, Any], function: Callable[..., Any]) -> Prompt:
+    """The prompt `prompt_args` recorded (`function` finds a builder by its name)."""
+    if "prompt" in args:
+        prompt: Prompt = args["prompt"]
+        return prompt
+    return function(args.get("prompt_from", "?"), "prompt builder")  # type: ignore[no-any-return]
+
+
 def loop_from(agent: LoopAgent, args: Mapping[str, Any], function: Callable[..., Any]) -> Loop:
     """The `Loop` a step recorded (`function` finds prompt builders and output models)."""
-    prompt = args["prompt"] if "prompt" in args else function(args["prompt_from"], "prompt builder")
+    prompt = prompt_from_args(args, function)
     output = function(args["output"], "output model") if "output" in args else None
     max_turns, max_tokens, retries = args["limits"]
     return Loop(agent, args["answer"], prompt, output, Limits(max_turns, max_tokens, retries))
@@ -211,7 +222,10 @@ class Turn:
         loop, agent = self.loop, self.loop.agent
         history = list(self.history)
         if self.number == 1:
-            history = [*await _remembered(agent, ctx), Message("user", _prompt(loop.prompt, ctx))]
+            history = [
+                *await _remembered(agent, ctx),
+                Message("user", prompt_text(loop.prompt, ctx)),
+            ]
         for p in self.pending:
             history.append(Message("tool", _tool_reply(p, ctx), tool_call_id=p.call_id))
         _check_budget(loop, self.tokens)
@@ -359,7 +373,7 @@ async def structured(
         try:
             return parse(model, response.text), tokens
         except pydantic.ValidationError as exc:
-            error = _problems(exc)
+            error = problems(exc, "the answer", limit=5)
         if attempt == retries:
             break
         messages = [
@@ -377,13 +391,6 @@ async def structured(
         f"its answer did not fit {model.__name__} after {retries + 1} tries (last error: "
         f"{error}); raise output_retries, simplify the schema, or use a server that "
         "enforces it",
-    )
-
-
-def _problems(exc: pydantic.ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'the answer'}: {e['msg']}"
-        for e in exc.errors(include_url=False)[:5]
     )
 
 
@@ -436,7 +443,7 @@ async def _remembered(agent: LoopAgent, ctx: TaskContext) -> list[Message]:
     return out
 
 
-def _prompt(prompt: Prompt, ctx: TaskContext) -> str:
+def prompt_text(prompt: Prompt, ctx: TaskContext) -> str:
     text = prompt if isinstance(prompt, str) else prompt(ctx)
     if not isinstance(text, str):
         raise UsageError(

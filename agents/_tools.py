@@ -72,12 +72,9 @@ class Tool:
             else:
                 checked = self._model.model_validate(dict(arguments))
         except pydantic.ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
-                for e in exc.errors(include_url=False)
-            )
             raise ToolArgumentsError(
-                f"the arguments for tool {self.name!r} do not fit its schema: {problems}"
+                f"the arguments for tool {self.name!r} do not fit its schema: "
+                f"{problems(exc, 'arguments')}"
             ) from None
         return {name: getattr(checked, name) for name in type(checked).model_fields}
 
@@ -144,6 +141,15 @@ class ToolAction:
         if inspect.iscoroutinefunction(fn):
             return await fn(**args)
         return await ctx.to_thread(fn, **args)
+
+
+def problems(exc: pydantic.ValidationError, whole: str, *, limit: int | None = None) -> str:
+    """A validation error in words a model can act on: `field: what is wrong; ...` (`whole`
+    names an error about the value as a whole)."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}"
+        for e in exc.errors(include_url=False)[:limit]
+    )
 
 
 def tool(
