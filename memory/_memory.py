@@ -287,8 +287,15 @@ class Memory:
         terms = query_terms(query)
         args = (terms, scope, include_shared, check_kinds(kinds))
         limit = check_limit(limit)
-        statement = search_sql(*args, postgres=self._postgres, limit=limit, window=self._window)
         async with self.store._read() as conn:
+            top = 0
+            if self._postgres:  # the walk over id ranges starts at the newest (search_sql)
+                top = await conn.scalar(sa.select(sa.func.max(t.memory.c.id)))
+                if top is None:
+                    return []
+            statement = search_sql(
+                *args, postgres=self._postgres, limit=limit, window=self._window, top=top
+            )
             rows = (await conn.execute(*statement)).mappings().all()
         return [Hit(item_from(row), float(row["score"])) for row in rows]
 

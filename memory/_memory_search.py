@@ -51,21 +51,48 @@ SELECT {_SELECT}, r.score FROM (
 WHERE m.kind IN :kinds AND {{scope}}
 ORDER BY r.score DESC, m.id DESC
 """
-# PostgreSQL: two GIN conditions (the words; scope and kind), the newest `window` matches
-# by id, then ts_rank_cd on those (32: rank / (rank + 1), a score between 0 and 1).
+# PostgreSQL: a GIN index cannot hand back the newest matches first (it finds every match and
+# reads each row before anything can be sorted), so the search walks its scope's id ranges
+# newest first, one GIN lookup per range and scope, and stops at `window` matches. Each lookup
+# is the words AND one range token (schema v7; see `range_token`), a single required token
+# that GIN's fast scan skips through long posting lists with. The walk (`ranges`) starts with
+# ranges of 4,096 ids and moves to eight times larger ones only after eight of a size found
+# too few: however common or rare the words, a lookup reads about a window of rows or fewer,
+# and a word found nowhere costs a few dozen lookups. Rows come out in the walk's order (a
+# nested loop keeps its outer rows' order, an unnested array keeps its own), each range's
+# newest first, so the first `window` are the newest `window` matches. `OFFSET 0` keeps the
+# lookup a query of its own: pulled up into the join, it could be planned as a walk of the
+# primary key from the newest row (for the ORDER BY), reading the whole table once per range
+# when the table has no statistics yet; the same fence makes the rows' lookup one primary-key
+# probe per hit (without statistics, PostgreSQL read every row in scope to join them). Then
+# ts_rank_cd on
+# those (32: rank / (rank + 1), a score between 0 and 1).
 _POSTGRES_SEARCH = f"""
 WITH c AS MATERIALIZED (
-    SELECT m.id, m.tsv FROM plait_memory AS m
-    WHERE m.tsv @@ to_tsquery('english', :match) AND m.tsv @@ CAST(:scoped AS tsquery)
-    ORDER BY m.id DESC LIMIT :window
+    SELECT x.id, x.tsv FROM unnest(CAST(:ranges AS text[])) AS r(suffix)
+    CROSS JOIN LATERAL (
+        SELECT m.id, m.tsv FROM unnest(CAST(:scopes AS text[])) AS s(prefix)
+        CROSS JOIN LATERAL (
+            SELECT m.id, m.tsv FROM plait_memory AS m
+            WHERE m.tsv @@ (
+                to_tsquery('english', :match) && CAST(s.prefix || r.suffix || :only AS tsquery)
+            )
+            OFFSET 0
+        ) AS m
+        ORDER BY m.id DESC
+    ) AS x
+    LIMIT :window
 )
 SELECT {_SELECT}, r.score FROM (
     SELECT c.id, ts_rank_cd(c.tsv, to_tsquery('english', :match), 32) AS score FROM c
     ORDER BY score DESC, c.id DESC LIMIT :limit
-) AS r JOIN plait_memory AS m ON m.id = r.id
+) AS r CROSS JOIN LATERAL (SELECT * FROM plait_memory AS m WHERE m.id = r.id OFFSET 0) AS m
 WHERE m.kind IN :kinds AND {{scope}}
 ORDER BY r.score DESC, m.id DESC
 """
+_RANGE_BITS = 12
+"""The finest id range holds 2**12 ids; each level up is 2**3 times larger (schema v7)."""
+_RANGE_LEVELS = 4
 _EMBEDDED = f"""
 SELECT {_SELECT}, m.embedding, 0.0 AS score
 FROM plait_memory AS m
@@ -96,6 +123,34 @@ def kind_token(kind: str) -> str:
     return f"{_MARK}k{kind}0"
 
 
+def range_token(scope_token: str, level: int, number: int) -> str:
+    """The PostgreSQL index's token for range `number` of `level` (the ids whose value
+    shifted right by 12 + 3 * level bits is `number`) in the scope of `scope_token`, as the
+    v7 migration's trigger spells it: the scope token without its final "0", then this."""
+    return scope_token[:-1] + _range_suffix(level, number)
+
+
+def _range_suffix(level: int, number: int) -> str:
+    return f"b{level}n{number}0"
+
+
+def ranges(top: int) -> list[tuple[int, int]]:
+    """The id ranges (level, number) a PostgreSQL search walks, newest first, covering ids 0
+    to `top` once each: at least eight ranges of a size, then up a level at the first range
+    that starts a range of the next size (the coarsest level takes the rest)."""
+    walk: list[tuple[int, int]] = []
+    level, number = 0, top >> _RANGE_BITS
+    taken = 0
+    while number >= 0:
+        walk.append((level, number))
+        taken += 1
+        if level < _RANGE_LEVELS - 1 and taken >= 8 and number % 8 == 0:
+            level, number, taken = level + 1, (number >> 3) - 1, 0
+        else:
+            number -= 1
+    return walk
+
+
 def scope_sql(scope: Scope, include_shared: bool, table: str) -> tuple[str, dict[str, Any]]:
     """The WHERE clause that keeps a search of `table` (an alias) inside `scope` (see
     `Scope`), and its parameters."""
@@ -119,9 +174,11 @@ def search_sql(
     postgres: bool,
     limit: int | None = None,
     window: int | None = None,
+    top: int = 0,
 ) -> tuple[sa.TextClause, dict[str, Any]]:
     """A full-text search for any of `terms`: the best `limit` of the newest `window`
-    matches in scope. With terms None: every embedded row in scope."""
+    matches in scope (on PostgreSQL among ids up to `top`, the largest in the table). With
+    terms None: every embedded row in scope."""
     where, params = scope_sql(scope, include_shared, "m")
     params["kinds"] = list(kinds)
     if terms is None:
@@ -132,9 +189,12 @@ def search_sql(
         if postgres:
             text = _POSTGRES_SEARCH
             params["match"] = " | ".join(terms)
-            # Quoted lexemes, verbatim: hex digits, "x", "s", "k", a kind and _MARK only.
-            scoped = "(" + " | ".join(f"'{t}'" for t in tokens) + ")"
-            params["scoped"] = " & ".join([scoped, *(f"'{t}'" for t in only)])
+            # Quoted lexemes, verbatim: hex digits, "x", "s", "b", "n", "k", a kind and _MARK
+            # only. Each lookup's query is "'" + scope + range + "'" and the kind, if one.
+            # (`range_token`, split in two so the SQL pairs every scope with every range).
+            params["scopes"] = ["'" + t[:-1] for t in tokens]
+            params["ranges"] = [_range_suffix(lvl, n) + "'" for lvl, n in ranges(top)]
+            params["only"] = "".join(f" & '{t}'" for t in only)
         else:
             text = _SQLITE_SEARCH
             params["match"] = " OR ".join(f'"{term}"' for term in terms)

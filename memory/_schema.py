@@ -9,10 +9,11 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TSVECTOR
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """1: workflows, events, payloads and their references. 2: call results; tenant and labels.
 3: a finished workflow's `compacted` mark (its log keeps only what rebuilds it).
-4: agent memory. 5: peer messages. 6: the blackboard."""
+4: agent memory. 5: peer messages. 6: the blackboard. 7: memory search by id ranges on
+PostgreSQL (its index only)."""
 
 metadata = sa.MetaData()
 

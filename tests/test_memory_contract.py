@@ -4,12 +4,14 @@ conftest: a file under tmp_path, or a schema of its own in the local database)."
 from __future__ import annotations
 
 import asyncio
+import itertools
 import zlib
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import pytest
+import sqlalchemy as sa
 from conftest import StoreFactory
 
 from memory import (
@@ -21,6 +23,7 @@ from memory import (
     Note,
     Scope,
 )
+from memory._memory_search import ranges
 from orchestrator import SystemClock, UsageError
 
 T = TypeVar("T")
@@ -493,5 +496,72 @@ def test_a_word_in_every_row_stays_inside_its_scope_and_kind(make_store: StoreFa
             assert {
                 h.item.scope for h in await mem.search("common", scope=Scope("é"), limit=50)
             } == {Scope("é")}
+
+    run(main())
+
+
+# --- search's walk over id ranges (PostgreSQL) -----------------------------------------------
+
+
+async def _next_id(mem: Memory, value: int) -> None:
+    """Make the next memory row's id `value` on PostgreSQL, whose search walks id ranges
+    (memory/_memory_search.py); SQLite's FTS5 orders by rowid itself, and its ids stay
+    consecutive here."""
+    if mem.store.url.get_backend_name() == "postgresql":
+        async with mem.store.engines[0].begin() as conn:
+            await conn.execute(sa.text(f"ALTER SEQUENCE plait_memory_id_seq RESTART WITH {value}"))
+
+
+def test_search_finds_the_newest_matches_across_far_apart_ids(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with memory(make_store, search_window=4) as mem:
+            await mem.note("bittern", title="bittern")  # the oldest row: id range 0
+            # Ranges of every size (4,096 ids up to 2,097,152), far apart.
+            for i, start in enumerate([5_000, 40_000, 300_000, 2_500_000, 20_000_000, 20_004_100]):
+                await _next_id(mem, start)
+                await mem.note(f"heron {i}")
+                await mem.note(f"egret {i}", scope=Scope(tenant="other"))
+            heron = await mem.search("heron", limit=10)
+            assert sorted(h.item.text for h in heron) == [  # type: ignore[union-attr]
+                "heron 2",
+                "heron 3",
+                "heron 4",
+                "heron 5",
+            ]  # fmt: skip: the newest four (the window), each once
+            # A word only in the oldest row is found after walking every range.
+            assert [h.item.title for h in await mem.search("bittern")] == ["bittern"]  # type: ignore[union-attr]
+            assert await mem.search("egret") == []  # another tenant's
+            assert len(await mem.search("egret", scope=Scope(tenant="other"))) == 4
+
+    run(main())
+
+
+def test_the_walk_covers_every_id_once_newest_first() -> None:
+    for top in [0, 1, 4095, 4096, 32_767, 32_768, 100_000, 262_144 * 3 + 5, 2**21 * 40 + 17]:
+        walk = ranges(top)
+        spans = [(n << (12 + 3 * lvl), (n + 1) << (12 + 3 * lvl)) for lvl, n in walk]
+        assert spans[0][0] <= top < spans[0][1]
+        assert spans[-1][0] == 0
+        for (low, _), (_, high) in itertools.pairwise(spans):
+            assert high == low  # contiguous, descending, no overlap
+        levels = [lvl for lvl, _ in walk]
+        assert levels == sorted(levels)  # never back to a finer size
+        for level in set(levels[:-1]) - {levels[-1]}:
+            assert levels.count(level) >= 8  # up a size only after eight of one
+    assert len(ranges(2**21 * 40)) < 80  # a word found nowhere: dozens of lookups, not 20,000
+
+
+def test_memory_written_by_an_older_plait_is_found_after_the_upgrade(
+    make_store: StoreFactory,
+) -> None:
+    async def main() -> None:
+        old = make_store()
+        old._connect()
+        await old._migrate("v6")  # schema 6 indexed memory without id ranges
+        await Memory(old).note("kingfisher by the river", scope=Scope(tenant="t"))
+        await old.close()
+        async with memory(make_store) as mem:
+            hits = await mem.search("kingfisher", scope=Scope(tenant="t"))
+            assert [h.item.text for h in hits] == ["kingfisher by the river"]  # type: ignore[union-attr]
 
     run(main())
