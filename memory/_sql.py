@@ -268,9 +268,19 @@ class SQLStore(Store):
 
     async def _delete(self, conn: AsyncConnection, ids: Sequence[str]) -> int:
         deleted = 0
+        m, s = t.mail.c, t.mail_senders.c
         for chunk in _chunks(ids):
             for table in (t.events, t.payload_refs, t.calls):
                 await conn.execute(table.delete().where(table.c.workflow_id.in_(chunk)))
+            # Its agents' mailboxes and subscriptions go with it (no one will read them);
+            # what they sent to other workflows stays until acknowledged, and so does each
+            # sender's numbering while any of its messages is left.
+            await conn.execute(t.mail.delete().where(m.workflow.in_(chunk)))
+            await conn.execute(t.mail_topics.delete().where(t.mail_topics.c.workflow.in_(chunk)))
+            sent = sa.exists().where(
+                m.tenant == s.tenant, m.sender_workflow == s.workflow, m.sender_agent == s.agent
+            )
+            await conn.execute(t.mail_senders.delete().where(s.workflow.in_(chunk), ~sent))
             result = await conn.execute(t.workflows.delete().where(t.workflows.c.id.in_(chunk)))
             deleted += result.rowcount
         return deleted

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from conftest import PG_HOST
+import sqlalchemy as sa
+from conftest import PG_HOST, StoreFactory
 
 from agents import (
     Address,
@@ -550,3 +551,37 @@ def test_the_example_in_docs_messaging_runs(tmp_path: Path) -> None:
     exec(compile(code, "docs/messaging.md", "exec"), namespace)
     results = asyncio.run(namespace["main"](str(tmp_path / "store.db")))
     assert results == {"plan": None, "code": "parse the CSV"}
+
+
+def test_deleting_a_workflow_deletes_its_mail_and_keeps_what_it_sent(
+    make_store: StoreFactory,
+) -> None:
+    # Retention (`store.retain`) and `plait runs delete` go through `store.delete`.
+    async def main() -> None:
+        old, live = Address("acme", "wf-old", "alice"), Address("acme", "wf-live", "bob")
+        async with make_store() as store:
+            office = PostOffice(SQLMailStore(store), clock=HandClock())
+            await office.subscribe(old, "news")
+            await office.send(live, old, "to the old one", across_workflows=True)
+            await office.send(old, live, "from the old one", across_workflows=True)
+            assert await _rows(store, "wf-old") == (1, 1, 1)
+            assert await store.delete(["wf-old"]) == 0  # no workflow row: mail only
+            assert await office.receive(old, wait_s=0) == []
+            (kept,) = await office.receive(live, wait_s=0)
+            assert kept.body == "from the old one" and kept.id.sender == old
+            assert await _rows(store, "wf-old") == (0, 0, 1)  # the sender's numbering stays
+            await office.ack(kept)
+            await store.delete(["wf-old"])
+            assert await _rows(store, "wf-old") == (0, 0, 0)
+
+    run(main())
+
+
+async def _rows(store: SQLStore, workflow: str) -> tuple[int, ...]:
+    """Rows of `workflow` in the mail tables: its mailboxes, subscriptions, senders."""
+    counts = []
+    async with store.engines[0].begin() as conn:
+        for table in ("plait_mail", "plait_mail_topics", "plait_mail_senders"):
+            query = sa.text(f"SELECT count(*) FROM {table} WHERE workflow = :w")
+            counts.append((await conn.execute(query, {"w": workflow})).scalar_one())
+    return tuple(counts)
