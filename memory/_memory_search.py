@@ -54,7 +54,7 @@ ORDER BY r.score DESC, m.id DESC
 # PostgreSQL: a GIN index cannot hand back the newest matches first (it finds every match and
 # reads each row before anything can be sorted), so the search walks its scope's id ranges
 # newest first, one GIN lookup per range and scope, and stops at `window` matches. Each lookup
-# is the words AND one range token (schema v7; see `range_token`), a single required token
+# is the words AND one range token (schema v7; see `range_suffix`), a single required token
 # that GIN's fast scan skips through long posting lists with. The walk (`ranges`) starts with
 # ranges of 4,096 ids and moves to eight times larger ones only after eight of a size found
 # too few: however common or rare the words, a lookup reads about a window of rows or fewer,
@@ -123,14 +123,10 @@ def kind_token(kind: str) -> str:
     return f"{_MARK}k{kind}0"
 
 
-def range_token(scope_token: str, level: int, number: int) -> str:
-    """The PostgreSQL index's token for range `number` of `level` (the ids whose value
-    shifted right by 12 + 3 * level bits is `number`) in the scope of `scope_token`, as the
-    v7 migration's trigger spells it: the scope token without its final "0", then this."""
-    return scope_token[:-1] + _range_suffix(level, number)
-
-
-def _range_suffix(level: int, number: int) -> str:
+def range_suffix(level: int, number: int) -> str:
+    """What the PostgreSQL index's token for range `number` of `level` (the ids whose value
+    shifted right by 12 + 3 * level bits is `number`) adds to a scope token without its final
+    "0", as the v7 migration's trigger spells it."""
     return f"b{level}n{number}0"
 
 
@@ -191,9 +187,9 @@ def search_sql(
             params["match"] = " | ".join(terms)
             # Quoted lexemes, verbatim: hex digits, "x", "s", "b", "n", "k", a kind and _MARK
             # only. Each lookup's query is "'" + scope + range + "'" and the kind, if one.
-            # (`range_token`, split in two so the SQL pairs every scope with every range).
+            # (a range token split in two, so the SQL pairs every scope with every range).
             params["scopes"] = ["'" + t[:-1] for t in tokens]
-            params["ranges"] = [_range_suffix(lvl, n) + "'" for lvl, n in ranges(top)]
+            params["ranges"] = [range_suffix(lvl, n) + "'" for lvl, n in ranges(top)]
             params["only"] = "".join(f" & '{t}'" for t in only)
         else:
             text = _SQLITE_SEARCH

@@ -30,7 +30,7 @@ _SCOPE = (
     f"{_HEX.format('NEW.workflow')} || 'x' || {_HEX.format('NEW.agent')}"
 )
 # Range token: the scope token's text, then "b", the level (0 to 3), "n", the range's number
-# (the id shifted right by 12 + 3 * level bits) and "0": see `range_token` in
+# (the id shifted right by 12 + 3 * level bits) and "0": see `range_suffix` in
 # memory/_memory_search.py, which must spell it the same way.
 _RANGES = ", ".join(
     f"scope || 'b{level}n' || (NEW.id >> {12 + 3 * level})::text || '0'" for level in range(4)
