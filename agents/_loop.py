@@ -31,6 +31,7 @@ from orchestrator import (
     OutputSchema,
     RunError,
     TaskContext,
+    Template,
     ToolCall,
     UsageError,
     registered_name,
@@ -164,6 +165,8 @@ def prompt_args(prompt: Prompt) -> dict[str, Any]:
     """How a step records its prompt: the text, or the registered name of its builder."""
     if isinstance(prompt, str):
         return {"prompt": prompt}
+    if isinstance(prompt, Template):
+        return {"template": prompt.text}
     return {"prompt_from": registered_name(prompt)}
 
 
@@ -172,6 +175,8 @@ def prompt_from_args(args: Mapping[str, Any], function: Callable[..., Any]) -> P
     if "prompt" in args:
         prompt: Prompt = args["prompt"]
         return prompt
+    if "template" in args:
+        return Template(args["template"])
     return function(args.get("prompt_from", "?"), "prompt builder")  # type: ignore[no-any-return]
 
 

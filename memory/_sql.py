@@ -454,6 +454,7 @@ class SQLStore(Store):
         *,
         status: WorkflowStatus | None = None,
         tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> list[WorkflowRow]:
@@ -463,6 +464,8 @@ class SQLStore(Store):
             query = query.where(w.status == status)
         if tenant is not None:
             query = query.where(w.tenant == tenant)
+        for key, value in (labels or {}).items():
+            query = query.where(w.labels[key].as_string() == value)
         query = query.limit(limit).offset(offset)
         async with self._read() as conn:
             rows = (await conn.execute(query)).mappings().all()

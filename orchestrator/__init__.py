@@ -138,6 +138,7 @@ from ._task import (
     describe,
     registered_name,
 )
+from ._template import Template
 from ._workflow import Workflow
 
 __all__ = [
@@ -226,6 +227,7 @@ __all__ = [
     "TaskCancelled",
     "TaskCancelledError",
     "TaskContext",
+    "Template",
     "TaskFailed",
     "TaskOptions",
     "TaskReady",

@@ -151,6 +151,8 @@ class Durability:
             created=started,
             updated=now,
             finished=now if status != "running" else None,
+            tenant=run.tenant if run is not None else None,
+            labels=run.labels if run is not None else {},
         )
 
 

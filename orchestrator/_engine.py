@@ -597,9 +597,14 @@ class Engine:
         *,
         deadline: float | None = None,
         priority: PriorityClass = "batch",
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
         _subscriber: asyncio.Queue[Event] | None = None,
     ) -> RunHandle:
-        """Start running `workflow`; `deadline` is seconds from now. Returns at once."""
+        """Start running `workflow`; `deadline` is seconds from now. Returns at once.
+
+        `tenant` and `labels` go into the run's row in the store (`Store.workflows` filters
+        by them) and stay with it when it is resumed."""
         if self._tg is None or self._closing:
             raise UsageError(
                 "the engine is not running; use `async with Engine(...) as engine:` "
@@ -610,13 +615,23 @@ class Engine:
         if priority not in CLASS_RANK:
             raise UsageError(f"priority must be one of {', '.join(CLASS_RANK)}, got {priority!r}")
         check_seconds(f"workflow {workflow.name!r}", "deadline", deadline)
+        labels = _checked_labels(labels)
+        if tenant is not None and not isinstance(tenant, str):
+            raise UsageError(f"tenant must be a str or None, got {type(tenant).__name__}")
         self._check_accepting()
         if self.durable is not None:
             # Ids name runs in the store for good: unique beyond this process's lifetime.
             workflow.id = f"{workflow.name}#{secrets.token_hex(6)}"
         elif workflow.id in self._runs:
             workflow.id = f"{workflow.name}#{self._programs + 1}"
-        return self._launch(workflow, priority=priority, deadline=deadline, subscriber=_subscriber)
+        return self._launch(
+            workflow,
+            priority=priority,
+            deadline=deadline,
+            tenant=tenant,
+            labels=labels,
+            subscriber=_subscriber,
+        )
 
     def _check_accepting(self) -> None:
         if self.durable is not None and self.durable.error is not None:
@@ -630,6 +645,8 @@ class Engine:
         *,
         priority: PriorityClass,
         deadline: float | None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
         subscriber: asyncio.Queue[Event] | None = None,
         plan: ResumePlan | None = None,
     ) -> RunHandle:
@@ -645,6 +662,8 @@ class Engine:
             self._services,
             priority_class=priority,
             deadline=None if deadline is None else now + deadline,
+            tenant=tenant,
+            labels=labels,
         )
         workflow._attach(run, run.records)
         if subscriber is not None:
@@ -760,7 +779,12 @@ class Engine:
         deadline = None if row.deadline is None else row.deadline - self.clock.now()
         priority = row.priority if row.priority in CLASS_RANK else "batch"
         handle = self._launch(
-            workflow, priority=cast(PriorityClass, priority), deadline=deadline, plan=plan
+            workflow,
+            priority=cast(PriorityClass, priority),
+            deadline=deadline,
+            tenant=row.tenant,
+            labels=row.labels,
+            plan=plan,
         )
         run = self._runs[handle.id]
         for task_id in plan.rerun:
@@ -788,9 +812,14 @@ class Engine:
         *,
         deadline: float | None = None,
         priority: PriorityClass = "batch",
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> RunResult:
         """Run `workflow` to its end and return how it went (see `RunResult.raise_for_status`)."""
-        return await self.submit(workflow, deadline=deadline, priority=priority).result()
+        handle = self.submit(
+            workflow, deadline=deadline, priority=priority, tenant=tenant, labels=labels
+        )
+        return await handle.result()
 
     async def iter(
         self,
@@ -887,3 +916,14 @@ class Engine:
 
     def stats(self) -> EngineStats:
         return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))
+
+
+def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise UsageError(f"labels must be a mapping of str to str, got {type(labels).__name__}")
+    bad = [k for k, v in labels.items() if not (isinstance(k, str) and isinstance(v, str))]
+    if bad:
+        raise UsageError(f"labels must map str to str; {bad[0]!r} does not")
+    return dict(labels)

@@ -137,8 +137,12 @@ class Run:
         *,
         priority_class: PriorityClass,
         deadline: float | None,
+        tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.workflow = workflow
+        self.tenant = tenant
+        self.labels: Mapping[str, str] = labels or {}
         self.id = workflow.id
         self.program = program
         self.priority_class: PriorityClass = priority_class

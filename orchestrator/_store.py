@@ -259,10 +259,12 @@ class Store(ABC):
         *,
         status: WorkflowStatus | None = None,
         tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> list[WorkflowRow]:
-        """Workflows, newest first, filtered by status and tenant, in one query."""
+        """Workflows, newest first, filtered by status, tenant and labels (each given
+        label must have the given value), in one query."""
 
     @abstractmethod
     async def unfinished(self) -> list[str]:

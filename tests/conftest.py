@@ -6,7 +6,7 @@ import os
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -195,10 +195,18 @@ class MemoryStore(Store):
         *,
         status: WorkflowStatus | None = None,
         tenant: str | None = None,
+        labels: Mapping[str, str] | None = None,
         limit: int = 100,
         offset: int = 0,
     ) -> list[WorkflowRow]:
-        rows = [r for r in self.rows.values() if status in (None, r.status)]
+        wanted = dict(labels or {}).items()
+        rows = [
+            r
+            for r in reversed(self.rows.values())
+            if status in (None, r.status)
+            and tenant in (None, r.tenant)
+            and wanted <= dict(r.labels).items()
+        ]
         return rows[offset : offset + limit]
 
     async def unfinished(self) -> list[str]:

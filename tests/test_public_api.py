@@ -23,7 +23,7 @@ EXPECTED = {
         "PriorityClass",
         "ProgramView", "ReadyTask", "ResourceStats", "ResultNotSerializableError", "Retry",
         "Role", "RunError", "RunHandle", "RunResult", "Sampling", "Slack", "SystemClock", "Task",
-        "TaskAdded", "TaskCancelled", "TaskCancelledError", "TaskContext", "TaskFailed",
+        "TaskAdded", "TaskCancelled", "TaskCancelledError", "TaskContext", "TaskFailed", "Template",
         "TaskReady", "TaskRemoved", "TaskReplaced", "TaskRetrying", "TaskSkipped", "TaskStarted",
         "TaskStartedError", "TaskState", "TaskSucceeded", "TaskTimeoutError", "ToolCall",
         "ToolSpec", "Trigger", "UnknownResourceError", "UnknownTaskError", "Usage", "UsageError",

@@ -26,6 +26,7 @@ from orchestrator import (
     Registry,
     Store,
     TaskContext,
+    Template,
     UsageError,
     Workflow,
 )
@@ -111,11 +112,13 @@ def counting_llm() -> tuple[FunctionLLM, dict[str, int]]:
     return FunctionLLM(reply), sent
 
 
-async def crash_during(store: Store, llm: FunctionLLM, wf: Workflow, *, reach: int = 1) -> str:
+async def crash_during(
+    store: Store, llm: FunctionLLM, wf: Workflow, *, reach: int = 1, **submit: Any
+) -> str:
     """Run `wf` until `reach` tasks wait at the gate and their events are committed, then
     let the process go as a crash does. Returns the run's id."""
     async with Engine(backends={"default": llm}, store=store) as engine:
-        handle = engine.submit(wf)
+        handle = engine.submit(wf, **submit)
         assert Gate.reached is not None
         while len([n for n, c in Gate.runs.items() if c]) < reach:
             Gate.reached.clear()
@@ -179,6 +182,36 @@ def test_a_resumed_run_keeps_finished_results_and_pays_no_call_twice(
         assert [r.seq for r in records] == list(range(1, len(records) + 1))
         assert [r.kind for r in records].count("workflow_resumed") == 1
         assert [r.kind for r in records].count("workflow_finished") == 1
+
+    resumed(make_store, body)
+
+
+def test_tenant_labels_and_a_template_prompt_survive_a_resume(make_store: StoreFactory) -> None:
+    async def body(store: Store, llm: FunctionLLM, sent: dict[str, int]) -> None:
+        wf = Workflow("templated")
+        wf.add("topic", topic)
+        wf.add("draft", draft, after=["topic"])
+        wf.add(
+            "intro",
+            writer.ask(Template("Intro on ${topic}, $${not a ref}")),
+            after=["topic", "draft"],
+        )
+        labels = {"team": "search", "ticket": "T-1"}
+        run_id = await crash_during(store, llm, wf, tenant="acme", labels=labels)
+        row = await store.workflow(run_id)
+        assert row is not None and (row.tenant, dict(row.labels)) == ("acme", labels)
+
+        assert Gate.event is not None
+        Gate.event.set()
+        async with Engine(backends={"default": llm}, store=store) as engine:
+            report = await engine.resume(REGISTRY)
+            result = await report.runs[0]
+        assert result.status == "succeeded", result.failures
+        assert result["intro"] == "Intro on kv caches, ${not a ref}"
+        row = await store.workflow(run_id)
+        assert row is not None and row.status == "succeeded"
+        assert (row.tenant, dict(row.labels)) == ("acme", labels)
+        assert [w.id for w in await store.workflows(tenant="acme", labels=labels)] == [run_id]
 
     resumed(make_store, body)
 

@@ -200,6 +200,22 @@ def test_workflow_rows_upsert_and_list_in_one_query(make_store: StoreFactory) ->
             assert [w.id for w in await store.workflows(limit=2, offset=1)] == ["w3", "w2"]
             assert await store.unfinished() == ["w3"]
             assert len(statements) == 5
+            labelled = [
+                row("w5", created=6.0, tenant="acme", labels={"team": "x", "env": "prod"}),
+                row("w6", created=7.0, tenant="beta", labels={"team": "x"}),
+                row("w7", created=8.0, labels={"team": "y", "note": 'it\'s "quoted"'}),
+            ]
+            await store.append(StoreBatch(workflows=labelled))
+
+            async def ids(**kw: Any) -> list[str]:
+                return [w.id for w in await store.workflows(**kw)]
+
+            assert await ids(labels={"team": "x"}) == ["w6", "w5", "w1"]
+            assert await ids(labels={"team": "x", "env": "prod"}) == ["w5"]
+            assert await ids(labels={"team": "x"}, tenant="acme") == ["w5", "w1"]
+            assert await ids(labels={"note": 'it\'s "quoted"'}) == ["w7"]
+            assert await ids(labels={"team": "z"}) == []
+            assert await ids(labels={"no such key": "x"}) == []
 
     run(main())
 
