@@ -92,6 +92,7 @@ class Tool:
         if args.get("for_model"):
             return ToolUse(self, args["args"])
         if "args" in args:
+            self.validate(args["args"])  # data that does not fit fails here, not in the run
             return self.call(args["args"])
         if "args_from" in args:
             return self.call(registry.function(args["args_from"], "tool-arguments builder"))

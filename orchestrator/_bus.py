@@ -36,6 +36,14 @@ class EventBus:
     def subscribe(self, run: str, queue: asyncio.Queue[Event]) -> None:
         self._subscribers[run] = (*self._subscribers.get(run, ()), queue)
 
+    def unsubscribe(self, run: str, queue: asyncio.Queue[Event]) -> None:
+        """Stop delivering `run`'s events to `queue` (nothing if it was not subscribed)."""
+        left = tuple(q for q in self._subscribers.get(run, ()) if q is not queue)
+        if left:
+            self._subscribers[run] = left
+        else:
+            self._subscribers.pop(run, None)
+
     def listen(self, queue: asyncio.Queue[Event]) -> None:
         self._listeners.append(queue)
 

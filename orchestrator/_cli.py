@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import math
 import os
@@ -447,6 +448,20 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also fail on warnings (an environment variable that is not set)",
     )
+    serve = sub.add_parser(
+        "serve",
+        help="run the REST service (docs/rest.md)",
+        description=SERVE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--config", metavar="FILE", help="the service's .toml/.yaml config")
+    serve.add_argument("--port", type=int, help="listen on this port (default: the config's)")
+    serve.add_argument(
+        "--hash-token",
+        action="store_true",
+        help="read a token on stdin and print its token_sha256 for the config; serve nothing",
+    )
+    serve.set_defaults(handler=_serve)
     # Other packages add commands (`plait sim ...`) without this one importing them.
     for entry in entry_points(group="plait.cli"):
         entry.load()(sub)
@@ -458,6 +473,40 @@ def _version() -> str:
         return version("plait")
     except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
         return "unknown (not installed)"
+
+
+SERVE_HELP = """\
+Serve the REST API: submit workflows and tasks, follow them, cancel them (docs/rest.md).
+
+The config file holds the usual [engine] and [backends.*] tables, a [service] table (port,
+store, the registry modules whose agents, tools and functions requests may name) and one
+[[tenants]] entry per bearer token. Unfinished workflows in the store are resumed at start;
+SIGTERM or Ctrl-C stops accepting, lets running work drain, and keeps the rest for the next
+start. Example: plait serve --config examples/serve.toml
+"""
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .service import hash_token, load_serve_config
+    from .service._serve import serve
+
+    out: TextIO = args.out
+    if args.hash_token:
+        token = sys.stdin.readline().strip()
+        if not token:
+            raise UsageError("no token on stdin; echo -n TOKEN | plait serve --hash-token")
+        print(hash_token(token), file=out)
+        return 0
+    if args.config is None:
+        raise UsageError("plait serve needs --config FILE (see examples/serve.toml)")
+    config = load_serve_config(args.config)
+    if args.port is not None:
+        if not 0 <= args.port <= 65535:
+            raise UsageError(f"--port must be 0 to 65535, got {args.port}")
+        service = config.service.model_copy(update={"port": args.port})
+        config = dataclasses.replace(config, service=service)
+    asyncio.run(serve(config, out=out))
+    return 0
 
 
 def _seconds(text: str) -> float:

@@ -197,14 +197,16 @@ def load_config(
     source: str | os.PathLike[str] | Mapping[str, Any],
     *,
     kinds: Mapping[str, BackendKind[Any]] | None = None,
+    name: str | None = None,
 ) -> Config:
     """Read and check a config: a `.toml`, `.yaml` or `.yml` file, or its contents as a dict.
 
-    `kinds`: the backend kinds allowed (default: those registered under `plait.backends`).
+    `kinds`: the backend kinds allowed (default: those registered under `plait.backends`);
+    `name`: what messages call a dict's source (a file it was read from, say).
     Raises `UsageError` naming the file, the key path and what is allowed.
     """
     if isinstance(source, Mapping):
-        name, data = "<dict>", dict(source)
+        name, data = name or "<dict>", dict(source)
     else:
         name, data = str(source), read_config_file(source)
     kinds = backend_kinds() if kinds is None else kinds

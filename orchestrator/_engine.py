@@ -130,6 +130,15 @@ class RunHandle:
     def __await__(self) -> Generator[Any, None, RunResult]:
         return self.result().__await__()
 
+    @property
+    def tenant(self) -> str | None:
+        return self._run.tenant
+
+    @property
+    def done(self) -> bool:
+        """The run has finished (its result is ready)."""
+        return self._run.done.done()
+
     def cancel(self, reason: str = "cancelled by the caller") -> None:
         self._engine.cancel(self._run.id, reason)
 
@@ -621,7 +630,7 @@ class Engine:
         self._check_accepting()
         if self.durable is not None:
             # Ids name runs in the store for good: unique beyond this process's lifetime.
-            workflow.id = f"{workflow.name}#{secrets.token_hex(6)}"
+            workflow.id = f"{workflow.name}-{secrets.token_hex(6)}"
         elif workflow.id in self._runs:
             workflow.id = f"{workflow.name}#{self._programs + 1}"
         return self._launch(
@@ -862,6 +871,17 @@ class Engine:
         run.workflow.task(task_id)  # UnknownTaskError if it has no such task
         run.cancel_task(run.records[task_id], reason)
         self.wake()
+
+    def handle(self, run_id: str) -> RunHandle | None:
+        """The run of this id while it runs in this engine, else None."""
+        run = self._runs.get(run_id)
+        return None if run is None or run.complete else RunHandle(self, run)
+
+    def running(self, tenant: str | None = None) -> int:
+        """How many runs (of `tenant`, when given) this engine is running."""
+        if tenant is None:
+            return len(self._runs)
+        return sum(1 for run in self._runs.values() if run.tenant == tenant)
 
     def _find(self, workflow: Workflow | str) -> Run:
         key = workflow.id if isinstance(workflow, Workflow) else workflow

@@ -97,6 +97,18 @@ class Registry:
 
     # --- lookups ---------------------------------------------------------------------------
 
+    def has(self, kind: str, name: str) -> bool:
+        """Whether an agent ("llm") or a tool ("tool") of this name is registered."""
+        return (kind, name) in self._builders
+
+    def names(self) -> dict[str, list[str]]:
+        """What is registered, by kind: agents, tools and functions (`module:qualname`)."""
+        return {
+            "agents": sorted(n for k, n in self._builders if k == "llm"),
+            "tools": sorted(n for k, n in self._builders if k == "tool"),
+            "functions": sorted(self._functions),
+        }
+
     def function(self, name: str, what: str = "function") -> Callable[..., Any]:
         """The function registered (or importable) as `module:qualname`."""
         found = self._functions.get(name)

@@ -31,7 +31,7 @@ def test_the_durability_examples_run_as_written(tmp_path: Path) -> None:
 
     recorded = python(record, tmp_path)
     assert recorded.returncode == 0, recorded.stderr
-    assert recorded.stdout.startswith("succeeded hello#")
+    assert recorded.stdout.startswith("succeeded hello-")
 
     crash = (
         "from orchestrator._cli import main; "

@@ -63,7 +63,7 @@ def test_a_durable_run_is_in_the_store_when_it_returns(make_store: StoreFactory)
                 row = await store.workflow(first.workflow)
                 assert row is not None and row.status == "succeeded" and row.name == "durable"
             assert first.workflow != second.workflow  # ids are unique in the store for good
-            assert first.workflow.startswith("durable#")
+            assert first.workflow.startswith("durable-")
             for result in (first, second):
                 image = await stored_image(store, result.workflow)
                 assert image.status == "succeeded"  # type: ignore[attr-defined]

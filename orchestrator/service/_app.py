@@ -1,0 +1,711 @@
+"""The REST service: aiohttp handlers in front of one durable engine.
+
+A submission is answered only once its workflow's first events are committed, so a 202 is
+a promise that survives a crash: the next start resumes it. Reads come from the store's
+log, so they tell the same story before and after a restart. A tenant sees only its own
+workflows: another tenant's id is a 404, exactly as an id that does not exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import pydantic
+from aiohttp import web
+
+from .._clock import Clock, SystemClock
+from .._engine import Engine
+from .._errors import PlaitError, UsageError
+from .._events import EVENT_ADAPTER
+from .._journal import restore
+from .._registry import Registry
+from .._replay import RunImage, rebuild
+from .._store import Store, WorkflowRow
+from ._build import SpecError, add_tasks, build
+from ._config import ServiceSettings, Tenant
+from ._spec import (
+    RESERVED_LABELS,
+    Accepted,
+    AddTasks,
+    ErrorBody,
+    Problem,
+    ResultView,
+    SingleTask,
+    TaskView,
+    WorkflowList,
+    WorkflowSpec,
+    WorkflowView,
+)
+
+_log = logging.getLogger("plait.serve")
+
+IDEMPOTENCY_LABEL = RESERVED_LABELS + "idempotency_key"
+REQUEST_LABEL = RESERVED_LABELS + "request_sha256"
+MAX_KEY = 200
+"""Characters of an `Idempotency-Key`."""
+MAX_JSON_DEPTH = 40
+PAGE = 50
+MAX_PAGE = 500
+_FINISHED = ("succeeded", "failed", "cancelled")
+M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+class ApiError(Exception):
+    """An answer other than success: the status, and the body's message and problems."""
+
+    def __init__(
+        self,
+        status: int,
+        error: str,
+        problems: list[Problem] | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+        self.problems = problems or []
+        self.headers = dict(headers or {})
+
+
+class _Bucket:
+    """A token bucket: `rate` requests a second on average, `burst` at once."""
+
+    def __init__(self, rate: float, burst: int, now: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens, self.at = float(burst), now
+
+    def take(self, now: float) -> float:
+        """0 if a request may go now, else the seconds until one may."""
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate
+
+
+class Service:
+    """The API over `engine` (which must have a store): see docs/rest.md."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        registry: Registry,
+        tenants: tuple[Tenant, ...],
+        settings: ServiceSettings | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        if engine.store is None:
+            raise UsageError("the service needs an engine with a store: Engine(store=...)")
+        self.engine = engine
+        self.store: Store = engine.store
+        self.registry = registry
+        self.settings = settings or ServiceSettings()
+        self.clock = clock or SystemClock()
+        self._tenants = {t.token_sha256: t for t in tenants}
+        self._buckets: dict[str, _Bucket] = {}
+        self._keys: dict[tuple[str, str], asyncio.Future[str]] = {}
+        """Idempotency keys being submitted now (a retry racing the first request)."""
+        self._streams: set[asyncio.Queue[Any]] = set()
+        self.accepting = True
+
+    def app(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.settings.max_body_bytes, middlewares=[self._errors]
+        )
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/v1/openapi.json", self._openapi)
+        app.router.add_post("/v1/workflows", self._submit)
+        app.router.add_get("/v1/workflows", self._list)
+        app.router.add_post("/v1/tasks", self._submit_task)
+        app.router.add_get("/v1/workflows/{id}", self._get)
+        app.router.add_delete("/v1/workflows/{id}", self._cancel)
+        app.router.add_post("/v1/workflows/{id}/tasks", self._add_tasks)
+        app.router.add_get("/v1/workflows/{id}/result", self._result)
+        app.router.add_get("/v1/workflows/{id}/events", self._events)
+        return app
+
+    def stop_accepting(self) -> None:
+        """Shutting down: refuse new work (503), end the event streams."""
+        self.accepting = False
+        for queue in self._streams:
+            queue.put_nowait(None)
+
+    # --- middleware ------------------------------------------------------------------------
+
+    @web.middleware
+    async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as exc:
+            return _error(exc.status, exc.error, exc.problems, exc.headers)
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.settings.max_body_bytes
+            return _error(413, f"the request body is larger than the limit of {limit} bytes")
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return _error(exc.status, exc.reason)
+            raise
+        except Exception:
+            # Never a traceback to the caller, and never the request's headers in the log.
+            _log.exception("%s %s failed", request.method, request.path)
+            return _error(500, "the service failed on this request; it is logged")
+
+    def _tenant(self, request: web.Request) -> Tenant:
+        header = request.headers.get("Authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(
+                401,
+                "an Authorization: Bearer <token> header is required",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        digest = hashlib.sha256(token.strip().encode()).hexdigest()
+        tenant = None
+        for known, candidate in self._tenants.items():
+            if hmac.compare_digest(known, digest):
+                tenant = candidate
+        if tenant is None:
+            raise ApiError(
+                401, "the bearer token is not valid", headers={"WWW-Authenticate": "Bearer"}
+            )
+        bucket = self._buckets.get(tenant.name)
+        now = self.clock.monotonic()
+        if bucket is None:
+            bucket = self._buckets[tenant.name] = _Bucket(tenant.rate_per_s, tenant.burst, now)
+        wait = bucket.take(now)
+        if wait > 0:
+            raise ApiError(
+                429,
+                f"tenant {tenant.name!r} is over its rate of {tenant.rate_per_s:g} requests/s",
+                headers={"Retry-After": str(max(1, math.ceil(wait)))},
+            )
+        return tenant
+
+    # --- health -------------------------------------------------------------------------------
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        durable = self.engine.durable
+        problem = None
+        if not self.accepting:
+            problem = "shutting down"
+        elif durable is None:
+            problem = "the engine is not running"
+        elif durable.error is not None:
+            problem = f"the store failed: {durable.error}"
+        elif durable.journal.outage:
+            problem = "the store is unavailable; waiting for it"
+        if problem is not None:
+            return web.json_response({"status": "unavailable", "reason": problem}, status=503)
+        return web.json_response({"status": "ready", "running": self.engine.running()})
+
+    async def _openapi(self, request: web.Request) -> web.Response:
+        from ._openapi import openapi
+
+        return web.json_response(openapi())
+
+    # --- submissions --------------------------------------------------------------------------
+
+    async def _submit(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        body = await _body(request)
+        spec = _parse(WorkflowSpec, body)
+        run_id, replayed = await self._accept(request, tenant, spec, body)
+        return await self._accepted(run_id, replayed)
+
+    async def _submit_task(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        wait = self._wait(request)
+        body = await _body(request)
+        spec = _parse(SingleTask, body).as_workflow()
+        run_id, replayed = await self._accept(request, tenant, spec, body)
+        if wait <= 0:
+            return await self._accepted(run_id, replayed)
+        handle = self.engine.handle(run_id)
+        if handle is not None:
+            try:
+                async with asyncio.timeout(wait):
+                    await handle.result()
+            except TimeoutError:
+                return await self._accepted(run_id, replayed)
+        view = await self._result_of(run_id)
+        return _json(view, 200 if view.finished else 202)
+
+    async def _accepted(self, run_id: str, replayed: bool) -> web.Response:
+        """202 with where to follow the workflow; a replayed submission says so (and 200)."""
+        if replayed:
+            row = await self.store.workflow(run_id)
+            status = row.status if row is not None else "running"
+            return _json(_accepted(run_id, status), 200, {"Idempotent-Replayed": "true"})
+        location = f"/v1/workflows/{run_id}"
+        return _json(_accepted(run_id, "running"), 202, {"Location": location})
+
+    async def _accept(
+        self, request: web.Request, tenant: Tenant, spec: WorkflowSpec, body: Any
+    ) -> tuple[str, bool]:
+        """Start the workflow (or find the one this Idempotency-Key made): its id, and
+        whether it was there already."""
+        self._check_open()
+        self._check_size(spec)
+        key = request.headers.get("Idempotency-Key")
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        if key is not None:
+            if not 0 < len(key) <= MAX_KEY:
+                raise ApiError(400, f"Idempotency-Key must be 1 to {MAX_KEY} characters")
+            earlier = await self._earlier(tenant, key, digest)
+            if earlier is not None:
+                return earlier, True
+        pending: asyncio.Future[str] | None = None
+        if key is not None:
+            pending = self._keys[(tenant.name, key)] = asyncio.get_running_loop().create_future()
+        try:
+            run_id = await self._start(tenant, spec, key, digest)
+        except BaseException as exc:
+            if pending is not None:
+                pending.set_exception(exc)
+                pending.exception()  # retrieved: a racing retry re-raises it itself
+            raise
+        else:
+            if pending is not None:
+                pending.set_result(run_id)
+        finally:
+            if key is not None:
+                self._keys.pop((tenant.name, key), None)
+        return run_id, False
+
+    async def _earlier(self, tenant: Tenant, key: str, digest: str) -> str | None:
+        """The workflow an earlier request with this key made, if any (the same body), else
+        None; another body under the same key is refused."""
+        racing = self._keys.get((tenant.name, key))
+        if racing is not None:
+            try:
+                return await asyncio.shield(racing)
+            except Exception:
+                return None  # the first attempt failed: this one tries for itself
+        rows = await self.store.workflows(
+            tenant=tenant.name, labels={IDEMPOTENCY_LABEL: key}, limit=1
+        )
+        if not rows:
+            return None
+        if rows[0].labels.get(REQUEST_LABEL) != digest:
+            raise ApiError(
+                422,
+                "this Idempotency-Key was used with a different request; use a new key for "
+                "a new submission",
+            )
+        return rows[0].id
+
+    async def _start(self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str) -> str:
+        if self.engine.running(tenant.name) >= tenant.max_running:
+            raise ApiError(
+                429,
+                f"tenant {tenant.name!r} has {tenant.max_running} workflows running, its limit; "
+                "submit again when some have finished",
+                headers={"Retry-After": "1"},
+            )
+        try:
+            workflow = build(spec.name, spec.tasks, spec.inputs, self.registry)
+        except SpecError as exc:
+            raise ApiError(422, "the workflow cannot be built", [_problem(exc)]) from None
+        labels = dict(spec.labels)
+        if key is not None:
+            labels[IDEMPOTENCY_LABEL] = key
+            labels[REQUEST_LABEL] = digest
+        try:
+            handle = self.engine.submit(
+                workflow,
+                deadline=spec.deadline_s,
+                priority=spec.priority,
+                tenant=tenant.name,
+                labels=labels,
+            )
+        except PlaitError as exc:
+            raise ApiError(503, f"the engine cannot take it now: {exc}") from None
+        await self._committed()
+        return handle.id
+
+    async def _committed(self) -> None:
+        """Everything recorded so far is in the store (what was accepted survives a crash)."""
+        journal = self.engine.journal
+        assert journal is not None
+        try:
+            await journal.durable()
+        except PlaitError as exc:
+            raise ApiError(503, f"the store cannot record it: {exc}") from None
+
+    def _check_open(self) -> None:
+        if not self.accepting:
+            raise ApiError(503, "the service is shutting down", headers={"Retry-After": "5"})
+
+    def _check_size(self, spec: WorkflowSpec) -> None:
+        settings = self.settings
+        if len(spec.tasks) > settings.max_tasks:
+            raise ApiError(
+                413,
+                "the workflow is too large",
+                [Problem(field="tasks", message=f"at most {settings.max_tasks} tasks")],
+            )
+        edges = sum(len(t.after) for t in spec.tasks)
+        if edges > settings.max_edges:
+            raise ApiError(
+                413,
+                "the workflow is too large",
+                [Problem(field="tasks", message=f"at most {settings.max_edges} dependencies")],
+            )
+
+    def _wait(self, request: web.Request) -> float:
+        raw = request.query.get("wait")
+        if raw is None:
+            return 0.0
+        try:
+            wait = float(raw)
+        except ValueError:
+            wait = -1.0
+        limit = self.settings.max_wait_s
+        if not 0 <= wait <= limit or not math.isfinite(wait):
+            raise ApiError(
+                400,
+                "bad query",
+                [Problem(field="wait", message=f"seconds from 0 to {limit:g}, got {raw!r}")],
+            )
+        return wait
+
+    # --- one workflow -----------------------------------------------------------------------
+
+    async def _owned(self, request: web.Request, tenant: Tenant) -> WorkflowRow:
+        run_id = request.match_info["id"]
+        row = await self.store.workflow(run_id)
+        if row is None or row.tenant != tenant.name:
+            raise ApiError(404, f"no workflow {run_id!r}")
+        return row
+
+    async def _get(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        row = await self._owned(request, tenant)
+        image = await self._image(row.id)
+        return _json(_view(row, image))
+
+    async def _image(self, run_id: str) -> RunImage:
+        records = await self.store.events(run_id)
+        wanted = sorted({d for r in records for d in r.refs.values()})
+        payloads = await self.store.payloads(wanted) if wanted else {}
+        return rebuild(EVENT_ADAPTER.validate_python(restore(r, payloads)) for r in records)
+
+    async def _list(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        query = request.query
+        problems = []
+        status = query.get("status")
+        if status is not None and status not in ("pending", "running", *_FINISHED):
+            problems.append(
+                Problem(field="status", message=f"one of running, {', '.join(_FINISHED)}")
+            )
+        labels: dict[str, str] = {}
+        for item in query.getall("label", []):
+            k, sep, v = item.partition("=")
+            if not sep or not k:
+                problems.append(Problem(field="label", message=f"KEY=VALUE, got {item!r}"))
+            labels[k] = v
+        limit = _int(query.get("limit"), PAGE, 1, MAX_PAGE, "limit", problems)
+        offset = _int(query.get("offset"), 0, 0, 10**9, "offset", problems)
+        if problems:
+            raise ApiError(400, "bad query", problems)
+        rows = await self.store.workflows(
+            status=status,  # type: ignore[arg-type]
+            tenant=tenant.name,
+            labels=labels,
+            limit=limit + 1,
+            offset=offset,
+        )
+        more = len(rows) > limit
+        following = None
+        if more:
+            following = request.rel_url.update_query({"offset": str(offset + limit)})
+        return _json(
+            WorkflowList(
+                workflows=[_view(row, None) for row in rows[:limit]],
+                next=None if following is None else str(following),
+            )
+        )
+
+    async def _result(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        wait = self._wait(request)
+        row = await self._owned(request, tenant)
+        handle = self.engine.handle(row.id)
+        if handle is not None and wait > 0:
+            try:
+                async with asyncio.timeout(wait):
+                    await handle.result()
+            except TimeoutError:
+                pass
+        return _json(await self._result_of(row.id))
+
+    async def _result_of(self, run_id: str) -> ResultView:
+        row = await self.store.workflow(run_id)
+        assert row is not None
+        image = await self._image(run_id)
+        finished = image.status is not None
+        failures = {
+            t.id: t.error or t.reason or t.state
+            for t in image.tasks.values()
+            if t.state in ("failed", "cancelled", "skipped")
+        }
+        return ResultView(
+            id=run_id,
+            status=image.status or row.status,
+            finished=finished,
+            results=image.results() if finished else {},
+            failures=failures if finished else {},
+        )
+
+    async def _cancel(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        row = await self._owned(request, tenant)
+        handle = self.engine.handle(row.id)
+        if handle is None:
+            if row.status in _FINISHED:
+                raise ApiError(409, f"workflow {row.id!r} has finished already ({row.status})")
+            raise ApiError(
+                409, f"workflow {row.id!r} is not running in this service (it waits to be resumed)"
+            )
+        handle.cancel("cancelled through the API")
+        return _json(_accepted(row.id, "running"), 202)
+
+    async def _add_tasks(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        self._check_open()
+        body = await _body(request)
+        spec = _parse(AddTasks, body)
+        row = await self._owned(request, tenant)
+        handle = self.engine.handle(row.id)
+        if handle is None:
+            raise ApiError(409, f"workflow {row.id!r} is not running; tasks cannot be added")
+        workflow = handle.workflow
+        try:
+            added = add_tasks(
+                workflow,
+                spec.tasks,
+                spec.inputs,
+                self.registry,
+                existing=list(workflow.graph.nodes),
+            )
+        except SpecError as exc:
+            raise ApiError(422, "the tasks cannot be added", [_problem(exc)]) from None
+        except UsageError as exc:  # the workflow refused (a dependency that has finished...)
+            raise ApiError(409, str(exc)) from None
+        await self._committed()
+        return web.json_response({"id": row.id, "added": added})
+
+    # --- events -----------------------------------------------------------------------------
+
+    async def _events(self, request: web.Request) -> web.StreamResponse:
+        tenant = self._tenant(request)
+        row = await self._owned(request, tenant)
+        problems: list[Problem] = []
+        after = _int(
+            request.headers.get("Last-Event-ID") or request.query.get("after"),
+            0,
+            0,
+            2**62,
+            "Last-Event-ID",
+            problems,
+        )
+        if problems:
+            raise ApiError(400, "bad request", problems)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        bus = self.engine.bus
+        bus.subscribe(row.id, queue)  # before the first read: nothing falls between
+        self._streams.add(queue)
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+            }
+        )
+        try:
+            await response.prepare(request)
+            await self._stream(response, row.id, after, queue)
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass  # the client went away, or the service is closing
+        finally:
+            bus.unsubscribe(row.id, queue)
+            self._streams.discard(queue)
+        return response
+
+    async def _stream(
+        self, response: web.StreamResponse, run_id: str, after: int, queue: asyncio.Queue[Any]
+    ) -> None:
+        heartbeat = self.settings.heartbeat_s
+        while True:
+            records = await self.store.events(run_id, after)
+            wanted = sorted({d for r in records for d in r.refs.values()})
+            payloads = await self.store.payloads(wanted) if wanted else {}
+            for record in records:
+                data = json.dumps(restore(record, payloads), separators=(",", ":"))
+                await response.write(
+                    f"id: {record.seq}\nevent: {record.kind}\ndata: {data}\n\n".encode()
+                )
+                after = record.seq
+                if record.kind == "workflow_finished":
+                    return
+            try:
+                async with asyncio.timeout(heartbeat):
+                    item = await queue.get()
+            except TimeoutError:
+                await response.write(b": heartbeat\n\n")
+                continue
+            if item is None:
+                return  # the service is closing
+            while not queue.empty():
+                queue.get_nowait()
+            journal = self.engine.journal
+            if journal is not None:
+                await journal.durable()
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+async def _body(request: web.Request) -> Any:
+    if request.content_type != "application/json":
+        raise ApiError(
+            415, f"send JSON (Content-Type: application/json), not {request.content_type}"
+        )
+    raw = await request.read()
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise ApiError(400, f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    if _depth(body) > MAX_JSON_DEPTH:
+        raise ApiError(400, f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > MAX_JSON_DEPTH:
+                return depth
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def _parse(model: type[M], body: Any) -> M:
+    try:
+        return model.model_validate(body)
+    except pydantic.ValidationError as exc:
+        problems = [
+            Problem(field=_field(e["loc"]), message=e["msg"].removeprefix("Value error, "))
+            for e in exc.errors(include_url=False)
+        ]
+        raise ApiError(422, "the request does not fit the schema", problems) from None
+
+
+def _field(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(body)"
+
+
+def _problem(exc: SpecError) -> Problem:
+    return Problem(field=exc.field, message=exc.message)
+
+
+def _int(
+    raw: str | None, default: int, low: int, high: int, name: str, problems: list[Problem]
+) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        problems.append(Problem(field=name, message=f"a whole number from {low} to {high}"))
+        return default
+    return value
+
+
+def _accepted(run_id: str, status: str) -> Accepted:
+    base = f"/v1/workflows/{run_id}"
+    return Accepted(
+        id=run_id,
+        status=status,  # type: ignore[arg-type]
+        links={"self": base, "result": f"{base}/result", "events": f"{base}/events"},
+    )
+
+
+def _view(row: WorkflowRow, image: RunImage | None) -> WorkflowView:
+    counts: dict[str, int] | None = None
+    tasks = None
+    if image is not None:
+        counts, tasks = {}, []
+        for task in image.tasks.values():
+            counts[task.state] = counts.get(task.state, 0) + 1
+            tasks.append(
+                TaskView(
+                    id=task.id,
+                    kind=task.action.kind,
+                    name=task.action.name,
+                    after=sorted(task.after),
+                    state=task.state,
+                    attempts=task.attempts,
+                    error=task.error or task.reason,
+                )
+            )
+    return WorkflowView(
+        id=row.id,
+        name=row.name,
+        status=row.status,
+        priority=row.priority,
+        labels={k: v for k, v in row.labels.items() if not k.startswith(RESERVED_LABELS)},
+        created=row.created,
+        updated=row.updated,
+        finished=row.finished,
+        deadline=row.deadline,
+        counts=counts,
+        tasks=tasks,
+    )
+
+
+def _json(
+    model: pydantic.BaseModel, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        text=model.model_dump_json(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _error(
+    status: int,
+    error: str,
+    problems: list[Problem] | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> web.Response:
+    return _json(ErrorBody(error=error, problems=problems or []), status, headers)

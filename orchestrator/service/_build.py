@@ -1,0 +1,156 @@
+"""From a checked spec to tasks: names looked up in the registry, prompts and arguments filled
+from the inputs, the graph checked whole before anything is added.
+
+Every task is built as the action its `ActionSpec` describes (`Registry.action`), the same
+path a resumed run takes, so what the service accepts is exactly what it can resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import networkx as nx
+
+from .._errors import UsageError
+from .._events import ActionSpec
+from .._registry import Registry
+from .._task import Action, registered_name
+from .._template import Template
+from .._workflow import Workflow
+from ._spec import TaskSpec
+
+INPUTS = "inputs."
+"""Prompt references to the submission's inputs: `${inputs.NAME}`."""
+
+
+class SpecError(UsageError):
+    """A spec that names something the service does not have, or a graph it cannot run."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def build(
+    name: str, tasks: Sequence[TaskSpec], inputs: Mapping[str, Any], registry: Registry
+) -> Workflow:
+    """A new workflow of `tasks` (checked whole first)."""
+    workflow = Workflow(name)
+    add_tasks(workflow, tasks, inputs, registry)
+    return workflow
+
+
+def add_tasks(
+    workflow: Workflow,
+    tasks: Sequence[TaskSpec],
+    inputs: Mapping[str, Any],
+    registry: Registry,
+    *,
+    existing: Sequence[str] = (),
+) -> list[str]:
+    """Add `tasks` to `workflow` (whose tasks are `existing`), all or none: every action is
+    built and the graph checked before the first is added. Returns the ids in the order
+    added (dependencies first)."""
+    have = set(existing)
+    index: dict[str, int] = {}
+    for i, task in enumerate(tasks):
+        if task.id in have or task.id in index:
+            raise SpecError(f"tasks[{i}].id", f"task {task.id!r} is there already")
+        index[task.id] = i
+    graph: nx.DiGraph[str] = nx.DiGraph()
+    graph.add_nodes_from(index)
+    for i, task in enumerate(tasks):
+        for dep in task.after:
+            if dep in index:
+                graph.add_edge(dep, task.id)
+            elif dep not in have:
+                raise SpecError(f"tasks[{i}].after", f"no task {dep!r} in this workflow")
+    try:
+        cycle = nx.find_cycle(graph)
+    except nx.NetworkXNoCycle:
+        cycle = []
+    if cycle:
+        path = " -> ".join([*(edge[0] for edge in cycle), cycle[0][0]])
+        raise SpecError("tasks", f"the dependencies form a cycle: {path}")
+    actions = {task.id: _action(i, task, inputs, registry) for i, task in enumerate(tasks)}
+    order = list(nx.topological_sort(graph))
+    for task_id in order:
+        task = tasks[index[task_id]]
+        workflow.add(
+            task_id,
+            actions[task_id],
+            after=task.after,
+            retry=task.retry,
+            timeout=task.timeout_s,
+            idempotent=task.idempotent,
+        )
+    return order
+
+
+def _action(i: int, task: TaskSpec, inputs: Mapping[str, Any], registry: Registry) -> Action:
+    where = f"tasks[{i}]"
+    if task.agent is not None:
+        if not registry.has("llm", task.agent):
+            raise SpecError(f"{where}.agent", _unknown("agent", task.agent, registry))
+        assert task.prompt is not None
+        try:
+            template = Template(task.prompt)
+        except UsageError as exc:
+            raise SpecError(f"{where}.prompt", str(exc)) from None
+        wanted = {n[len(INPUTS) :] for n in template.names if n.startswith(INPUTS)}
+        missing = sorted(wanted - set(inputs))
+        if missing:
+            raise SpecError(f"{where}.prompt", f"no input {missing[0]!r} was given")
+        template = template.fill({INPUTS + k: inputs[k] for k in wanted})
+        strays = [n for n in template.names if n not in task.after]
+        if strays:
+            raise SpecError(
+                f"{where}.prompt",
+                f"${{{strays[0]}}} is not a task this one runs after; add it to after",
+            )
+        spec = ActionSpec("llm", task.agent, {"template": template.text})
+        return _built(registry, spec, f"{where}.prompt")
+    if task.tool is not None:
+        if not registry.has("tool", task.tool):
+            raise SpecError(f"{where}.tool", _unknown("tool", task.tool, registry))
+        args = _with_inputs(task.args or {}, inputs, f"{where}.args")
+        return _built(registry, ActionSpec("tool", task.tool, {"args": args}), f"{where}.args")
+    assert task.function is not None
+    try:
+        fn = registry.function(task.function)
+    except UsageError:
+        raise SpecError(
+            f"{where}.function", _unknown("function", task.function, registry)
+        ) from None
+    return _built(registry, ActionSpec("function", registered_name(fn)), where)
+
+
+def _built(registry: Registry, spec: ActionSpec, field: str) -> Action:
+    try:
+        return registry.action(spec)
+    except UsageError as exc:
+        raise SpecError(field, str(exc)) from None
+
+
+def _with_inputs(value: Any, inputs: Mapping[str, Any], field: str) -> Any:
+    """`value` with each `{"$input": NAME}` replaced by the input NAME."""
+    if isinstance(value, dict):
+        if set(value) == {"$input"}:
+            name = value["$input"]
+            if not isinstance(name, str) or name not in inputs:
+                raise SpecError(field, f"no input {name!r} was given")
+            return inputs[name]
+        return {k: _with_inputs(v, inputs, field) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_inputs(v, inputs, field) for v in value]
+    return value
+
+
+def _unknown(kind: str, name: str, registry: Registry) -> str:
+    have = registry.names()[f"{kind}s"]
+    if kind == "function":
+        have = [n.partition(":")[2] or n for n in have]
+    listed = ", ".join(have[:20]) + (" ..." if len(have) > 20 else "") if have else "none"
+    return f"no {kind} {name!r} is registered with this service; it has: {listed}"

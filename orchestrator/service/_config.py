@@ -1,0 +1,242 @@
+"""`plait serve`'s config file: the usual engine and backend tables, plus `[service]` and
+`[[tenants]]`.
+
+    [service]
+    port = 8470
+    store = "plait-serve.db"             # beside this file; or a database URL
+    registry = ["serve_registry.py"]     # modules (or .py files beside this file)
+
+    [[tenants]]
+    name = "demo"
+    token_sha256 = "..."                 # `plait serve --hash-token` prints it
+
+A token is kept only as its sha256 (or read from an environment variable named by
+`token_env` and hashed at start-up), so the file can be committed and no log shows one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from pydantic import Field, ValidationError, model_validator
+
+from .._config import Config, ConfigSection, _problem, _report, load_config, read_config_file
+from .._errors import UsageError
+from .._registry import Rebuildable, Registry
+from ._spec import MAX_EDGES, MAX_TASKS
+
+
+class ServiceSettings(ConfigSection):
+    """The `[service]` table."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8470, ge=0, le=65535)
+    store: str = "plait-serve.db"
+    """A SQLite file (relative to the config file) or a database URL."""
+    registry: tuple[str, ...] = ()
+    """Modules whose agents, tools and functions the service may run: a module name, or a
+    .py file relative to the config file. A module that defines `registry` (a Registry, or
+    a function returning one) gives exactly that; otherwise everything it defines."""
+    registry_entry_points: tuple[str, ...] = ()
+    """Entry point groups whose entries are modules, agents, tools or functions to add."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_tasks: int = Field(default=MAX_TASKS, ge=1, le=MAX_TASKS)
+    max_edges: int = Field(default=MAX_EDGES, ge=0, le=MAX_EDGES)
+    heartbeat_s: float = Field(default=15.0, gt=0)
+    """How often an idle event stream sends a comment to keep proxies from closing it."""
+    drain_s: float = Field(default=10.0, ge=0)
+    """On shutdown, how long running workflows may take to finish before they are left in
+    the store for the next start to resume."""
+    max_wait_s: float = Field(default=60.0, gt=0)
+    """The longest `?wait=` a request may ask for."""
+
+
+class TenantSettings(ConfigSection):
+    """One `[[tenants]]` entry: who may call, and how much."""
+
+    name: str = Field(min_length=1, max_length=200)
+    token_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    token_env: str | None = None
+    """An environment variable holding the token (hashed when the service starts)."""
+    max_running: int = Field(default=1000, ge=1)
+    """Workflows of this tenant running at once; more are refused with 429."""
+    rate_per_s: float = Field(default=100.0, gt=0)
+    """Requests per second, on average..."""
+    burst: int = Field(default=200, ge=1)
+    """... with up to this many at once."""
+
+    @model_validator(mode="after")
+    def _one_token(self) -> TenantSettings:
+        if (self.token_sha256 is None) == (self.token_env is None):
+            raise ValueError("give the tenant's token as exactly one of token_sha256, token_env")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    name: str
+    token_sha256: str
+    max_running: int
+    rate_per_s: float
+    burst: int
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """A checked `plait serve` config: `load_serve_config` makes one."""
+
+    source: str
+    service: ServiceSettings
+    tenants: tuple[Tenant, ...]
+    engine: Config
+    """The engine and backends tables, as `plait run` reads them."""
+    base: Path
+    """The config file's directory: relative paths in it are relative to this."""
+
+    @property
+    def store(self) -> str:
+        target = self.service.store
+        if "://" in target or Path(target).is_absolute():
+            return target
+        return str(self.base / target)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def load_serve_config(path: str | os.PathLike[str]) -> ServeConfig:
+    """Read and check the file; `UsageError` naming every problem."""
+    data = read_config_file(path)
+    service_table = data.pop("service", {})
+    tenant_tables = data.pop("tenants", [])
+    problems: list[str] = []
+    service = ServiceSettings()
+    try:
+        service = ServiceSettings.model_validate(service_table)
+    except ValidationError as exc:
+        problems.extend(_problem(e, ("service",)) for e in exc.errors())
+    tenants: list[Tenant] = []
+    if not isinstance(tenant_tables, list):
+        problems.append("tenants: must be an array of tables ([[tenants]])")
+        tenant_tables = []
+    for i, table in enumerate(tenant_tables):
+        try:
+            settings = TenantSettings.model_validate(table)
+        except ValidationError as exc:
+            problems.extend(_problem(e, ("tenants", i)) for e in exc.errors())
+            continue
+        digest = settings.token_sha256
+        if settings.token_env is not None:
+            token = os.environ.get(settings.token_env)
+            if not token:
+                problems.append(
+                    f"tenants[{i}].token_env: the environment variable {settings.token_env} "
+                    "is not set (or empty)"
+                )
+                continue
+            digest = hash_token(token)
+        assert digest is not None
+        tenants.append(
+            Tenant(settings.name, digest, settings.max_running, settings.rate_per_s, settings.burst)
+        )
+    names = [t.name for t in tenants]
+    for name in {n for n in names if names.count(n) > 1}:
+        problems.append(f"tenants: {name!r} is listed twice")
+    tokens = [t.token_sha256 for t in tenants]
+    if len(set(tokens)) != len(tokens):
+        problems.append("tenants: two tenants have the same token")
+    if not tenant_tables and not problems:
+        problems.append(
+            "tenants: none; add at least one [[tenants]] with a token (plait serve "
+            "--hash-token prints a token's token_sha256)"
+        )
+    try:
+        engine = load_config(data, name=str(path))
+    except UsageError as exc:
+        problems.append(str(exc).removeprefix(f"{path}: "))
+        engine = load_config({})
+    if problems:
+        raise UsageError(_report(str(path), problems))
+    return ServeConfig(
+        source=str(path),
+        service=service,
+        tenants=tuple(tenants),
+        engine=engine,
+        base=Path(path).resolve().parent,
+    )
+
+
+def load_registry(config: ServeConfig) -> Registry:
+    """What the service may run: the config's modules and entry point groups. Never found by
+    import at run time (`imports=False`): a request cannot name code nobody registered."""
+    registry = Registry(imports=False)
+    for target in config.service.registry:
+        registry.merge(_module_registry(_load_module(target, config.base)))
+    for group in config.service.registry_entry_points:
+        for entry in entry_points(group=group):
+            try:
+                value = entry.load()
+            except Exception as exc:
+                raise UsageError(
+                    f"{config.source}: entry point {entry.name} (group {group}) failed to "
+                    f"load: {type(exc).__name__}: {exc}"
+                ) from exc
+            if isinstance(value, ModuleType):
+                registry.merge(_module_registry(value))
+            else:
+                registry.add(value)
+    return registry
+
+
+def _module_registry(module: ModuleType) -> Registry:
+    given: Any = getattr(module, "registry", None)
+    if given is None:
+        return Registry(imports=False).scan(module)
+    if callable(given) and not isinstance(given, Registry | Rebuildable):
+        given = given()
+    if not isinstance(given, Registry):
+        raise UsageError(
+            f"{module.__name__}.registry must be a Registry or a function returning one, "
+            f"got {type(given).__name__}"
+        )
+    return given
+
+
+def _load_module(target: str, base: Path) -> ModuleType:
+    if target.endswith(".py"):
+        path = Path(target) if Path(target).is_absolute() else base / target
+        if not path.is_file():
+            raise UsageError(f"service.registry: no file {str(path)!r}")
+        name = f"plait_serve_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise UsageError(f"service.registry: cannot load {str(path)!r} as a module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[name]
+            raise UsageError(
+                f"service.registry: {path} raised {type(exc).__name__} while loading: {exc}"
+            ) from exc
+        return module
+    try:
+        return importlib.import_module(target)
+    except ImportError as exc:
+        raise UsageError(f"service.registry: cannot import {target!r}: {exc}") from exc
+
+
+def tenants_by_digest(tenants: tuple[Tenant, ...]) -> Mapping[str, Tenant]:
+    return {t.token_sha256: t for t in tenants}

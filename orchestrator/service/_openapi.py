@@ -1,0 +1,200 @@
+"""The OpenAPI 3.1 document at `/v1/openapi.json`, generated from the request and answer
+models, so that what is documented is what is validated."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from ._spec import (
+    Accepted,
+    AddTasks,
+    ErrorBody,
+    ResultView,
+    SingleTask,
+    WorkflowList,
+    WorkflowSpec,
+    WorkflowView,
+)
+
+_MODELS: list[type[BaseModel]] = [
+    WorkflowSpec, SingleTask, AddTasks, Accepted, WorkflowView, WorkflowList, ResultView, ErrorBody,
+]  # fmt: skip
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(model: type[BaseModel]) -> dict[str, str]:
+    return {"$ref": _REF.format(model=model.__name__)}
+
+
+def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    said = {
+        400: "a malformed request (not JSON, too deep, a bad query)",
+        401: "no or a wrong bearer token",
+        404: "no such workflow for this tenant",
+        409: "the workflow is not in a state for this",
+        413: "the body or the workflow is larger than the service's limits",
+        415: "the body is not JSON",
+        422: "the request does not fit the schema, or names what is not registered",
+        429: "over the tenant's rate or running limit; see Retry-After",
+        503: "shutting down, or the store cannot record it now",
+    }
+    return {str(c): _json(ErrorBody, said[c]) for c in codes}
+
+
+_ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+_WAIT = {
+    "name": "wait",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "number", "minimum": 0},
+    "description": "seconds to wait for the workflow to finish before answering",
+}
+
+
+@cache
+def openapi() -> dict[str, Any]:
+    _, defs = models_json_schema(
+        [(m, "validation" if m in (WorkflowSpec, SingleTask, AddTasks) else "serialization")
+         for m in _MODELS],
+        ref_template=_REF,
+    )  # fmt: skip
+    common = _errors(401, 429)
+    body = {"required": True, "content": {"application/json": {"schema": None}}}
+
+    def request(model: type[BaseModel]) -> dict[str, Any]:
+        return {**body, "content": {"application/json": {"schema": _ref(model)}}}
+
+    key = {
+        "name": "Idempotency-Key",
+        "in": "header",
+        "required": False,
+        "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+        "description": "a retried submission with the same key returns the same workflow",
+    }
+    paths: dict[str, Any] = {
+        "/v1/workflows": {
+            "post": {
+                "summary": "Submit a workflow",
+                "parameters": [key],
+                "requestBody": request(WorkflowSpec),
+                "responses": {
+                    "202": _json(Accepted, "accepted: recorded, and running"),
+                    "200": _json(Accepted, "the workflow this Idempotency-Key made before"),
+                    **_errors(400, 413, 415, 422, 503),
+                    **common,
+                },
+            },
+            "get": {
+                "summary": "List the tenant's workflows, newest first",
+                "parameters": [
+                    {"name": "status", "in": "query", "schema": {"type": "string"}},
+                    {
+                        "name": "label",
+                        "in": "query",
+                        "schema": {"type": "string"},
+                        "description": "KEY=VALUE; repeat for several",
+                    },
+                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    {"name": "offset", "in": "query", "schema": {"type": "integer"}},
+                ],
+                "responses": {"200": _json(WorkflowList, "a page"), **_errors(400), **common},
+            },
+        },
+        "/v1/tasks": {
+            "post": {
+                "summary": "Run one task as a one-task workflow",
+                "parameters": [key, _WAIT],
+                "requestBody": request(SingleTask),
+                "responses": {
+                    "200": _json(ResultView, "finished within the wait"),
+                    "202": _json(Accepted, "accepted (or not finished within the wait)"),
+                    **_errors(400, 413, 415, 422, 503),
+                    **common,
+                },
+            }
+        },
+        "/v1/workflows/{id}": {
+            "get": {
+                "summary": "A workflow and its tasks",
+                "parameters": [_ID],
+                "responses": {"200": _json(WorkflowView, "the workflow"), **_errors(404), **common},
+            },
+            "delete": {
+                "summary": "Cancel a running workflow",
+                "parameters": [_ID],
+                "responses": {
+                    "202": _json(Accepted, "cancelling"),
+                    **_errors(404, 409),
+                    **common,
+                },
+            },
+        },
+        "/v1/workflows/{id}/tasks": {
+            "post": {
+                "summary": "Add tasks to a running workflow",
+                "parameters": [_ID],
+                "requestBody": request(AddTasks),
+                "responses": {
+                    "200": {"description": "added, in the order given to the engine"},
+                    **_errors(400, 404, 409, 413, 415, 422, 503),
+                    **common,
+                },
+            }
+        },
+        "/v1/workflows/{id}/result": {
+            "get": {
+                "summary": "Results and failures by task, once finished",
+                "parameters": [_ID, _WAIT],
+                "responses": {
+                    "200": _json(ResultView, "the result"),
+                    **_errors(400, 404),
+                    **common,
+                },
+            }
+        },
+        "/v1/workflows/{id}/events": {
+            "get": {
+                "summary": "Server-Sent Events from the workflow's log",
+                "description": "Each event's `id` is its sequence number: reconnect with "
+                "Last-Event-ID to go on after it. Idle streams get a comment every "
+                "heartbeat. The stream ends after workflow_finished.",
+                "parameters": [
+                    _ID,
+                    {"name": "Last-Event-ID", "in": "header", "schema": {"type": "integer"}},
+                    {"name": "after", "in": "query", "schema": {"type": "integer"}},
+                ],
+                "responses": {
+                    "200": {
+                        "description": "an event stream",
+                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(400, 404),
+                    **common,
+                },
+            }
+        },
+        "/healthz": {"get": {"summary": "The process is up", "security": [],
+                             "responses": {"200": {"description": "up"}}}},
+        "/readyz": {"get": {"summary": "Ready for work (store writable, not closing)",
+                            "security": [],
+                            "responses": {"200": {"description": "ready"},
+                                          "503": {"description": "not ready"}}}},
+    }  # fmt: skip
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "plait", "version": "1"},
+        "components": {
+            "schemas": defs["$defs"],
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"bearer": []}],
+        "paths": paths,
+    }

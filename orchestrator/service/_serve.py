@@ -1,0 +1,118 @@
+"""`plait serve --config FILE`: open the store and the backends, resume what an earlier
+process left running, serve until SIGTERM or Ctrl-C, then drain and stop.
+
+Shutdown: new work is refused (503, `/readyz` says so) and event streams end; running
+workflows get `drain_s` to finish; what is still running then stays in the store, as
+committed, and the next start resumes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from typing import TextIO
+
+from aiohttp import web
+
+from .._clock import SystemClock
+from .._engine import Engine
+from .._events import Event
+from ._app import Service
+from ._config import ServeConfig, load_registry
+
+
+async def serve(
+    config: ServeConfig,
+    *,
+    out: TextIO = sys.stdout,
+    stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
+) -> None:
+    """Run the service until `stop` is set (default: SIGTERM or SIGINT)."""
+    from .._cli import open_store  # the CLI's store finder; imported here, not at the top
+
+    registry = load_registry(config)
+    clock = SystemClock()
+    stop = stop or _on_signals()
+    async with contextlib.AsyncExitStack() as stack:
+        backends = config.engine.build_backends(clock)
+        for backend in backends.values():
+            if isinstance(backend, contextlib.AbstractAsyncContextManager):
+                await stack.enter_async_context(backend)
+        store = await stack.enter_async_context(open_store(config.store))
+        engine = Engine(
+            backends=backends,
+            clock=clock,
+            policy=config.engine.engine.policy,
+            limits=config.engine.limits,
+            store=store,
+        )
+        async with engine:
+            report = await engine.resume(registry)
+            for plan in report.plans:
+                if plan.error is not None:
+                    print(f"plait serve: not resumed: {plan.workflow}: {plan.error}", file=out)
+            if report.runs:
+                print(f"plait serve: resumed {len(report.runs)} workflow(s)", file=out)
+            service = Service(engine, registry, config.tenants, config.service, clock=clock)
+            runner = web.AppRunner(service.app(), handle_signals=False)
+            await runner.setup()
+            site = web.TCPSite(runner, config.service.host, config.service.port)
+            await site.start()
+            names = registry.names()
+            print(
+                f"plait serve: listening on http://{config.service.host}:{_port(runner)}/ "
+                f"(store {config.store}; {len(names['agents'])} agents, "
+                f"{len(names['tools'])} tools, {len(names['functions'])} functions; "
+                f"{len(config.tenants)} tenant(s))",
+                file=out,
+                flush=True,
+            )
+            if ready is not None:
+                ready.set()
+            try:
+                await stop.wait()
+            finally:
+                service.stop_accepting()
+                await _drain(engine, config.service.drain_s)
+                left = engine.running()
+                await runner.cleanup()
+                if left:
+                    print(
+                        f"plait serve: {left} workflow(s) still running are kept in the store; "
+                        "the next start resumes them",
+                        file=out,
+                    )
+    print("plait serve: stopped", file=out, flush=True)
+
+
+async def _drain(engine: Engine, seconds: float) -> None:
+    """Wait until no workflow runs, or `seconds` have passed."""
+    finished: asyncio.Queue[Event] = asyncio.Queue()
+    engine.bus.listen(finished)
+    try:
+        async with asyncio.timeout(seconds):
+            while engine.running():
+                await finished.get()  # any event: look again
+    except TimeoutError:
+        pass
+    finally:
+        engine.bus.unlisten(finished)
+
+
+def _on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):  # not on every platform
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def _port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    return 0

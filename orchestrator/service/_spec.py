@@ -1,0 +1,241 @@
+"""What the REST API accepts and answers, as pydantic models: the trust boundary.
+
+A workflow spec names what the service has registered (agents, tools, functions), never
+code. Every string, list and mapping has a bound, so a request is refused with the field
+and the limit before anything is built; the OpenAPI document is generated from these models.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+MAX_TASKS = 10_000
+"""Tasks in one request."""
+MAX_AFTER = 1_000
+"""Dependencies of one task."""
+MAX_EDGES = 100_000
+"""Dependencies in one request, all tasks together."""
+MAX_TEXT = 200_000
+"""Characters of a prompt."""
+MAX_LABELS = 32
+MAX_DEPTH = 32
+"""Nesting of JSON values (tool arguments, inputs)."""
+MAX_INPUTS = 256
+
+Name = Annotated[
+    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:@/-]+$")
+]
+"""The names of registered agents, tools and functions."""
+WorkflowName = Annotated[
+    str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
+]
+"""A workflow's name: its id is the name and a random suffix, used as it is in URLs."""
+TaskId = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^{}$\s]+$")]
+"""A task id: no white space, braces or `$`, so that a prompt can refer to it as ${id}."""
+LabelKey = Annotated[
+    str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+]
+LabelValue = Annotated[str, StringConstraints(max_length=200)]
+Priority = Literal["interactive", "batch"]
+RESERVED_LABELS = "plait."
+"""Label keys that start with this are the service's own (its idempotency record)."""
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TaskSpec(_Request):
+    """One task: exactly one of `agent` (with `prompt`), `tool` (with `args`), `function`."""
+
+    id: TaskId
+    after: list[TaskId] = Field(default_factory=list, max_length=MAX_AFTER)
+    """Tasks of the same workflow this one runs after; their results are its inputs."""
+    agent: Name | None = None
+    """A registered agent that answers `prompt`."""
+    prompt: str | None = Field(default=None, max_length=MAX_TEXT)
+    """The agent's prompt: `${task}` is that dependency's result, `${inputs.NAME}` the
+    workflow's input NAME; `$${` is a literal `${`."""
+    tool: Name | None = None
+    """A registered tool, called with `args` (checked against its schema)."""
+    args: dict[str, Any] | None = Field(default=None, max_length=MAX_INPUTS)
+    """The tool's arguments; a value `{"$input": "NAME"}` is the workflow's input NAME."""
+    function: Name | None = None
+    """A registered Python function of the task's context (its inputs)."""
+    retry: int = Field(default=1, ge=1, le=20)
+    """Attempts before the task fails."""
+    timeout_s: float | None = Field(default=None, gt=0, le=7 * 86_400)
+    idempotent: bool = True
+    """False: running it twice does harm; after a crash it waits for a decision."""
+
+    @model_validator(mode="after")
+    def _one_action(self) -> TaskSpec:
+        chosen = [k for k in ("agent", "tool", "function") if getattr(self, k) is not None]
+        if len(chosen) != 1:
+            said = "none" if not chosen else " and ".join(chosen)
+            raise ValueError(f"a task runs exactly one of agent, tool or function; got {said}")
+        if (self.agent is None) != (self.prompt is None):
+            raise ValueError("prompt goes with agent, and an agent task needs a prompt")
+        if self.args is not None and self.tool is None:
+            raise ValueError("args go with tool")
+        if self.id in self.after:
+            raise ValueError(f"task {self.id!r} cannot run after itself")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return "agent" if self.agent else "tool" if self.tool else "function"
+
+
+def _labels(value: dict[str, str]) -> dict[str, str]:
+    reserved = [key for key in value if key.startswith(RESERVED_LABELS)]
+    if reserved:
+        raise ValueError(f"label keys starting {RESERVED_LABELS!r} are the service's own")
+    return value
+
+
+class _Run(_Request):
+    priority: Priority = "batch"
+    """`interactive` runs before `batch` when both wait (program-first scheduling)."""
+    deadline_s: float | None = Field(default=None, gt=0, le=30 * 86_400)
+    """Seconds from submission: urgency for the scheduler, met or missed in the result."""
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+    """Free key/value pairs to filter the list by."""
+    inputs: dict[Name, Any] = Field(default_factory=dict, max_length=MAX_INPUTS)
+    """Values the tasks refer to: `${inputs.NAME}` in prompts, `{"$input": NAME}` in args."""
+
+    @model_validator(mode="after")
+    def _own_labels(self) -> _Run:
+        _labels(self.labels)
+        return self
+
+
+class WorkflowSpec(_Run):
+    """`POST /v1/workflows`: a workflow to run."""
+
+    name: WorkflowName
+    tasks: list[TaskSpec] = Field(min_length=1, max_length=MAX_TASKS)
+
+    @model_validator(mode="after")
+    def _bounded_edges(self) -> WorkflowSpec:
+        edges = sum(len(t.after) for t in self.tasks)
+        if edges > MAX_EDGES:
+            raise ValueError(f"{edges} dependencies in all; at most {MAX_EDGES}")
+        return self
+
+
+class SingleTask(_Run):
+    """`POST /v1/tasks`: one task, run as a workflow of that one task."""
+
+    name: WorkflowName = "task"
+    agent: Name | None = None
+    prompt: str | None = Field(default=None, max_length=MAX_TEXT)
+    tool: Name | None = None
+    args: dict[str, Any] | None = Field(default=None, max_length=MAX_INPUTS)
+    function: Name | None = None
+    retry: int = Field(default=1, ge=1, le=20)
+    timeout_s: float | None = Field(default=None, gt=0, le=7 * 86_400)
+    idempotent: bool = True
+
+    def as_workflow(self) -> WorkflowSpec:
+        task = TaskSpec(
+            id="task",
+            agent=self.agent,
+            prompt=self.prompt,
+            tool=self.tool,
+            args=self.args,
+            function=self.function,
+            retry=self.retry,
+            timeout_s=self.timeout_s,
+            idempotent=self.idempotent,
+        )
+        return WorkflowSpec(
+            name=self.name,
+            tasks=[task],
+            priority=self.priority,
+            deadline_s=self.deadline_s,
+            labels=self.labels,
+            inputs=self.inputs,
+        )
+
+
+class AddTasks(_Request):
+    """`POST /v1/workflows/{id}/tasks`: tasks added to a running workflow; `after` may
+    name its existing tasks. `inputs` as in a submission (this request's own)."""
+
+    tasks: list[TaskSpec] = Field(min_length=1, max_length=MAX_TASKS)
+    inputs: dict[Name, Any] = Field(default_factory=dict, max_length=MAX_INPUTS)
+
+
+# --- answers ---------------------------------------------------------------------------------
+
+WorkflowState = Literal["pending", "running", "succeeded", "failed", "cancelled"]
+
+
+class Accepted(BaseModel):
+    """The answer to a submission: the workflow's id, and where to follow it."""
+
+    id: str
+    status: WorkflowState
+    links: dict[str, str]
+
+
+class TaskView(BaseModel):
+    id: str
+    kind: str
+    name: str
+    after: list[str]
+    state: str
+    attempts: int
+    error: str | None = None
+
+
+class WorkflowView(BaseModel):
+    """`GET /v1/workflows/{id}`."""
+
+    id: str
+    name: str
+    status: WorkflowState
+    priority: str
+    labels: dict[str, str]
+    created: float
+    updated: float
+    finished: float | None
+    deadline: float | None
+    """Epoch seconds."""
+    counts: dict[str, int] | None = None
+    """Tasks by state (left out of lists: a list is one query, not one per workflow)."""
+    tasks: list[TaskView] | None = None
+    """Left out of lists."""
+
+
+class WorkflowList(BaseModel):
+    """`GET /v1/workflows`: newest first; `next` is the query for the page after, if any."""
+
+    workflows: list[WorkflowView]
+    next: str | None
+
+
+class ResultView(BaseModel):
+    """`GET /v1/workflows/{id}/result`: `results` and `failures` by task once it has
+    finished; `status` says whether it has."""
+
+    id: str
+    status: WorkflowState
+    finished: bool
+    results: dict[str, Any]
+    failures: dict[str, str]
+
+
+class Problem(BaseModel):
+    field: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx and 5xx: what went wrong, and for a bad request each field at fault."""
+
+    error: str
+    problems: list[Problem] = Field(default_factory=list)
