@@ -875,7 +875,7 @@ class Engine:
     def handle(self, run_id: str) -> RunHandle | None:
         """The run of this id while it runs in this engine, else None."""
         run = self._runs.get(run_id)
-        return None if run is None or run.complete else RunHandle(self, run)
+        return None if run is None else RunHandle(self, run)
 
     def running(self, tenant: str | None = None) -> int:
         """How many runs (of `tenant`, when given) this engine is running."""

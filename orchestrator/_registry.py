@@ -114,7 +114,9 @@ class Registry:
         found = self._functions.get(name)
         if found is not None:
             return found
-        module_name, _, qualname = name.partition(":")
+        module_name, sep, qualname = name.partition(":")
+        if not sep:  # a bare name: a registered function of that qualname
+            module_name, qualname = "", name
         # The same function under another module name (a file run as a script by `plait
         # run` and imported by the application, say): registered ones match by qualname.
         same = [fn for key, fn in self._functions.items() if key.endswith(f":{qualname}")]
@@ -126,7 +128,7 @@ class Registry:
                 "other process can find it by name; register it: Registry(..., the_function), "
                 "or define it at the top level of a module"
             )
-        if not self.imports or not qualname:
+        if not self.imports or not qualname or not module_name:
             raise RebuildError(f"no {what} {name} is registered; add it: Registry(..., fn)")
         try:
             target: Any = _module(module_name)

@@ -9,6 +9,7 @@ workflows: another tenant's id is a 404, exactly as an id that does not exist.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import hmac
 import json
@@ -30,6 +31,7 @@ from .._replay import RunImage, rebuild
 from .._store import Store, WorkflowRow
 from ._build import SpecError, add_tasks, build
 from ._config import ServiceSettings, Tenant
+from ._openapi import openapi
 from ._spec import (
     RESERVED_LABELS,
     Accepted,
@@ -112,7 +114,7 @@ class Service:
         self.clock = clock or SystemClock()
         self._tenants = {t.token_sha256: t for t in tenants}
         self._buckets: dict[str, _Bucket] = {}
-        self._keys: dict[tuple[str, str], asyncio.Future[str]] = {}
+        self._keys: dict[tuple[str, str], tuple[str, asyncio.Future[str]]] = {}
         """Idempotency keys being submitted now (a retry racing the first request)."""
         self._streams: set[asyncio.Queue[Any]] = set()
         self.accepting = True
@@ -214,8 +216,6 @@ class Service:
         return web.json_response({"status": "ready", "running": self.engine.running()})
 
     async def _openapi(self, request: web.Request) -> web.Response:
-        from ._openapi import openapi
-
         return web.json_response(openapi())
 
     # --- submissions --------------------------------------------------------------------------
@@ -263,50 +263,43 @@ class Service:
         self._check_size(spec)
         key = request.headers.get("Idempotency-Key")
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-        if key is not None:
-            if not 0 < len(key) <= MAX_KEY:
-                raise ApiError(400, f"Idempotency-Key must be 1 to {MAX_KEY} characters")
-            earlier = await self._earlier(tenant, key, digest)
-            if earlier is not None:
-                return earlier, True
-        pending: asyncio.Future[str] | None = None
-        if key is not None:
-            pending = self._keys[(tenant.name, key)] = asyncio.get_running_loop().create_future()
+        if key is None:
+            return await self._start(tenant, spec, None, digest), False
+        if not 0 < len(key) <= MAX_KEY:
+            raise ApiError(400, f"Idempotency-Key must be 1 to {MAX_KEY} characters")
+        slot = (tenant.name, key)
+        while (racing := self._keys.get(slot)) is not None:
+            # The same key is being submitted now: its outcome is this one's.
+            if racing[0] != digest:
+                raise _reused()
+            with contextlib.suppress(Exception):  # it failed: try again for ourselves
+                return await asyncio.shield(racing[1]), True
+        # Claimed before the first await, so a retry racing this one waits for it.
+        pending: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._keys[slot] = (digest, pending)
         try:
-            run_id = await self._start(tenant, spec, key, digest)
+            earlier = await self._earlier(tenant, key, digest)
+            run_id = earlier or await self._start(tenant, spec, key, digest)
         except BaseException as exc:
-            if pending is not None:
-                pending.set_exception(exc)
-                pending.exception()  # retrieved: a racing retry re-raises it itself
+            pending.set_exception(exc)
+            pending.exception()  # retrieved: a racing retry tries again itself
             raise
         else:
-            if pending is not None:
-                pending.set_result(run_id)
+            pending.set_result(run_id)
         finally:
-            if key is not None:
-                self._keys.pop((tenant.name, key), None)
-        return run_id, False
+            self._keys.pop(slot, None)
+        return run_id, earlier is not None
 
     async def _earlier(self, tenant: Tenant, key: str, digest: str) -> str | None:
         """The workflow an earlier request with this key made, if any (the same body), else
         None; another body under the same key is refused."""
-        racing = self._keys.get((tenant.name, key))
-        if racing is not None:
-            try:
-                return await asyncio.shield(racing)
-            except Exception:
-                return None  # the first attempt failed: this one tries for itself
         rows = await self.store.workflows(
             tenant=tenant.name, labels={IDEMPOTENCY_LABEL: key}, limit=1
         )
         if not rows:
             return None
         if rows[0].labels.get(REQUEST_LABEL) != digest:
-            raise ApiError(
-                422,
-                "this Idempotency-Key was used with a different request; use a new key for "
-                "a new submission",
-            )
+            raise _reused()
         return rows[0].id
 
     async def _start(self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str) -> str:
@@ -395,6 +388,7 @@ class Service:
 
     async def _get(self, request: web.Request) -> web.Response:
         tenant = self._tenant(request)
+        await self._committed()
         row = await self._owned(request, tenant)
         image = await self._image(row.id)
         return _json(_view(row, image))
@@ -456,6 +450,7 @@ class Service:
         return _json(await self._result_of(row.id))
 
     async def _result_of(self, run_id: str) -> ResultView:
+        await self._committed()  # a run that has just finished: its end is in the store
         row = await self.store.workflow(run_id)
         assert row is not None
         image = await self._image(run_id)
@@ -580,6 +575,14 @@ class Service:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _reused() -> ApiError:
+    return ApiError(
+        422,
+        "this Idempotency-Key was used with a different request; use a new key for a new "
+        "submission",
+    )
 
 
 async def _body(request: web.Request) -> Any:

@@ -43,11 +43,11 @@ class ServiceSettings(ConfigSection):
     port: int = Field(default=8470, ge=0, le=65535)
     store: str = "plait-serve.db"
     """A SQLite file (relative to the config file) or a database URL."""
-    registry: tuple[str, ...] = ()
+    registry: list[str] = Field(default_factory=list)
     """Modules whose agents, tools and functions the service may run: a module name, or a
     .py file relative to the config file. A module that defines `registry` (a Registry, or
     a function returning one) gives exactly that; otherwise everything it defines."""
-    registry_entry_points: tuple[str, ...] = ()
+    registry_entry_points: list[str] = Field(default_factory=list)
     """Entry point groups whose entries are modules, agents, tools or functions to add."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_tasks: int = Field(default=MAX_TASKS, ge=1, le=MAX_TASKS)

@@ -181,6 +181,8 @@ def openapi() -> dict[str, Any]:
                 },
             }
         },
+        "/v1/openapi.json": {"get": {"summary": "This document", "security": [],
+                                     "responses": {"200": {"description": "OpenAPI 3.1"}}}},
         "/healthz": {"get": {"summary": "The process is up", "security": [],
                              "responses": {"200": {"description": "up"}}}},
         "/readyz": {"get": {"summary": "Ready for work (store writable, not closing)",

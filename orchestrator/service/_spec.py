@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 MAX_TASKS = 10_000
 """Tasks in one request."""
@@ -106,10 +113,10 @@ class _Run(_Request):
     inputs: dict[Name, Any] = Field(default_factory=dict, max_length=MAX_INPUTS)
     """Values the tasks refer to: `${inputs.NAME}` in prompts, `{"$input": NAME}` in args."""
 
-    @model_validator(mode="after")
-    def _own_labels(self) -> _Run:
-        _labels(self.labels)
-        return self
+    @field_validator("labels")
+    @classmethod
+    def _own_labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _labels(value)
 
 
 class WorkflowSpec(_Run):
