@@ -157,6 +157,13 @@ def test_one_task_with_wait_answers_with_its_result(make_store: StoreFactory) ->
         assert status == 202 and accepted["id"].startswith("task-")
         status, error, _ = await api.call("POST", "/v1/tasks?wait=-1", {"function": "join"})
         assert status == 400 and error["problems"][0]["field"] == "wait"
+        for bad, says in [
+            ({"agent": "writer"}, "needs a prompt"),
+            ({"tool": "shout", "args": {"text": 3}}, "valid string"),
+            ({"function": "join", "id": "x"}, "Extra inputs"),
+        ]:
+            status, error, _ = await api.call("POST", "/v1/tasks", bad)
+            assert status == 422 and says in json.dumps(error), error
 
     on_stores(make_store, body)
 

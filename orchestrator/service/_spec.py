@@ -54,12 +54,10 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class TaskSpec(_Request):
-    """One task: exactly one of `agent` (with `prompt`), `tool` (with `args`), `function`."""
+class _Action(_Request):
+    """What one task runs: exactly one of `agent` (with `prompt`), `tool` (with `args`),
+    `function`; and how it is retried."""
 
-    id: TaskId
-    after: list[TaskId] = Field(default_factory=list, max_length=MAX_AFTER)
-    """Tasks of the same workflow this one runs after; their results are its inputs."""
     agent: Name | None = None
     """A registered agent that answers `prompt`."""
     prompt: str | None = Field(default=None, max_length=MAX_TEXT)
@@ -78,7 +76,7 @@ class TaskSpec(_Request):
     """False: running it twice does harm; after a crash it waits for a decision."""
 
     @model_validator(mode="after")
-    def _one_action(self) -> TaskSpec:
+    def _one_action(self) -> _Action:
         chosen = [k for k in ("agent", "tool", "function") if getattr(self, k) is not None]
         if len(chosen) != 1:
             said = "none" if not chosen else " and ".join(chosen)
@@ -87,13 +85,21 @@ class TaskSpec(_Request):
             raise ValueError("prompt goes with agent, and an agent task needs a prompt")
         if self.args is not None and self.tool is None:
             raise ValueError("args go with tool")
+        return self
+
+
+class TaskSpec(_Action):
+    """One task of a workflow."""
+
+    id: TaskId
+    after: list[TaskId] = Field(default_factory=list, max_length=MAX_AFTER)
+    """Tasks of the same workflow this one runs after; their results are its inputs."""
+
+    @model_validator(mode="after")
+    def _not_after_itself(self) -> TaskSpec:
         if self.id in self.after:
             raise ValueError(f"task {self.id!r} cannot run after itself")
         return self
-
-    @property
-    def kind(self) -> str:
-        return "agent" if self.agent else "tool" if self.tool else "function"
 
 
 def _labels(value: dict[str, str]) -> dict[str, str]:
@@ -133,31 +139,13 @@ class WorkflowSpec(_Run):
         return self
 
 
-class SingleTask(_Run):
-    """`POST /v1/tasks`: one task, run as a workflow of that one task."""
+class SingleTask(_Run, _Action):
+    """`POST /v1/tasks`: one task, run as a workflow of that one task (its id: `task`)."""
 
     name: WorkflowName = "task"
-    agent: Name | None = None
-    prompt: str | None = Field(default=None, max_length=MAX_TEXT)
-    tool: Name | None = None
-    args: dict[str, Any] | None = Field(default=None, max_length=MAX_INPUTS)
-    function: Name | None = None
-    retry: int = Field(default=1, ge=1, le=20)
-    timeout_s: float | None = Field(default=None, gt=0, le=7 * 86_400)
-    idempotent: bool = True
 
     def as_workflow(self) -> WorkflowSpec:
-        task = TaskSpec(
-            id="task",
-            agent=self.agent,
-            prompt=self.prompt,
-            tool=self.tool,
-            args=self.args,
-            function=self.function,
-            retry=self.retry,
-            timeout_s=self.timeout_s,
-            idempotent=self.idempotent,
-        )
+        task = TaskSpec(id="task", **self.model_dump(include=set(_Action.model_fields)))
         return WorkflowSpec(
             name=self.name,
             tasks=[task],
