@@ -130,15 +130,6 @@ class RunHandle:
     def __await__(self) -> Generator[Any, None, RunResult]:
         return self.result().__await__()
 
-    @property
-    def tenant(self) -> str | None:
-        return self._run.tenant
-
-    @property
-    def done(self) -> bool:
-        """The run has finished (its result is ready)."""
-        return self._run.done.done()
-
     def cancel(self, reason: str = "cancelled by the caller") -> None:
         self._engine.cancel(self._run.id, reason)
 

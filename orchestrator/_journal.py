@@ -388,7 +388,7 @@ class Journal:
 async def read_events(store: Store, workflow: str, after_seq: int = 0) -> list[dict[str, Any]]:
     """The workflow's events after `after_seq`, as the JSON-able dicts that were appended,
     with every field that went to the payloads table put back (one payload query)."""
-    records, payloads = await _read(store, workflow, after_seq)
+    records, payloads = await read_records(store, workflow, after_seq)
     return [restore(record, payloads) for record in records]
 
 
@@ -397,7 +397,7 @@ async def read_log(store: Store, workflow: str) -> tuple[list[Event], int]:
     without payload references is decoded straight from its JSON text (pydantic's parser,
     several times faster than `json` and validation in two steps: resume reads 250,000 for
     a 100,000-task run)."""
-    records, payloads = await _read(store, workflow, 0)
+    records, payloads = await read_records(store, workflow, 0)
     events = [
         EVENT_ADAPTER.validate_python(restore(r, payloads))
         if r.refs
@@ -407,9 +407,11 @@ async def read_log(store: Store, workflow: str) -> tuple[list[Event], int]:
     return events, records[-1].seq if records else 0
 
 
-async def _read(
-    store: Store, workflow: str, after_seq: int
+async def read_records(
+    store: Store, workflow: str, after_seq: int = 0
 ) -> tuple[list[EventRecord], dict[str, bytes]]:
+    """The workflow's stored records after `after_seq` (each with its `seq`) and the
+    payloads they refer to, in two queries; `restore` puts a record's fields back."""
     records = await store.events(workflow, after_seq)
     wanted = sorted({digest for record in records for digest in record.refs.values()})
     return records, await store.payloads(wanted) if wanted else {}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import hmac
 import json
 import logging
 import math
@@ -22,15 +21,15 @@ import pydantic
 from aiohttp import web
 
 from .._clock import Clock, SystemClock
+from .._config import _path
 from .._engine import Engine
 from .._errors import PlaitError, UsageError
-from .._events import EVENT_ADAPTER
-from .._journal import restore
+from .._journal import read_log, read_records, restore
 from .._registry import Registry
 from .._replay import RunImage, rebuild
 from .._store import Store, WorkflowRow
 from ._build import SpecError, add_tasks, build
-from ._config import ServiceSettings, Tenant
+from ._config import ServiceSettings, Tenant, hash_token
 from ._openapi import openapi
 from ._spec import (
     RESERVED_LABELS,
@@ -173,11 +172,8 @@ class Service:
                 "an Authorization: Bearer <token> header is required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        digest = hashlib.sha256(token.strip().encode()).hexdigest()
-        tenant = None
-        for known, candidate in self._tenants.items():
-            if hmac.compare_digest(known, digest):
-                tenant = candidate
+        # Looked up by the token's sha256: timing can tell at most about a digest, never the token.
+        tenant = self._tenants.get(hash_token(token.strip()))
         if tenant is None:
             raise ApiError(
                 401, "the bearer token is not valid", headers={"WWW-Authenticate": "Bearer"}
@@ -233,15 +229,8 @@ class Service:
         body = await _body(request)
         spec = _parse(SingleTask, body).as_workflow()
         run_id, replayed = await self._accept(request, tenant, spec, body)
-        if wait <= 0:
+        if wait <= 0 or not await self._finished_within(run_id, wait):
             return await self._accepted(run_id, replayed)
-        handle = self.engine.handle(run_id)
-        if handle is not None:
-            try:
-                async with asyncio.timeout(wait):
-                    await handle.result()
-            except TimeoutError:
-                return await self._accepted(run_id, replayed)
         view = await self._result_of(run_id)
         return _json(view, 200 if view.finished else 202)
 
@@ -394,10 +383,8 @@ class Service:
         return _json(_view(row, image))
 
     async def _image(self, run_id: str) -> RunImage:
-        records = await self.store.events(run_id)
-        wanted = sorted({d for r in records for d in r.refs.values()})
-        payloads = await self.store.payloads(wanted) if wanted else {}
-        return rebuild(EVENT_ADAPTER.validate_python(restore(r, payloads)) for r in records)
+        events, _ = await read_log(self.store, run_id)
+        return rebuild(events)
 
     async def _list(self, request: web.Request) -> web.Response:
         tenant = self._tenant(request)
@@ -440,14 +427,21 @@ class Service:
         tenant = self._tenant(request)
         wait = self._wait(request)
         row = await self._owned(request, tenant)
-        handle = self.engine.handle(row.id)
-        if handle is not None and wait > 0:
-            try:
-                async with asyncio.timeout(wait):
-                    await handle.result()
-            except TimeoutError:
-                pass
+        if wait > 0:
+            await self._finished_within(row.id, wait)
         return _json(await self._result_of(row.id))
+
+    async def _finished_within(self, run_id: str, seconds: float) -> bool:
+        """Wait up to `seconds` for the run to finish here; False if it is still running."""
+        handle = self.engine.handle(run_id)
+        if handle is None:
+            return True  # not running in this engine: the store has its story
+        try:
+            async with asyncio.timeout(seconds):
+                await handle.result()
+        except TimeoutError:
+            return False
+        return True
 
     async def _result_of(self, run_id: str) -> ResultView:
         await self._committed()  # a run that has just finished: its end is in the store
@@ -548,9 +542,7 @@ class Service:
     ) -> None:
         heartbeat = self.settings.heartbeat_s
         while True:
-            records = await self.store.events(run_id, after)
-            wanted = sorted({d for r in records for d in r.refs.values()})
-            payloads = await self.store.payloads(wanted) if wanted else {}
+            records, payloads = await read_records(self.store, run_id, after)
             for record in records:
                 data = json.dumps(restore(record, payloads), separators=(",", ":"))
                 await response.write(
@@ -620,17 +612,12 @@ def _parse(model: type[M], body: Any) -> M:
         return model.model_validate(body)
     except pydantic.ValidationError as exc:
         problems = [
-            Problem(field=_field(e["loc"]), message=e["msg"].removeprefix("Value error, "))
+            Problem(
+                field=_path(e["loc"]) or "(body)", message=e["msg"].removeprefix("Value error, ")
+            )
             for e in exc.errors(include_url=False)
         ]
         raise ApiError(422, "the request does not fit the schema", problems) from None
-
-
-def _field(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(body)"
 
 
 def _problem(exc: SpecError) -> Problem:

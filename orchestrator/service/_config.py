@@ -21,7 +21,6 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -236,7 +235,3 @@ def _load_module(target: str, base: Path) -> ModuleType:
         return importlib.import_module(target)
     except ImportError as exc:
         raise UsageError(f"service.registry: cannot import {target!r}: {exc}") from exc
-
-
-def tenants_by_digest(tenants: tuple[Tenant, ...]) -> Mapping[str, Tenant]:
-    return {t.token_sha256: t for t in tenants}

@@ -67,10 +67,9 @@ def openapi() -> dict[str, Any]:
         ref_template=_REF,
     )  # fmt: skip
     common = _errors(401, 429)
-    body = {"required": True, "content": {"application/json": {"schema": None}}}
 
     def request(model: type[BaseModel]) -> dict[str, Any]:
-        return {**body, "content": {"application/json": {"schema": _ref(model)}}}
+        return {"required": True, "content": {"application/json": {"schema": _ref(model)}}}
 
     key = {
         "name": "Idempotency-Key",

@@ -102,13 +102,6 @@ class TaskSpec(_Action):
         return self
 
 
-def _labels(value: dict[str, str]) -> dict[str, str]:
-    reserved = [key for key in value if key.startswith(RESERVED_LABELS)]
-    if reserved:
-        raise ValueError(f"label keys starting {RESERVED_LABELS!r} are the service's own")
-    return value
-
-
 class _Run(_Request):
     priority: Priority = "batch"
     """`interactive` runs before `batch` when both wait (program-first scheduling)."""
@@ -122,7 +115,9 @@ class _Run(_Request):
     @field_validator("labels")
     @classmethod
     def _own_labels(cls, value: dict[str, str]) -> dict[str, str]:
-        return _labels(value)
+        if any(key.startswith(RESERVED_LABELS) for key in value):
+            raise ValueError(f"label keys starting {RESERVED_LABELS!r} are the service's own")
+        return value
 
 
 class WorkflowSpec(_Run):
