@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-vllm bench-vllm bench-sim-vllm lint bench clean
+.PHONY: demo test test-vllm bench-vllm bench-sim-vllm lint bench clean browser
 
 $(BIN)/.installed-dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,8 +24,18 @@ lint: $(BIN)/.installed-dev
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+test: lint browser
 	$(BIN)/python -m pytest
+
+# The live DAG page's test drives Debian's Chromium headless; installed here when missing.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  echo "installing Debian's chromium and chromium-driver for the browser test"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  $(SUDO) apt-get install -y -q chromium chromium-driver >/dev/null || { \
+	    $(SUDO) apt-get update -q >/dev/null && \
+	    $(SUDO) apt-get install -y -q chromium chromium-driver >/dev/null; }; }
 
 # `make bench BENCH_ARGS=--quick` for the short run.
 # A real vLLM (CPU build) in its own environment, on a generated tiny model; the tests in

@@ -124,6 +124,10 @@ class RunHandle:
     def workflow(self) -> Workflow:
         return self._run.workflow
 
+    @property
+    def priority(self) -> PriorityClass:
+        return self._run.priority_class
+
     async def result(self) -> RunResult:
         return await asyncio.shield(self._run.done)
 

@@ -30,7 +30,9 @@ from .._replay import RunImage, rebuild
 from .._store import Store, WorkflowRow
 from ._build import SpecError, add_tasks, build
 from ._config import ServiceSettings, Tenant, hash_token
+from ._metrics import CONTENT_TYPE, Metrics
 from ._openapi import openapi
+from ._page import PAGE_HTML
 from ._spec import (
     RESERVED_LABELS,
     Accepted,
@@ -117,13 +119,18 @@ class Service:
         """Idempotency keys being submitted now (a retry racing the first request)."""
         self._streams: set[asyncio.Queue[Any]] = set()
         self.accepting = True
+        self.metrics = Metrics(engine)
 
     def app(self) -> web.Application:
         app = web.Application(
             client_max_size=self.settings.max_body_bytes, middlewares=[self._errors]
         )
+        app.on_startup.append(self._started)
+        app.on_cleanup.append(self._closed)
+        app.router.add_get("/", self._page)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/v1/openapi.json", self._openapi)
         app.router.add_post("/v1/workflows", self._submit)
         app.router.add_get("/v1/workflows", self._list)
@@ -135,6 +142,12 @@ class Service:
         app.router.add_get("/v1/workflows/{id}/events", self._events)
         return app
 
+    async def _started(self, app: web.Application) -> None:
+        self.metrics.start()
+
+    async def _closed(self, app: web.Application) -> None:
+        await self.metrics.close()
+
     def stop_accepting(self) -> None:
         """Shutting down: refuse new work (503), end the event streams."""
         self.accepting = False
@@ -145,6 +158,16 @@ class Service:
 
     @web.middleware
     async def _errors(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        response = await self._answer(request, handler)
+        route = request.match_info.route.resource
+        self.metrics.http.labels(
+            request.method, route.canonical if route is not None else "unmatched", response.status
+        ).inc()
+        return response
+
+    async def _answer(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         try:
@@ -210,6 +233,13 @@ class Service:
         if problem is not None:
             return web.json_response({"status": "unavailable", "reason": problem}, status=503)
         return web.json_response({"status": "ready", "running": self.engine.running()})
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = self.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
+
+    async def _page(self, request: web.Request) -> web.Response:
+        return web.Response(text=PAGE_HTML, content_type="text/html", charset="utf-8")
 
     async def _openapi(self, request: web.Request) -> web.Response:
         return web.json_response(openapi())

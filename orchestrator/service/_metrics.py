@@ -1,0 +1,194 @@
+"""`GET /metrics`: what the engine is doing, in Prometheus' text format.
+
+Counters and histograms are fed by the engine's events (one listener on its bus, drained by
+one task); queue lengths and in-flight calls are read from the admission queues when
+Prometheus scrapes. No label carries a tenant or a workflow id: the series stay few, and
+one tenant does not learn another's names from them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .._engine import Engine
+from .._events import Event
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+JCT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+"""Seconds: from one quick call to an hour-long batch workflow."""
+_STARTED = 4096
+"""Priority classes of the runs that have started and not finished, at most."""
+
+
+class Metrics:
+    """The service's Prometheus registry over one engine; `start` before, `close` after."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.workflows = Counter(
+            "plait_workflows_finished",
+            "Workflows finished, by status and priority class",
+            ["status", "priority"],
+            registry=r,
+        )
+        self.jct = Histogram(
+            "plait_workflow_duration_seconds",
+            "Job completion time: a workflow's start to its end, by priority class",
+            ["priority"],
+            buckets=JCT_BUCKETS,
+            registry=r,
+        )
+        self.deadlines = Counter(
+            "plait_deadlines",
+            "Finished workflows that had a deadline, by whether they met it",
+            ["outcome"],
+            registry=r,
+        )
+        self.tasks = Counter(
+            "plait_tasks_finished", "Tasks finished, by state", ["state"], registry=r
+        )
+        self.task_retries = Counter(
+            "plait_task_retries", "Task attempts that failed and were tried again", registry=r
+        )
+        self.call_retries = Counter(
+            "plait_llm_call_retries",
+            "LLM calls that failed and were sent again, by backend",
+            ["backend"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "plait_prompt_tokens", "Prompt tokens of finished LLM tasks", registry=r
+        )
+        self.cached_tokens = Counter(
+            "plait_cached_prompt_tokens",
+            "Prompt tokens the servers reported served from their prefix cache",
+            registry=r,
+        )
+        self.completion_tokens = Counter(
+            "plait_completion_tokens", "Completion tokens of finished LLM tasks", registry=r
+        )
+        self.http = Counter(
+            "plait_http_requests",
+            "HTTP requests answered, by route and status code",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.prompt_sum = self.cached_sum = 0
+        self.met = {True: 0, False: 0}
+        r.register(_Live(self))
+        self._priority: dict[str, str] = {}
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.engine.bus.listen(self._events)
+        self._task = asyncio.create_task(self._consume(), name="plait-metrics")
+
+    async def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self.engine.bus.unlisten(self._events)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def exposition(self) -> bytes:
+        self._drain()  # what has happened up to this scrape is in it
+        return generate_latest(self.registry)
+
+    async def _consume(self) -> None:
+        while True:
+            self.observe(await self._events.get())
+            self._drain()
+
+    def _drain(self) -> None:
+        while not self._events.empty():
+            self.observe(self._events.get_nowait())
+
+    def observe(self, event: Event) -> None:
+        kind = event.kind
+        if kind == "task_succeeded":
+            self.tasks.labels("succeeded").inc()
+            usage = event.usage  # type: ignore[union-attr]
+            if usage is not None:
+                self.prompt_tokens.inc(usage.prompt_tokens)
+                self.completion_tokens.inc(usage.completion_tokens)
+                self.cached_tokens.inc(usage.cached_prompt_tokens or 0)
+                self.prompt_sum += usage.prompt_tokens
+                self.cached_sum += usage.cached_prompt_tokens or 0
+        elif kind in ("task_failed", "task_skipped", "task_cancelled"):
+            self.tasks.labels(kind.removeprefix("task_")).inc()
+        elif kind == "task_retrying":
+            self.task_retries.inc()
+        elif kind == "call_retrying":
+            self.call_retries.labels(event.backend).inc()  # type: ignore[union-attr]
+        elif kind == "workflow_started":
+            if len(self._priority) < _STARTED:
+                self._priority[event.workflow] = event.priority  # type: ignore[union-attr]
+        elif kind == "workflow_resumed":
+            handle = self.engine.handle(event.workflow)
+            if handle is not None and len(self._priority) < _STARTED:
+                self._priority[event.workflow] = handle.priority
+        elif kind == "workflow_finished":
+            priority = self._priority.pop(event.workflow, "unknown")
+            self.workflows.labels(event.status, priority).inc()  # type: ignore[union-attr]
+            self.jct.labels(priority).observe(event.duration)  # type: ignore[union-attr]
+            met = event.deadline_met  # type: ignore[union-attr]
+            if met is not None:
+                self.deadlines.labels("met" if met else "missed").inc()
+                self.met[met] += 1
+
+
+class _Live(Collector):
+    """Figures read at scrape time: running workflows, queues and in-flight calls."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.metrics.engine.stats()
+        yield GaugeMetricFamily(
+            "plait_workflows_running", "Workflows running now", value=stats.running_workflows
+        )
+        waiting = GaugeMetricFamily(
+            "plait_queue_waiting",
+            "Calls and tasks waiting for an admission slot, by resource (a backend's name, "
+            "'tools' or 'local')",
+            labels=["resource"],
+        )
+        in_flight = GaugeMetricFamily(
+            "plait_in_flight",
+            "Calls and tasks holding an admission slot now, by resource",
+            labels=["resource"],
+        )
+        limit = GaugeMetricFamily(
+            "plait_in_flight_limit", "Admission slots of each resource", labels=["resource"]
+        )
+        for res in stats.resources:
+            waiting.add_metric([res.name], res.waiting)
+            in_flight.add_metric([res.name], res.in_flight)
+            limit.add_metric([res.name], res.max_in_flight)
+        yield waiting
+        yield in_flight
+        yield limit
+        m = self.metrics
+        share = m.cached_sum / m.prompt_sum if m.prompt_sum else 0.0
+        yield GaugeMetricFamily(
+            "plait_cache_hit_share",
+            "Share of prompt tokens served from the servers' prefix caches since the start",
+            value=share,
+        )
+        met, missed = m.met[True], m.met[False]
+        yield GaugeMetricFamily(
+            "plait_deadline_attainment",
+            "Share of finished workflows with a deadline that met it, since the start",
+            value=met / (met + missed) if met + missed else 1.0,
+        )

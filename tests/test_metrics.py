@@ -1,0 +1,108 @@
+"""`GET /metrics`: the engine's figures in Prometheus' text format, read by Prometheus' own
+parser: finished workflows and their completion times, deadlines met, retries, the share of
+prompt tokens served from cache, queues and in-flight calls per backend, HTTP answers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from conftest import StoreFactory
+from prometheus_client.parser import text_string_to_metric_families
+from test_service import Api, Gate, on_stores
+
+from executors import FunctionLLM, echo
+from orchestrator import Engine, Usage
+from orchestrator._events import CallRetrying, TaskRetrying, TaskSucceeded, WorkflowFinished
+from orchestrator.service._metrics import Metrics
+
+
+def scrape(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample by name and labels."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[s.name, tuple(sorted(s.labels.items()))] = s.value
+    return samples
+
+
+def L(**labels: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))
+
+
+def test_metrics_count_workflows_deadlines_queues_and_requests(make_store: StoreFactory) -> None:
+    async def body(api: Api) -> None:
+        spec = {
+            "name": "quick",
+            "priority": "interactive",
+            "deadline_s": 60,
+            "tasks": [{"id": "a", "agent": "writer", "prompt": "hi"}],
+        }
+        status, accepted, _ = await api.call("POST", "/v1/workflows", spec)
+        assert status == 202
+        status, _, _ = await api.call("GET", f"/v1/workflows/{accepted['id']}/result?wait=30")
+        assert status == 200
+        held = {"name": "held", "tasks": [{"id": "g", "function": "gate"}]}
+        status, _, _ = await api.call("POST", "/v1/workflows", held)
+        assert status == 202
+        assert Gate.reached is not None
+        await Gate.reached.wait()
+        status, _, _ = await api.call("GET", "/v1/workflows/nope")
+        assert status == 404
+
+        async with api.http.get(api.base + "/metrics") as r:  # no token: Prometheus scrapes
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+            m = scrape(await r.text())
+        done = L(priority="interactive", status="succeeded")
+        assert m["plait_workflows_finished_total", done] == 1
+        assert m["plait_workflow_duration_seconds_count", (("priority", "interactive"),)] == 1
+        assert m["plait_deadlines_total", (("outcome", "met"),)] == 1
+        assert m["plait_deadline_attainment", ()] == 1.0
+        assert m["plait_workflows_running", ()] == 1
+        assert m["plait_in_flight", (("resource", "local"),)] == 1  # the gate, holding its slot
+        assert m["plait_in_flight", (("resource", "default"),)] == 0
+        assert m["plait_queue_waiting", (("resource", "default"),)] == 0
+        assert m["plait_in_flight_limit", (("resource", "default"),)] >= 1
+        assert m["plait_tasks_finished_total", (("state", "succeeded"),)] == 1
+        assert m["plait_prompt_tokens_total", ()] > 0
+        route = (("method", "GET"), ("route", "/v1/workflows/{id}"), ("status", "404"))
+        assert m["plait_http_requests_total", route] == 1
+        accepted_route = (("method", "POST"), ("route", "/v1/workflows"), ("status", "202"))
+        assert m["plait_http_requests_total", accepted_route] == 2
+        assert not any("acme" in str(labels) for _, labels in m)  # no tenant in any series
+
+    on_stores(make_store, body)
+
+
+def test_retries_cache_share_and_missed_deadlines_are_counted() -> None:
+    async def main() -> None:
+        async with Engine(backends={"default": FunctionLLM(echo)}) as engine:
+            metrics = Metrics(engine)
+            usage = Usage(prompt_tokens=300, completion_tokens=5, cached_prompt_tokens=200)
+            for event in [
+                TaskRetrying(workflow="w", task="t", attempt=1, error="boom", delay=0.5, at=0),
+                CallRetrying(
+                    workflow="w", task="t", backend="gpu0", attempt=1, error="503", delay=1, at=0
+                ),
+                TaskSucceeded(workflow="w", task="t", duration=1, usage=usage, at=1),
+                TaskSucceeded(workflow="w", task="u", duration=1, usage=Usage(100, 1), at=1),
+                WorkflowFinished(
+                    workflow="w", status="succeeded", duration=12.0, deadline_met=False, at=2
+                ),
+                WorkflowFinished(
+                    workflow="v", status="failed", duration=0.2, deadline_met=True, at=2
+                ),
+            ]:
+                metrics.observe(event)
+            m = scrape(metrics.exposition().decode())
+        assert m["plait_task_retries_total", ()] == 1
+        assert m["plait_llm_call_retries_total", (("backend", "gpu0"),)] == 1
+        assert m["plait_cache_hit_share", ()] == 0.5  # 200 of 400 prompt tokens
+        assert m["plait_cached_prompt_tokens_total", ()] == 200
+        assert m["plait_deadline_attainment", ()] == 0.5
+        assert m["plait_deadlines_total", (("outcome", "missed"),)] == 1
+        assert m["plait_workflows_finished_total", L(priority="unknown", status="failed")] == 1
+        jct = "plait_workflow_duration_seconds_bucket"
+        assert m[jct, L(le="30.0", priority="unknown")] == 2
+        assert m[jct, L(le="10.0", priority="unknown")] == 1
+
+    asyncio.run(main())
