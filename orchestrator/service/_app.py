@@ -21,7 +21,6 @@ import pydantic
 from aiohttp import web
 
 from .._clock import Clock, SystemClock
-from .._config import _path
 from .._engine import Engine
 from .._errors import PlaitError, UsageError
 from .._journal import read_log, read_records, restore
@@ -43,6 +42,7 @@ from ._spec import (
     WorkflowList,
     WorkflowSpec,
     WorkflowView,
+    problems_of,
 )
 
 _log = logging.getLogger("plait.serve")
@@ -611,13 +611,7 @@ def _parse(model: type[M], body: Any) -> M:
     try:
         return model.model_validate(body)
     except pydantic.ValidationError as exc:
-        problems = [
-            Problem(
-                field=_path(e["loc"]) or "(body)", message=e["msg"].removeprefix("Value error, ")
-            )
-            for e in exc.errors(include_url=False)
-        ]
-        raise ApiError(422, "the request does not fit the schema", problems) from None
+        raise ApiError(422, "the request does not fit the schema", problems_of(exc)) from None
 
 
 def _problem(exc: SpecError) -> Problem:
