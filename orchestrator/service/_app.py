@@ -541,6 +541,12 @@ class Service:
         self, response: web.StreamResponse, run_id: str, after: int, queue: asyncio.Queue[Any]
     ) -> None:
         heartbeat = self.settings.heartbeat_s
+        # Subscribed already; now wait for what was emitted before that to commit, or an
+        # event emitted (and announced) before the subscription, committed after the first
+        # read, would wait for a heartbeat: a stream resumed just after a task finished.
+        journal = self.engine.journal
+        if journal is not None:
+            await journal.durable()
         while True:
             records, payloads = await read_records(self.store, run_id, after)
             for record in records:
