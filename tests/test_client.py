@@ -8,6 +8,7 @@ client's clock records its waits and returns at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import re
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import StoreFactory
-from test_service import GATED, SPEC, Api, Gate, on_stores
+from test_service import GATED, SPEC, Api, Gate, _Lines, on_stores
 from yarl import URL
 
 import orchestrator.client
@@ -36,9 +37,11 @@ from orchestrator.client import (
     WorkflowView,
     _SSEParser,
 )
-from orchestrator.service import Tenant, hash_token
+from orchestrator.service import Tenant, hash_token, load_serve_config
 from orchestrator.service._config import ServiceSettings
+from orchestrator.service._serve import serve
 
+ROOT = Path(__file__).resolve().parent.parent
 RESULTS = {
     "facts": "Facts on kv caches",
     "loud": "HI HI",
@@ -469,3 +472,28 @@ def test_watch_describes_each_kind_of_event_in_a_line() -> None:
         "workflow w-1 failed in 2.00 s; deadline MISSED by 1.50 s"
     )
     assert line("task_added") is None and line("task_ready") is None
+
+
+def test_the_python_example_of_docs_rest_runs_against_the_example_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = load_serve_config(ROOT / "examples" / "serve.toml")
+    settings = config.service.model_copy(update={"port": 0, "store": str(tmp_path / "s.db")})
+    config = dataclasses.replace(config, service=settings)
+    text = (ROOT / "docs" / "rest.md").read_text()
+    example = compile(re.findall(r"```python\n(.*?)```", text, flags=re.S)[0], "rest.md", "exec")
+
+    async def main() -> None:
+        stop, ready, said = asyncio.Event(), asyncio.Event(), _Lines()
+        serving = asyncio.create_task(serve(config, out=said, stop=stop, ready=ready))
+        await ready.wait()
+        monkeypatch.setenv("PLAIT_URL", next(w for w in said.text().split() if "://" in w))
+        try:
+            await asyncio.to_thread(exec, example, {})  # it runs its own event loop
+        finally:
+            stop.set()
+            await serving
+
+    asyncio.run(main())
+    out = capsys.readouterr().out
+    assert "succeeded 2\n" in out and "404 no workflow 'no-such-workflow'" in out
