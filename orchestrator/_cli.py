@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any, TextIO
 
 from ._cliconfig import backends_of, check_config, clock_of, config_of, limits_of
+from ._clientcli import register as register_client_verbs
 from ._clock import Clock, SystemClock, VirtualClock
 from ._config import Config
 from ._engine import Engine
@@ -462,6 +463,7 @@ def _parser() -> argparse.ArgumentParser:
         help="read a token on stdin and print its token_sha256 for the config; serve nothing",
     )
     serve.set_defaults(handler=_serve)
+    register_client_verbs(sub)  # plait submit, plait watch
     # Other packages add commands (`plait sim ...`) without this one importing them.
     for entry in entry_points(group="plait.cli"):
         entry.load()(sub)

@@ -21,7 +21,6 @@ import pydantic
 from aiohttp import web
 
 from .._clock import Clock, SystemClock
-from .._config import _path
 from .._engine import Engine
 from .._errors import PlaitError, UsageError
 from .._journal import read_log, read_records, restore
@@ -45,6 +44,7 @@ from ._spec import (
     WorkflowList,
     WorkflowSpec,
     WorkflowView,
+    problems_of,
 )
 
 _log = logging.getLogger("plait.serve")
@@ -571,6 +571,12 @@ class Service:
         self, response: web.StreamResponse, run_id: str, after: int, queue: asyncio.Queue[Any]
     ) -> None:
         heartbeat = self.settings.heartbeat_s
+        # Subscribed already; now wait for what was emitted before that to commit, or an
+        # event emitted (and announced) before the subscription, committed after the first
+        # read, would wait for a heartbeat: a stream resumed just after a task finished.
+        journal = self.engine.journal
+        if journal is not None:
+            await journal.durable()
         while True:
             records, payloads = await read_records(self.store, run_id, after)
             for record in records:
@@ -641,13 +647,7 @@ def _parse(model: type[M], body: Any) -> M:
     try:
         return model.model_validate(body)
     except pydantic.ValidationError as exc:
-        problems = [
-            Problem(
-                field=_path(e["loc"]) or "(body)", message=e["msg"].removeprefix("Value error, ")
-            )
-            for e in exc.errors(include_url=False)
-        ]
-        raise ApiError(422, "the request does not fit the schema", problems) from None
+        raise ApiError(422, "the request does not fit the schema", problems_of(exc)) from None
 
 
 def _problem(exc: SpecError) -> Problem:

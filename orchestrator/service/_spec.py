@@ -14,9 +14,12 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationError,
     field_validator,
     model_validator,
 )
+
+from .._config import _path
 
 MAX_TASKS = 10_000
 """Tasks in one request."""
@@ -222,6 +225,14 @@ class ResultView(BaseModel):
 class Problem(BaseModel):
     field: str
     message: str
+
+
+def problems_of(exc: ValidationError) -> list[Problem]:
+    """A request that does not fit its model, as the fields at fault (`tasks[2].agent`)."""
+    return [
+        Problem(field=_path(e["loc"]) or "(body)", message=e["msg"].removeprefix("Value error, "))
+        for e in exc.errors(include_url=False)
+    ]
 
 
 class ErrorBody(BaseModel):
