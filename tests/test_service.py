@@ -425,6 +425,9 @@ def test_events_stream_live_and_resume_after_the_last_id(make_store: StoreFactor
         assert got[0][1] == "workflow_started" and got[-1][1] == "workflow_finished"
         tail = await events(api, run_id, {"Last-Event-ID": str(got[-3][0])})
         assert tail == got[-2:]
+        # At or past the end of a finished workflow: the stream ends at once, empty.
+        assert await events(api, run_id, {"Last-Event-ID": str(got[-1][0])}) == []
+        assert await events(api, run_id, {"Last-Event-ID": "999999"}) == []
         status, _, _ = await api.call(
             "GET", f"/v1/workflows/{run_id}/events", headers={"Last-Event-ID": "x"}
         )

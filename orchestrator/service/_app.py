@@ -587,6 +587,10 @@ class Service:
                 after = record.seq
                 if record.kind == "workflow_finished":
                     return
+            if not records and self.engine.handle(run_id) is None:
+                # Not running here, nothing after `after` (committed, see above): finished
+                # before `after`, or left for a decision. Nothing more will come here.
+                return
             try:
                 async with asyncio.timeout(heartbeat):
                     item = await queue.get()
