@@ -433,6 +433,30 @@ def test_events_stream_live_and_resume_after_the_last_id(make_store: StoreFactor
     on_stores(make_store, body)
 
 
+def test_a_stream_resumed_after_the_last_event_ends_once_the_workflow_has(
+    make_store: StoreFactory,
+) -> None:
+    """It sent heartbeats for ever: the end it waited for had been sent already."""
+
+    async def body(api: Api) -> None:
+        _, result, _ = await api.call("POST", "/v1/tasks?wait=30", {"function": "join"})
+        last = (await events(api, result["id"]))[-1]
+        assert last[1] == "workflow_finished"
+        async with asyncio.timeout(5):  # a heartbeat is 15 s away
+            for after in (last[0], last[0] + 100):
+                assert await events(api, result["id"], {"Last-Event-ID": str(after)}) == []
+        # A running one: the stream ends when it finishes, with nothing to send.
+        _, accepted, _ = await api.call("POST", "/v1/workflows", GATED)
+        beyond = asyncio.create_task(events(api, accepted["id"], {"Last-Event-ID": "100"}))
+        assert Gate.reached is not None and Gate.opened is not None
+        await Gate.reached.wait()
+        Gate.opened.set()
+        async with asyncio.timeout(5):
+            assert await beyond == []
+
+    on_stores(make_store, body)
+
+
 def test_rate_and_running_limits_answer_429_with_retry_after(make_store: StoreFactory) -> None:
     clock = VirtualClock()
     slow = Tenant("slow", hash_token("slow-token"), max_running=5, rate_per_s=0.5, burst=2)
@@ -468,6 +492,29 @@ def test_health_readiness_and_shutdown(make_store: StoreFactory) -> None:
         assert status == 503 and h["Retry-After"]
 
     on_stores(make_store, body)
+
+
+def test_a_method_a_route_does_not_take_is_405_naming_those_it_does(
+    make_store: StoreFactory,
+) -> None:
+    """The error body is the service's own; the Allow header was lost with aiohttp's."""
+
+    async def body(api: Api) -> None:
+        status, error, headers = await api.call("PUT", "/v1/workflows")
+        assert status == 405 and error == {"error": "Method Not Allowed", "problems": []}
+        assert sorted(headers["Allow"].split(",")) == ["GET", "HEAD", "POST"]
+
+    on_stores(make_store, body)
+
+
+def test_added_tasks_are_held_to_the_services_limits(make_store: StoreFactory) -> None:
+    async def body(api: Api) -> None:
+        _, accepted, _ = await api.call("POST", "/v1/workflows", GATED)
+        more = {"tasks": [{"id": f"t{i}", "function": "join"} for i in range(6)]}
+        status, error, _ = await api.call("POST", f"/v1/workflows/{accepted['id']}/tasks", more)
+        assert status == 413 and "at most 5 tasks" in error["problems"][0]["message"]
+
+    on_stores(make_store, body, settings=ServiceSettings(max_tasks=5))
 
 
 def test_the_openapi_document_describes_every_route_and_model() -> None:
