@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
+import pydantic
 import pytest
 from aiohttp.test_utils import TestServer
 from conftest import StoreFactory
@@ -21,7 +22,16 @@ from conftest import StoreFactory
 from agents import Agent, tool
 from executors import FunctionLLM, echo
 from orchestrator import Engine, Registry, Store, TaskContext, VirtualClock
-from orchestrator.service import Service, Tenant, hash_token, load_serve_config, openapi
+from orchestrator.service import (
+    AddTasks,
+    Service,
+    SingleTask,
+    TaskSpec,
+    Tenant,
+    hash_token,
+    load_serve_config,
+    openapi,
+)
 from orchestrator.service._config import ServiceSettings
 from orchestrator.service._serve import serve
 
@@ -515,6 +525,65 @@ def test_added_tasks_are_held_to_the_services_limits(make_store: StoreFactory) -
         assert status == 413 and "at most 5 tasks" in error["problems"][0]["message"]
 
     on_stores(make_store, body, settings=ServiceSettings(max_tasks=5))
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        (TaskSpec, {"id": "a", "agent": "w", "prompt": "x"}),
+        (TaskSpec, {"id": "a", "tool": "t", "args": {"x": 1}}),
+        (TaskSpec, {"id": "a"}),  # no action
+        (TaskSpec, {"id": "a", "function": "f", "tool": "t"}),  # two
+        (TaskSpec, {"id": "a", "agent": "w"}),  # an agent without its prompt
+        (TaskSpec, {"id": "a", "tool": "t", "prompt": "x"}),  # a prompt without an agent
+        (TaskSpec, {"id": "a", "function": "f", "args": {}}),  # args without a tool
+        (TaskSpec, {"id": "a\x85b", "function": "f"}),  # white space to Rust's regexes only
+        (TaskSpec, {"id": "a\ufeffb", "function": "f"}),  # white space to ECMA's only
+        (SingleTask, {"function": "f", "labels": {"ok": "y"}, "inputs": {"ok": 1}}),
+        (SingleTask, {"function": "f", "labels": {"-x": "y"}}),  # a label key's form
+        (SingleTask, {"function": "f", "inputs": {"a b": 1}}),  # an input name's form
+        (AddTasks, {"tasks": [{"id": "a", "function": "f"}], "inputs": {"a b": 1}}),
+    ],
+)
+def test_the_document_and_the_models_agree_on_what_fits(
+    model: type[pydantic.BaseModel], body: dict[str, Any]
+) -> None:
+    """The document allowed tasks with no action or two, any label key and input name, and
+    disagreed with the models on what white space is."""
+    import jsonschema_rs  # the validator schemathesis judges answers with
+
+    document = jsonschema_rs.validator_for(
+        {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$ref": f"#/components/schemas/{model.__name__}",
+            "components": openapi()["components"],
+        }
+    )
+    try:
+        model.model_validate(body)
+        fits = True
+    except pydantic.ValidationError:
+        fits = False
+    assert document.is_valid(body) == fits
+
+
+def test_the_document_describes_every_answers_body() -> None:
+    """Tasks added, health, the events of a stream, a replayed single task (an `Accepted`
+    with 200), and the 503 of reads that wait for the store had no or the wrong schema."""
+    paths = openapi()["paths"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            for status, answer in operation["responses"].items():
+                assert "content" in answer, (path, method, status)
+    one = paths["/v1/tasks"]["post"]["responses"]["200"]["content"]["application/json"]
+    assert [r["$ref"].rsplit("/", 1)[1] for r in one["schema"]["anyOf"]] == [
+        "ResultView",
+        "Accepted",
+    ]
+    for path in ("/v1/workflows/{id}", "/v1/workflows/{id}/result"):
+        assert "503" in paths[path]["get"]["responses"]
+    events = paths["/v1/workflows/{id}/events"]["get"]["responses"]["200"]["content"]
+    assert events["text/event-stream"]["schema"]["required"] == ["id", "event", "data"]
 
 
 def test_the_openapi_document_describes_every_route_and_model() -> None:

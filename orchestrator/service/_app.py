@@ -34,6 +34,7 @@ from ._openapi import openapi
 from ._spec import (
     RESERVED_LABELS,
     Accepted,
+    Added,
     AddTasks,
     ErrorBody,
     Problem,
@@ -503,7 +504,7 @@ class Service:
         except UsageError as exc:  # the workflow refused (a dependency that has finished...)
             raise ApiError(409, str(exc)) from None
         await self._committed()
-        return web.json_response({"id": row.id, "added": added})
+        return _json(Added(id=row.id, added=added))
 
     # --- events -----------------------------------------------------------------------------
 
