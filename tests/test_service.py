@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import aiohttp
+import pydantic
 import pytest
 from aiohttp.test_utils import TestServer
 from conftest import StoreFactory
@@ -21,7 +22,16 @@ from conftest import StoreFactory
 from agents import Agent, tool
 from executors import FunctionLLM, echo
 from orchestrator import Engine, Registry, Store, TaskContext, VirtualClock
-from orchestrator.service import Service, Tenant, hash_token, load_serve_config, openapi
+from orchestrator.service import (
+    AddTasks,
+    Service,
+    SingleTask,
+    TaskSpec,
+    Tenant,
+    hash_token,
+    load_serve_config,
+    openapi,
+)
 from orchestrator.service._config import ServiceSettings
 from orchestrator.service._serve import serve
 
@@ -436,6 +446,30 @@ def test_events_stream_live_and_resume_after_the_last_id(make_store: StoreFactor
     on_stores(make_store, body)
 
 
+def test_a_stream_resumed_after_the_last_event_ends_once_the_workflow_has(
+    make_store: StoreFactory,
+) -> None:
+    """It sent heartbeats for ever: the end it waited for had been sent already."""
+
+    async def body(api: Api) -> None:
+        _, result, _ = await api.call("POST", "/v1/tasks?wait=30", {"function": "join"})
+        last = (await events(api, result["id"]))[-1]
+        assert last[1] == "workflow_finished"
+        async with asyncio.timeout(5):  # a heartbeat is 15 s away
+            for after in (last[0], last[0] + 100):
+                assert await events(api, result["id"], {"Last-Event-ID": str(after)}) == []
+        # A running one: the stream ends when it finishes, with nothing to send.
+        _, accepted, _ = await api.call("POST", "/v1/workflows", GATED)
+        beyond = asyncio.create_task(events(api, accepted["id"], {"Last-Event-ID": "100"}))
+        assert Gate.reached is not None and Gate.opened is not None
+        await Gate.reached.wait()
+        Gate.opened.set()
+        async with asyncio.timeout(5):
+            assert await beyond == []
+
+    on_stores(make_store, body)
+
+
 def test_rate_and_running_limits_answer_429_with_retry_after(make_store: StoreFactory) -> None:
     clock = VirtualClock()
     slow = Tenant("slow", hash_token("slow-token"), max_running=5, rate_per_s=0.5, burst=2)
@@ -471,6 +505,88 @@ def test_health_readiness_and_shutdown(make_store: StoreFactory) -> None:
         assert status == 503 and h["Retry-After"]
 
     on_stores(make_store, body)
+
+
+def test_a_method_a_route_does_not_take_is_405_naming_those_it_does(
+    make_store: StoreFactory,
+) -> None:
+    """The error body is the service's own; the Allow header was lost with aiohttp's."""
+
+    async def body(api: Api) -> None:
+        status, error, headers = await api.call("PUT", "/v1/workflows")
+        assert status == 405 and error == {"error": "Method Not Allowed", "problems": []}
+        assert sorted(headers["Allow"].split(",")) == ["GET", "HEAD", "POST"]
+
+    on_stores(make_store, body)
+
+
+def test_added_tasks_are_held_to_the_services_limits(make_store: StoreFactory) -> None:
+    async def body(api: Api) -> None:
+        _, accepted, _ = await api.call("POST", "/v1/workflows", GATED)
+        more = {"tasks": [{"id": f"t{i}", "function": "join"} for i in range(6)]}
+        status, error, _ = await api.call("POST", f"/v1/workflows/{accepted['id']}/tasks", more)
+        assert status == 413 and "at most 5 tasks" in error["problems"][0]["message"]
+
+    on_stores(make_store, body, settings=ServiceSettings(max_tasks=5))
+
+
+@pytest.mark.parametrize(
+    ("model", "body"),
+    [
+        (TaskSpec, {"id": "a", "agent": "w", "prompt": "x"}),
+        (TaskSpec, {"id": "a", "tool": "t", "args": {"x": 1}}),
+        (TaskSpec, {"id": "a"}),  # no action
+        (TaskSpec, {"id": "a", "function": "f", "tool": "t"}),  # two
+        (TaskSpec, {"id": "a", "agent": "w"}),  # an agent without its prompt
+        (TaskSpec, {"id": "a", "tool": "t", "prompt": "x"}),  # a prompt without an agent
+        (TaskSpec, {"id": "a", "function": "f", "args": {}}),  # args without a tool
+        (TaskSpec, {"id": "a\x85b", "function": "f"}),  # white space to Rust's regexes only
+        (TaskSpec, {"id": "a\ufeffb", "function": "f"}),  # white space to ECMA's only
+        (SingleTask, {"function": "f", "labels": {"ok": "y"}, "inputs": {"ok": 1}}),
+        (SingleTask, {"function": "f", "labels": {"-x": "y"}}),  # a label key's form
+        (SingleTask, {"function": "f", "inputs": {"a b": 1}}),  # an input name's form
+        (AddTasks, {"tasks": [{"id": "a", "function": "f"}], "inputs": {"a b": 1}}),
+    ],
+)
+def test_the_document_and_the_models_agree_on_what_fits(
+    model: type[pydantic.BaseModel], body: dict[str, Any]
+) -> None:
+    """The document allowed tasks with no action or two, any label key and input name, and
+    disagreed with the models on what white space is."""
+    import jsonschema_rs  # the validator schemathesis judges answers with
+
+    document = jsonschema_rs.validator_for(
+        {
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$ref": f"#/components/schemas/{model.__name__}",
+            "components": openapi()["components"],
+        }
+    )
+    try:
+        model.model_validate(body)
+        fits = True
+    except pydantic.ValidationError:
+        fits = False
+    assert document.is_valid(body) == fits
+
+
+def test_the_document_describes_every_answers_body() -> None:
+    """Tasks added, health, the events of a stream, a replayed single task (an `Accepted`
+    with 200), and the 503 of reads that wait for the store had no or the wrong schema."""
+    paths = openapi()["paths"]
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            for status, answer in operation["responses"].items():
+                assert "content" in answer, (path, method, status)
+    one = paths["/v1/tasks"]["post"]["responses"]["200"]["content"]["application/json"]
+    assert [r["$ref"].rsplit("/", 1)[1] for r in one["schema"]["anyOf"]] == [
+        "ResultView",
+        "Accepted",
+    ]
+    for path in ("/v1/workflows/{id}", "/v1/workflows/{id}/result"):
+        assert "503" in paths[path]["get"]["responses"]
+    events = paths["/v1/workflows/{id}/events"]["get"]["responses"]["200"]["content"]
+    assert events["text/event-stream"]["schema"]["required"] == ["id", "event", "data"]
 
 
 def test_the_openapi_document_describes_every_route_and_model() -> None:

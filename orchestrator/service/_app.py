@@ -35,6 +35,7 @@ from ._page import PAGE_HTML
 from ._spec import (
     RESERVED_LABELS,
     Accepted,
+    Added,
     AddTasks,
     ErrorBody,
     Problem,
@@ -179,7 +180,9 @@ class Service:
             return _error(413, f"the request body is larger than the limit of {limit} bytes")
         except web.HTTPException as exc:
             if exc.status >= 400:
-                return _error(exc.status, exc.reason)
+                # Its headers go on (a 405's Allow); its body is ours, so its type is not.
+                kept = {k: v for k, v in exc.headers.items() if k.lower() != "content-type"}
+                return _error(exc.status, exc.reason, headers=kept)
             raise
         except Exception:
             # Never a traceback to the caller, and never the request's headers in the log.
@@ -262,7 +265,9 @@ class Service:
         if wait <= 0 or not await self._finished_within(run_id, wait):
             return await self._accepted(run_id, replayed)
         view = await self._result_of(run_id)
-        return _json(view, 200 if view.finished else 202)
+        if not view.finished:  # not running here, nor finished: it waits for a later start
+            return await self._accepted(run_id, replayed)
+        return _json(view)
 
     async def _accepted(self, run_id: str, replayed: bool) -> web.Response:
         """202 with where to follow the workflow; a replayed submission says so (and 200)."""
@@ -363,7 +368,7 @@ class Service:
         if not self.accepting:
             raise ApiError(503, "the service is shutting down", headers={"Retry-After": "5"})
 
-    def _check_size(self, spec: WorkflowSpec) -> None:
+    def _check_size(self, spec: WorkflowSpec | AddTasks) -> None:
         settings = self.settings
         if len(spec.tasks) > settings.max_tasks:
             raise ApiError(
@@ -510,6 +515,7 @@ class Service:
         self._check_open()
         body = await _body(request)
         spec = _parse(AddTasks, body)
+        self._check_size(spec)
         row = await self._owned(request, tenant)
         handle = self.engine.handle(row.id)
         if handle is None:
@@ -528,7 +534,7 @@ class Service:
         except UsageError as exc:  # the workflow refused (a dependency that has finished...)
             raise ApiError(409, str(exc)) from None
         await self._committed()
-        return web.json_response({"id": row.id, "added": added})
+        return _json(Added(id=row.id, added=added))
 
     # --- events -----------------------------------------------------------------------------
 
@@ -571,13 +577,17 @@ class Service:
         self, response: web.StreamResponse, run_id: str, after: int, queue: asyncio.Queue[Any]
     ) -> None:
         heartbeat = self.settings.heartbeat_s
-        # Subscribed already; now wait for what was emitted before that to commit, or an
-        # event emitted (and announced) before the subscription, committed after the first
-        # read, would wait for a heartbeat: a stream resumed just after a task finished.
         journal = self.engine.journal
-        if journal is not None:
-            await journal.durable()
         while True:
+            # Not running here (it has finished, or waits for a later start): the store has
+            # every event that will come, so the stream ends once they are sent, also when
+            # it was resumed after the last of them.
+            ended = self.engine.handle(run_id) is None
+            if journal is not None:
+                # What was recorded is read once committed; a store that has failed has all
+                # there will be (the runs stop, and the stream ends after what it has).
+                with contextlib.suppress(PlaitError):
+                    await journal.durable()
             records, payloads = await read_records(self.store, run_id, after)
             for record in records:
                 data = json.dumps(restore(record, payloads), separators=(",", ":"))
@@ -587,9 +597,7 @@ class Service:
                 after = record.seq
                 if record.kind == "workflow_finished":
                     return
-            if not records and self.engine.handle(run_id) is None:
-                # Not running here, nothing after `after` (committed, see above): finished
-                # before `after`, or left for a decision. Nothing more will come here.
+            if ended:
                 return
             try:
                 async with asyncio.timeout(heartbeat):
@@ -601,9 +609,6 @@ class Service:
                 return  # the service is closing
             while not queue.empty():
                 queue.get_nowait()
-            journal = self.engine.journal
-            if journal is not None:
-                await journal.durable()
 
 
 # --- helpers ----------------------------------------------------------------------------------

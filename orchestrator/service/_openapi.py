@@ -11,6 +11,7 @@ from pydantic.json_schema import models_json_schema
 
 from ._spec import (
     Accepted,
+    Added,
     AddTasks,
     ErrorBody,
     ResultView,
@@ -21,7 +22,8 @@ from ._spec import (
 )
 
 _MODELS: list[type[BaseModel]] = [
-    WorkflowSpec, SingleTask, AddTasks, Accepted, WorkflowView, WorkflowList, ResultView, ErrorBody,
+    WorkflowSpec, SingleTask, AddTasks, Accepted, Added, WorkflowView, WorkflowList, ResultView,
+    ErrorBody,
 ]  # fmt: skip
 _REF = "#/components/schemas/{model}"
 
@@ -32,6 +34,16 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 def _json(model: type[BaseModel], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _object(description: str, **properties: str) -> dict[str, Any]:
+    """A small answer that has no model (health), as a JSON object of these typed fields."""
+    schema = {
+        "type": "object",
+        "properties": {name: {"type": kind} for name, kind in properties.items()},
+        "required": list(properties),
+    }
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
 def _errors(*codes: int) -> dict[str, Any]:
@@ -49,6 +61,16 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(c): _json(ErrorBody, said[c]) for c in codes}
 
 
+_EVENT = {
+    "type": "object",
+    "description": "one event of the stream",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "its seq in the log"},
+        "event": {"type": "string", "description": "its kind: workflow_started, task_added..."},
+        "data": {"type": "string", "contentMediaType": "application/json"},
+    },
+    "required": ["id", "event", "data"],
+}
 _ID = {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
 _WAIT = {
     "name": "wait",
@@ -59,6 +81,20 @@ _WAIT = {
 }
 
 
+def _closed_keys(schema: Any) -> None:
+    """pydantic writes the key pattern of a `dict` (labels, inputs) as `patternProperties`,
+    which lets keys of any other form through, with any value; the models refuse them, and
+    so does the document, with `additionalProperties: false` beside the pattern."""
+    if isinstance(schema, dict):
+        if "patternProperties" in schema:
+            schema.setdefault("additionalProperties", False)
+        for value in schema.values():
+            _closed_keys(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _closed_keys(value)
+
+
 @cache
 def openapi() -> dict[str, Any]:
     _, defs = models_json_schema(
@@ -66,6 +102,7 @@ def openapi() -> dict[str, Any]:
          for m in _MODELS],
         ref_template=_REF,
     )  # fmt: skip
+    _closed_keys(defs)
     common = _errors(401, 429)
 
     def request(model: type[BaseModel]) -> dict[str, Any]:
@@ -113,7 +150,15 @@ def openapi() -> dict[str, Any]:
                 "parameters": [key, _WAIT],
                 "requestBody": request(SingleTask),
                 "responses": {
-                    "200": _json(ResultView, "finished within the wait"),
+                    "200": {
+                        "description": "finished within the wait (its result), or the workflow "
+                        "this Idempotency-Key made before (where to follow it)",
+                        "content": {
+                            "application/json": {
+                                "schema": {"anyOf": [_ref(ResultView), _ref(Accepted)]}
+                            }
+                        },
+                    },
                     "202": _json(Accepted, "accepted (or not finished within the wait)"),
                     **_errors(400, 413, 415, 422, 503),
                     **common,
@@ -124,7 +169,11 @@ def openapi() -> dict[str, Any]:
             "get": {
                 "summary": "A workflow and its tasks",
                 "parameters": [_ID],
-                "responses": {"200": _json(WorkflowView, "the workflow"), **_errors(404), **common},
+                "responses": {
+                    "200": _json(WorkflowView, "the workflow"),
+                    **_errors(404, 503),
+                    **common,
+                },
             },
             "delete": {
                 "summary": "Cancel a running workflow",
@@ -142,7 +191,7 @@ def openapi() -> dict[str, Any]:
                 "parameters": [_ID],
                 "requestBody": request(AddTasks),
                 "responses": {
-                    "200": {"description": "added, in the order given to the engine"},
+                    "200": _json(Added, "added, in the order given to the engine"),
                     **_errors(400, 404, 409, 413, 415, 422, 503),
                     **common,
                 },
@@ -154,7 +203,7 @@ def openapi() -> dict[str, Any]:
                 "parameters": [_ID, _WAIT],
                 "responses": {
                     "200": _json(ResultView, "the result"),
-                    **_errors(400, 404),
+                    **_errors(400, 404, 503),
                     **common,
                 },
             }
@@ -173,7 +222,8 @@ def openapi() -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "an event stream",
-                        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+                        # Before OpenAPI 3.2 (itemSchema), an event stream's schema is one event's.
+                        "content": {"text/event-stream": {"schema": _EVENT}},
                     },
                     **_errors(400, 404),
                     **common,
@@ -181,13 +231,15 @@ def openapi() -> dict[str, Any]:
             }
         },
         "/v1/openapi.json": {"get": {"summary": "This document", "security": [],
-                                     "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+                                     "responses": {"200": _object("OpenAPI 3.1")}}},
         "/healthz": {"get": {"summary": "The process is up", "security": [],
-                             "responses": {"200": {"description": "up"}}}},
+                             "responses": {"200": _object("up", status="string")}}},
         "/readyz": {"get": {"summary": "Ready for work (store writable, not closing)",
                             "security": [],
-                            "responses": {"200": {"description": "ready"},
-                                          "503": {"description": "not ready"}}}},
+                            "responses": {
+                                "200": _object("ready", status="string", running="integer"),
+                                "503": _object("not ready", status="string", reason="string"),
+                            }}},
     }  # fmt: skip
     return {
         "openapi": "3.1.0",

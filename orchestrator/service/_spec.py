@@ -42,8 +42,12 @@ WorkflowName = Annotated[
     str, StringConstraints(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.-]+$")
 ]
 """A workflow's name: its id is the name and a random suffix, used as it is in URLs."""
-TaskId = Annotated[str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^{}$\s]+$")]
-"""A task id: no white space, braces or `$`, so that a prompt can refer to it as ${id}."""
+TaskId = Annotated[
+    str, StringConstraints(min_length=1, max_length=200, pattern=r"^[^{}$\s\x85\uFEFF]+$")
+]
+"""A task id: no white space, braces or `$`, so that a prompt can refer to it as ${id}.
+White space is named twice over: U+0085 is white space to the validator's regexes (Rust)
+only, U+FEFF to the document's (ECMA 262) only."""
 LabelKey = Annotated[
     str, StringConstraints(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ]
@@ -57,9 +61,33 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _one_action_schema(schema: dict[str, Any]) -> None:
+    """The document states what `_Action._one_action` checks, so that what it calls valid
+    is: exactly one action, `prompt` with `agent` only, `args` with `tool` only."""
+    text, absent = {"type": "string"}, {"type": "null"}
+    schema["oneOf"] = [
+        {
+            "required": ["agent", "prompt"],
+            "properties": {"agent": text, "prompt": text, "tool": absent, "args": absent,
+                           "function": absent},
+        },
+        {
+            "required": ["tool"],
+            "properties": {"tool": text, "agent": absent, "prompt": absent, "function": absent},
+        },
+        {
+            "required": ["function"],
+            "properties": {"function": text, "agent": absent, "prompt": absent, "tool": absent,
+                           "args": absent},
+        },
+    ]  # fmt: skip
+
+
 class _Action(_Request):
     """What one task runs: exactly one of `agent` (with `prompt`), `tool` (with `args`),
     `function`; and how it is retried."""
+
+    model_config = ConfigDict(json_schema_extra=_one_action_schema)
 
     agent: Name | None = None
     """A registered agent that answers `prompt`."""
@@ -173,6 +201,14 @@ class Accepted(BaseModel):
     id: str
     status: WorkflowState
     links: dict[str, str]
+
+
+class Added(BaseModel):
+    """`POST /v1/workflows/{id}/tasks`: the ids added, in the order given to the engine
+    (dependencies first)."""
+
+    id: str
+    added: list[str]
 
 
 class TaskView(BaseModel):
