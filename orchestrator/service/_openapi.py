@@ -240,6 +240,17 @@ def openapi() -> dict[str, Any]:
                                 "200": _object("ready", status="string", running="integer"),
                                 "503": _object("not ready", status="string", reason="string"),
                             }}},
+        "/metrics": {"get": {"summary": "Prometheus text format (docs/rest.md lists the series)",
+                             "security": [],
+                             "responses": {"200": {
+                                 "description": "the figures",
+                                 "content": {"text/plain": {"schema": {"type": "string"}}},
+                             }}}},
+        "/": {"get": {"summary": "The live DAG page", "security": [],
+                      "responses": {"200": {
+                          "description": "HTML",
+                          "content": {"text/html": {"schema": {"type": "string"}}},
+                      }}}},
     }  # fmt: skip
     return {
         "openapi": "3.1.0",
