@@ -16,6 +16,7 @@ import concurrent.futures
 import contextvars
 import functools
 import secrets
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -222,6 +223,9 @@ class Engine:
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._services: RunServices | None = None
         self._runs: dict[str, Run] = {}
+        self._tenant_runs: Counter[str | None] = Counter()
+        """How many of `_runs` each tenant has: `running(tenant)` is asked on every
+        submission the service takes, with thousands running."""
         self._settled: list[Run] = []
         self._applying = False
         self._programs = 0
@@ -352,6 +356,7 @@ class Engine:
         for run in list(self._runs.values()):
             run.abandon("the engine stopped before the workflow finished")
         self._runs.clear()
+        self._tenant_runs.clear()
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -673,7 +678,7 @@ class Engine:
         if subscriber is not None:
             self.bus.subscribe(run.id, subscriber)
         try:
-            self._runs[run.id] = run
+            self._add_run(run)
             image: RunImage | None = None
             if plan is None:
                 self.bus.emit(
@@ -710,7 +715,7 @@ class Engine:
         except BaseException:
             # Refused (an unknown resource, say): nothing ran, so the caller may fix the
             # workflow and submit it again; its half-told story leaves the event stream.
-            self._runs.pop(run.id, None)
+            self._drop_run(run)
             self._settled = [r for r in self._settled if r is not run]
             self.bus.drop(run.id)
             workflow._reset()
@@ -876,7 +881,16 @@ class Engine:
         """How many runs (of `tenant`, when given) this engine is running."""
         if tenant is None:
             return len(self._runs)
-        return sum(1 for run in self._runs.values() if run.tenant == tenant)
+        return self._tenant_runs[tenant]
+
+    def _add_run(self, run: Run) -> None:
+        self._runs[run.id] = run
+        self._tenant_runs[run.tenant] += 1
+
+    def _drop_run(self, run: Run) -> None:
+        if self._runs.get(run.id) is run:
+            del self._runs[run.id]
+            self._tenant_runs[run.tenant] -= 1
 
     def _find(self, workflow: Workflow | str) -> Run:
         key = workflow.id if isinstance(workflow, Workflow) else workflow
@@ -902,7 +916,7 @@ class Engine:
             run.deadline_timer.cancel()
             run.deadline_timer = None
         self.bus.emit(run.id, run.finished_event(result))
-        self._runs.pop(run.id, None)
+        self._drop_run(run)
         self._finished += 1
         self.admission.forget(run)
         self.calls.program_done(run.id)
@@ -924,7 +938,7 @@ class Engine:
         for run in list(self._runs.values()):
             run.cancel(f"the store failed: {error}")
             run.workflow._detach()
-            self._runs.pop(run.id, None)
+            self._drop_run(run)
             if not run.done.done():
                 fail(run.done, error)
             self.admission.forget(run)

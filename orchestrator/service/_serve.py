@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
+from collections.abc import Iterator
 from typing import TextIO
 
 from aiohttp import web
@@ -42,6 +44,7 @@ async def serve(
             if isinstance(backend, contextlib.AbstractAsyncContextManager):
                 await stack.enter_async_context(backend)
         store = await stack.enter_async_context(open_store(config.store))
+        stack.enter_context(_long_lived())
         engine = Engine(
             backends=backends,
             clock=clock,
@@ -86,6 +89,20 @@ async def serve(
                         file=out,
                     )
     print("plait serve: stopped", file=out, flush=True)
+
+
+@contextlib.contextmanager
+def _long_lived() -> Iterator[None]:
+    """What is loaded by now (modules, the registry, the backends, the store: some 180,000
+    objects) lives until the service stops: kept out of the garbage collector's sight
+    meanwhile, so a full collection under load scans the work only. It scanned them all
+    again, and held the loop for 120-190 ms at a time, the requests' p99."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 async def _drain(engine: Engine, seconds: float) -> None:
