@@ -305,6 +305,11 @@ def test_a_retried_submission_with_its_key_gets_the_same_workflow(make_store: St
         assert len(rows) == 1
         status, view, _ = await api.call("GET", f"/v1/workflows/{first[1]['id']}")
         assert view["labels"] == {"team": "search"}  # the service's own labels are not shown
+        # Once the store no longer keeps the workflow (retention), its key is free again.
+        status, _, _ = await api.call("GET", f"/v1/workflows/{first[1]['id']}/result?wait=30")
+        assert await api.engine.store.delete([first[1]["id"]]) == 1  # type: ignore[union-attr]
+        status, fresh, _ = await api.call("POST", "/v1/workflows", SPEC, key)
+        assert status == 202 and fresh["id"] != first[1]["id"]
 
     on_stores(make_store, body)
 
@@ -663,16 +668,21 @@ def test_accepted_work_survives_a_restart_of_the_service(tmp_path: Path) -> None
 
     async def main() -> None:
         task, stop, url = await start()
+        long = {"name": "long", "tasks": [{"id": "s", "function": "slow"}]}
+        key = {"Idempotency-Key": "before-the-restart"}
         async with aiohttp.ClientSession(headers=A) as http:
-            async with http.post(
-                url + "v1/workflows",
-                json={"name": "long", "tasks": [{"id": "s", "function": "slow"}]},
-            ) as r:
+            async with http.post(url + "v1/workflows", json=long, headers=key) as r:
                 assert r.status == 202
                 run_id = (await r.json())["id"]
             stop.set()
             await task  # drain_s = 0: it stops with the workflow still running
             task, stop, url = await start()  # resumes it
+            # The key is known to the new process: a retry gets the same workflow.
+            async with http.post(url + "v1/workflows", json=long, headers=key) as r:
+                assert r.status == 200 and (await r.json())["id"] == run_id
+            other = {**long, "name": "x"}
+            async with http.post(url + "v1/workflows", json=other, headers=key) as r:
+                assert r.status == 422
             (tmp_path / "go").write_text("")
             async with http.get(url + f"v1/workflows/{run_id}/result?wait=30") as r:
                 result = await r.json()

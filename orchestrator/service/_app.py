@@ -56,6 +56,7 @@ MAX_KEY = 200
 """Characters of an `Idempotency-Key`."""
 MAX_JSON_DEPTH = 40
 PAGE = 50
+_KEYS_PAGE = 5_000
 MAX_PAGE = 500
 _FINISHED = ("succeeded", "failed", "cancelled")
 M = TypeVar("M", bound=pydantic.BaseModel)
@@ -118,6 +119,8 @@ class Service:
         self._buckets: dict[str, _Bucket] = {}
         self._keys: dict[tuple[str, str], tuple[str, asyncio.Future[str]]] = {}
         """Idempotency keys being submitted now (a retry racing the first request)."""
+        self._known: dict[tuple[str, str], tuple[str, str]] = {}
+        """(tenant, key) -> (workflow id, request digest) of every accepted keyed request."""
         self._streams: set[asyncio.Queue[Any]] = set()
         self.accepting = True
         self.metrics = Metrics(engine)
@@ -144,6 +147,7 @@ class Service:
         return app
 
     async def _started(self, app: web.Application) -> None:
+        await self._load_keys()
         self.metrics.start()
 
     async def _closed(self, app: web.Application) -> None:
@@ -317,14 +321,31 @@ class Service:
     async def _earlier(self, tenant: Tenant, key: str, digest: str) -> str | None:
         """The workflow an earlier request with this key made, if any (the same body), else
         None; another body under the same key is refused."""
-        rows = await self.store.workflows(
-            tenant=tenant.name, labels={IDEMPOTENCY_LABEL: key}, limit=1
-        )
-        if not rows:
+        slot = (tenant.name, key)
+        known = self._known.get(slot)
+        if known is None:
             return None
-        if rows[0].labels.get(REQUEST_LABEL) != digest:
+        run_id, first = known
+        if await self.store.workflow(run_id) is None:  # retention has deleted it since
+            del self._known[slot]
+            return None
+        if first != digest:
             raise _reused()
-        return rows[0].id
+        return run_id
+
+    async def _load_keys(self) -> None:
+        """Every idempotency key in the store, read once at start (the store has no index
+        on a label: asked per request, a scan of the tenant's workflows)."""
+        offset = 0
+        while True:
+            rows = await self.store.workflows(limit=_KEYS_PAGE, offset=offset)
+            for row in rows:
+                key = row.labels.get(IDEMPOTENCY_LABEL)
+                if key is not None and row.tenant is not None:
+                    self._known[row.tenant, key] = (row.id, row.labels.get(REQUEST_LABEL, ""))
+            if len(rows) < _KEYS_PAGE:
+                return
+            offset += len(rows)
 
     async def _start(self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str) -> str:
         if self.engine.running(tenant.name) >= tenant.max_running:
@@ -353,6 +374,8 @@ class Service:
         except PlaitError as exc:
             raise ApiError(503, f"the engine cannot take it now: {exc}") from None
         await self._committed()
+        if key is not None:
+            self._known[tenant.name, key] = (handle.id, digest)
         return handle.id
 
     async def _committed(self) -> None:
