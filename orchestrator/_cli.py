@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import dataclasses
 import importlib.util
-import math
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
-from ._cliconfig import backends_of, check_config, clock_of, config_of, limits_of
+from ._cliconfig import backends_of, check_config, clock_of, config_of, limits_of, seconds
 from ._clientcli import register as register_client_verbs
 from ._clock import Clock, SystemClock, VirtualClock
 from ._config import Config
@@ -383,7 +382,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--deadline",
-        type=_seconds,
+        type=seconds,
         metavar="SECONDS",
         help="each workflow should finish within SECONDS of its start; the summary says met "
         "or missed (default: the config's [engine] deadline, else none)",
@@ -509,16 +508,6 @@ def _serve(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, service=service)
     asyncio.run(serve(config, out=out))
     return 0
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above zero")
-    return value
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:

@@ -3,6 +3,8 @@ the clock, the backends and limits that a run uses, and the check's report."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
@@ -138,3 +140,14 @@ def _limits_text(limits: Limits) -> str:
     if limits.kv_tokens is not None:
         text += f", new programs held back past {limits.kv_tokens} KV tokens"
     return text
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above zero")
+    return value

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from ._cliconfig import seconds
 from ._errors import UsageError, error_text
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ def register(sub: Any) -> None:
     )
     submit.add_argument(
         "--wait",
-        type=_seconds,
+        type=seconds,
         metavar="SECONDS",
         help="then wait up to SECONDS for the workflow to finish, and print its result",
     )
@@ -94,16 +95,6 @@ def _service_options(parser: argparse.ArgumentParser) -> None:
         help="the tenant's bearer token (default: $PLAIT_TOKEN); given here it shows in "
         "process lists: prefer the variable",
     )
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above zero")
-    return value
 
 
 # --- the verbs --------------------------------------------------------------------------------

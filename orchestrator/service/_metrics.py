@@ -22,8 +22,6 @@ from .._events import Event
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JCT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 """Seconds: from one quick call to an hour-long batch workflow."""
-_STARTED = 4096
-"""Priority classes of the runs that have started and not finished, at most."""
 
 
 class Metrics:
@@ -85,6 +83,7 @@ class Metrics:
         self.met = {True: 0, False: 0}
         r.register(_Live(self))
         self._priority: dict[str, str] = {}
+        """The class of each run started and not finished (finished events do not say)."""
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
 
@@ -131,11 +130,10 @@ class Metrics:
         elif kind == "call_retrying":
             self.call_retries.labels(event.backend).inc()  # type: ignore[union-attr]
         elif kind == "workflow_started":
-            if len(self._priority) < _STARTED:
-                self._priority[event.workflow] = event.priority  # type: ignore[union-attr]
+            self._priority[event.workflow] = event.priority  # type: ignore[union-attr]
         elif kind == "workflow_resumed":
             handle = self.engine.handle(event.workflow)
-            if handle is not None and len(self._priority) < _STARTED:
+            if handle is not None:
                 self._priority[event.workflow] = handle.priority
         elif kind == "workflow_finished":
             priority = self._priority.pop(event.workflow, "unknown")
