@@ -1,0 +1,66 @@
+"""`run_batch`: a job on an engine of its own (the CLI's and a script's way in).
+
+Inside a service that already runs an engine, make a `BatchJob` and `await job.run(engine)`
+instead: the engine's backends are used as they are (wrap them in `Coalescing` when the
+engine is built to compute identical calls once across per-row workflows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import replace
+from typing import Any
+
+from .._admission import Limits
+from .._clock import Clock
+from .._engine import Engine
+from .._llm import LLMBackend
+from .._store import Store
+from ._dedup import Coalescing
+from ._job import BatchJob, BatchSummary
+
+Watch = Callable[[BatchJob], Coroutine[Any, Any, None]]
+
+
+async def run_batch(
+    job: BatchJob,
+    *,
+    backends: Mapping[str, LLMBackend],
+    store: Store | None = None,
+    clock: Clock | None = None,
+    limits: Mapping[str, Limits] | None = None,
+    policy: str = "fcfs",
+    coalesce: bool = True,
+    watch: Watch | None = None,
+) -> BatchSummary:
+    """Open `job.sink` (refusing an output it cannot write before anything runs), enter
+    the backends and an engine (durable with `store`, an opened store), run the job, close
+    the sink. `coalesce`: identical calls are computed once (`Coalescing` over each backend).
+    `watch(job)` runs beside the job (a progress display) and is cancelled when it ends."""
+    job.sink.open()
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            used: dict[str, LLMBackend] = {}
+            for name, backend in backends.items():
+                wrapped = Coalescing(backend) if coalesce else backend
+                if isinstance(wrapped, contextlib.AbstractAsyncContextManager):
+                    await stack.enter_async_context(wrapped)
+                used[name] = wrapped
+            engine = Engine(backends=used, clock=clock, limits=limits, policy=policy, store=store)
+            async with engine, asyncio.TaskGroup() as tg:
+                watcher = tg.create_task(watch(job)) if watch is not None else None
+                try:
+                    summary = await job.run(engine)
+                finally:
+                    if watcher is not None:
+                        watcher.cancel()
+            dedup = sum(b.stats().coalesced for b in used.values() if isinstance(b, Coalescing))
+            return _with_coalesced(summary, dedup)
+    finally:
+        job.sink.close()
+
+
+def _with_coalesced(summary: BatchSummary, coalesced: int) -> BatchSummary:
+    return replace(summary, deduplicated=summary.deduplicated + coalesced)

@@ -1,0 +1,149 @@
+"""Planning a batch before it runs: which rows share a prefix, in what order to run them,
+and which rows ask exactly the same LLM call. Pure: no clock, no I/O, no event loop.
+
+Rows are sorted by their prompt text (the rendered messages; a workflow row by its values
+in column order). In sorted order a prefix shared by several rows is shared by a run of
+adjacent rows, as a trie's depth-first walk would visit them; so sending rows in that order
+sends sharers together, while their prefix is in some replica's cache, and the longest
+common prefix of each row with the one before it is exactly what that row can reuse. The
+sum of those is what a cache of unlimited size would save (in characters, four a token).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .._llm import LLMRequest
+from ._rows import Row
+
+CHARS_PER_TOKEN = 4
+MIN_SHARED_TOKENS = 32
+"""A row joins the group of the row before it when they share at least this many tokens."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """The order rows run in and the figures of what they share.
+
+    `order`: row indexes, sharers adjacent. `leaders`: row index -> the row whose identical
+    call answers it (a duplicate runs no call of its own). `groups`: runs of adjacent rows
+    sharing at least `MIN_SHARED_TOKENS` tokens of prefix. `prompt_tokens`: of every row's
+    call; `shared_prefix_tokens`: of those, what an unlimited prefix cache serves (each
+    distinct prefix computed once); `common_prefix_tokens`: the prefix all rows share."""
+
+    order: tuple[int, ...]
+    leaders: dict[int, int]
+    groups: int
+    largest_group: int
+    prompt_tokens: int
+    shared_prefix_tokens: int
+    common_prefix_tokens: int
+
+    @property
+    def duplicates(self) -> int:
+        return len(self.leaders)
+
+    @property
+    def bound_prompt_tokens(self) -> int:
+        """The fewest prompt tokens any cache could compute for these calls."""
+        return self.prompt_tokens - self.shared_prefix_tokens
+
+    def figures(self) -> dict[str, int]:
+        return {
+            "rows": len(self.order),
+            "groups": self.groups,
+            "largest_group": self.largest_group,
+            "duplicates": self.duplicates,
+            "prompt_tokens": self.prompt_tokens,
+            "shared_prefix_tokens": self.shared_prefix_tokens,
+            "common_prefix_tokens": self.common_prefix_tokens,
+            "bound_prompt_tokens": self.bound_prompt_tokens,
+        }
+
+
+def prompt_text(row: Row) -> str:
+    """What a row's calls begin with, as text to compare: its rendered messages, else (a
+    workflow row) its values in column order, which is where a factory usually takes its
+    shared parts from (the document, then the question)."""
+    if row.request is not None:
+        return "".join(f"<|{m.role}|>\n{m.content}\n" for m in row.request.messages)
+    return "\n".join(str(v) for k, v in row.data.items() if k not in ("custom_id", "id"))
+
+
+def call_key(request: LLMRequest) -> str:
+    """Identical calls have equal keys: model, messages, sampling, length, tools, schema."""
+    return json.dumps(
+        [
+            request.model,
+            [[m.role, m.content, m.name] for m in request.messages],
+            [request.sampling.temperature, request.sampling.top_p, request.sampling.seed],
+            list(request.sampling.stop),
+            request.max_tokens,
+            [t.name for t in request.tools],
+            None if request.output is None else request.output.name,
+            dict(request.extra_body),
+        ],
+        sort_keys=True,
+        default=str,
+    )
+
+
+def plan(rows: Sequence[Row]) -> BatchPlan:
+    """Order `rows` so that sharers are adjacent, and find duplicates and shared prefixes.
+    Rows that could not be read go first (they fail at once and cost nothing)."""
+    texts = {row.index: prompt_text(row) for row in rows if row.error is None}
+    broken = [row.index for row in rows if row.error is not None]
+    ordered = sorted(texts, key=lambda i: (texts[i], i))
+    leaders: dict[int, int] = {}
+    first_of: dict[str, int] = {}
+    for i in ordered:
+        request = next_request(rows, i)
+        if request is None:
+            continue
+        leader = first_of.setdefault(call_key(request), i)
+        if leader != i:
+            leaders[i] = leader
+    shared = groups = largest = size = 0
+    common = len(texts[ordered[0]]) if ordered else 0
+    previous: str | None = None
+    for i in ordered:
+        text = texts[i]
+        if previous is None:
+            groups, size = 1, 1
+        else:
+            lcp = _common_prefix(previous, text)
+            common = min(common, lcp)
+            shared += lcp
+            if lcp >= MIN_SHARED_TOKENS * CHARS_PER_TOKEN:
+                size += 1
+            else:
+                groups += 1
+                size = 1
+        largest = max(largest, size)
+        previous = text
+    total = sum(len(t) for t in texts.values())
+    return BatchPlan(
+        order=tuple(broken + ordered),
+        leaders=leaders,
+        groups=groups,
+        largest_group=largest,
+        prompt_tokens=_tokens(total),
+        shared_prefix_tokens=_tokens(shared),
+        common_prefix_tokens=_tokens(common) if len(ordered) > 1 else 0,
+    )
+
+
+def next_request(rows: Sequence[Row], index: int) -> LLMRequest | None:
+    row = rows[index]
+    return row.request if row.index == index else None
+
+
+def _common_prefix(a: str, b: str) -> int:
+    return len(os.path.commonprefix([a, b]))  # noqa: RUF071 - strings, not paths
+
+
+def _tokens(chars: int) -> int:
+    return -(-chars // CHARS_PER_TOKEN)

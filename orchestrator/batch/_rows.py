@@ -1,0 +1,297 @@
+"""Reading a batch's input: JSONL, CSV or Parquet rows, or OpenAI Batch API request lines.
+
+A row becomes a `Row`: its position, its `custom_id`, the raw data (what a workflow factory
+receives) and, for a row that is one LLM call, the `LLMRequest`. A row that cannot be read
+(not JSON, no prompt, a bad `max_tokens`, an unsupported OpenAI `url`) keeps its `error`:
+the batch reports it in the output and goes on. What makes the whole input unusable (no
+such file, a missing column, every row an unsupported url) is a `UsageError`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from .._errors import UsageError
+from .._llm import LLMRequest, Message, Sampling
+
+Format = Literal["jsonl", "csv", "parquet"]
+RowKind = Literal["chat", "completion", "workflow"]
+
+FORMATS: dict[str, Format] = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+}
+OPENAI_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+DEFAULT_MODEL = "default"
+PARQUET_HINT = "pip install 'plait[parquet]'"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One input row. `request` is set for a row that is one LLM call and read cleanly;
+    `error` for a row that could not be read (it fails in the output, the batch goes on)."""
+
+    index: int
+    custom_id: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+    request: LLMRequest | None = None
+    kind: RowKind = "chat"
+    error: str | None = None
+    error_code: str = "invalid_row"
+
+
+def format_of(path: str, given: str | None = None) -> Format:
+    """The input's format: `given` (--format), else by the file's extension."""
+    if given is not None:
+        if given not in ("jsonl", "csv", "parquet"):
+            raise UsageError(f"--format {given!r}: choose jsonl, csv or parquet")
+        return given  # type: ignore[return-value]
+    found = FORMATS.get(Path(path).suffix.lower())
+    if found is None:
+        raise UsageError(
+            f"cannot tell the format of {path!r} from its extension; name it .jsonl, .csv or "
+            ".parquet, or give --format jsonl|csv|parquet"
+        )
+    return found
+
+
+def read_rows(path: str, *, fmt: str | None = None, llm_rows: bool = True) -> list[Row]:
+    """Every row of the input file. `llm_rows`: rows are single LLM calls (no workflow
+    factory), so each needs a prompt or messages; otherwise rows are data for a factory."""
+    file = Path(path)
+    if not file.exists():
+        raise UsageError(f"no input file at {path!r}")
+    if not file.is_file():
+        raise UsageError(f"input {path!r} is not a file")
+    kind = format_of(path, fmt)
+    raw = list(_raw_rows(file, kind))
+    if not raw:
+        raise UsageError(f"input {path!r} has no rows")
+    openai = kind == "jsonl" and _looks_openai(raw)
+    if openai:
+        rows = [_openai_row(i, item) for i, item in enumerate(raw)]
+        bad_urls = {r.error or "" for r in rows if r.error_code == "unsupported_url"}
+        if len(bad_urls) and all(r.error_code == "unsupported_url" for r in rows):
+            raise UsageError(f"{path}: every row: {sorted(bad_urls)[0]}")
+    elif llm_rows:
+        _check_columns(path, raw)
+        rows = [_plain_row(i, item) for i, item in enumerate(raw)]
+    else:
+        rows = [_data_row(i, item) for i, item in enumerate(raw)]
+    return _unique_ids(rows)
+
+
+# --- raw rows -----------------------------------------------------------------------------
+
+_Raw = dict[str, Any] | str  # a row, or the error that stopped it being read
+
+
+def _raw_rows(file: Path, kind: Format) -> Iterator[_Raw]:
+    if kind == "parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise UsageError(f"reading Parquet needs pyarrow: {PARQUET_HINT}") from None
+        try:
+            table = pq.read_table(file)
+        except Exception as exc:  # pyarrow's own errors: a damaged or foreign file
+            raise UsageError(f"cannot read {file} as Parquet: {exc}") from exc
+        yield from table.to_pylist()
+        return
+    try:
+        handle = file.open(encoding="utf-8", newline="")
+    except OSError as exc:
+        raise UsageError(f"cannot open input {str(file)!r}: {exc.strerror}") from exc
+    with handle:
+        if kind == "csv":
+            try:
+                yield from (dict(r) for r in csv.DictReader(handle))
+            except (csv.Error, UnicodeDecodeError) as exc:
+                raise UsageError(f"{file}: not readable as CSV: {exc}") from exc
+            return
+        try:
+            for n, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                try:
+                    item = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    yield f"line {n} is not JSON ({exc.msg} at column {exc.colno})"
+                    continue
+                yield item if isinstance(item, dict) else f"line {n} is not a JSON object"
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"{file}: not UTF-8 text ({exc.reason})") from exc
+
+
+def _looks_openai(raw: Sequence[_Raw]) -> bool:
+    first = next((r for r in raw if isinstance(r, dict)), None)
+    return first is not None and {"custom_id", "url", "body"} <= first.keys()
+
+
+def _check_columns(path: str, raw: Sequence[_Raw]) -> None:
+    rows = [r for r in raw if isinstance(r, dict)]
+    if rows and not any("prompt" in r or "messages" in r for r in rows):
+        columns = sorted({k for r in rows for k in r})
+        raise UsageError(
+            f"{path}: no 'prompt' or 'messages' column (columns: {', '.join(columns) or 'none'});"
+            " a row without --workflow is one LLM call: give it a prompt (and optionally "
+            "system, max_tokens, model), or pass --workflow module:factory"
+        )
+
+
+def _unique_ids(rows: list[Row]) -> list[Row]:
+    seen: dict[str, int] = {}
+    out = []
+    for row in rows:
+        first = seen.setdefault(row.custom_id, row.index)
+        if first != row.index and row.error is None:
+            row = Row(
+                row.index,
+                f"{row.custom_id}#{row.index}",
+                row.data,
+                kind=row.kind,
+                error=f"custom_id {row.custom_id!r} repeats row {first}'s; give each row its own",
+            )
+        out.append(row)
+    return out
+
+
+# --- one row ------------------------------------------------------------------------------
+
+
+def _id_of(index: int, item: Mapping[str, Any]) -> str:
+    given = item.get("custom_id", item.get("id"))
+    return str(given) if given not in (None, "") else f"row-{index}"
+
+
+def _data_row(index: int, item: _Raw) -> Row:
+    if isinstance(item, str):
+        return Row(index, f"row-{index}", error=item)
+    return Row(index, _id_of(index, item), item, kind="workflow")
+
+
+def _plain_row(index: int, item: _Raw) -> Row:
+    if isinstance(item, str):
+        return Row(index, f"row-{index}", error=item)
+    custom_id = _id_of(index, item)
+    try:
+        request = _request(item, where="")
+    except ValueError as exc:
+        return Row(index, custom_id, item, error=str(exc))
+    return Row(index, custom_id, item, request)
+
+
+def _openai_row(index: int, item: _Raw) -> Row:
+    if isinstance(item, str):
+        return Row(index, f"row-{index}", error=item)
+    custom_id = _id_of(index, item)
+    url = item.get("url")
+    kind = OPENAI_URLS.get(str(url))
+    if kind is None:
+        supported = ", ".join(OPENAI_URLS)
+        return Row(
+            index,
+            custom_id,
+            item,
+            error=f"url {url!r} is not supported; plait batch runs {supported}",
+            error_code="unsupported_url",
+        )
+    method = str(item.get("method", "POST")).upper()
+    body = item.get("body")
+    try:
+        if method != "POST":
+            raise ValueError(f"method {method!r}: the Batch API sends POST")
+        if not isinstance(body, dict):
+            raise ValueError("'body' must be a JSON object (the request)")
+        if kind == "completion":
+            if not isinstance(body.get("prompt"), str):
+                raise ValueError("body.prompt must be a string for /v1/completions")
+            body = {**body, "messages": [{"role": "user", "content": body["prompt"]}]}
+            body.pop("prompt")
+        request = _request(body, where="body.")
+    except ValueError as exc:
+        return Row(index, custom_id, item, kind=kind, error=str(exc))  # type: ignore[arg-type]
+    return Row(index, custom_id, item, request, kind=kind)  # type: ignore[arg-type]
+
+
+def _request(item: Mapping[str, Any], *, where: str) -> LLMRequest:
+    """The LLM call a row asks for; ValueError says what is wrong with it."""
+    messages = _messages(item, where)
+    max_tokens = _int(item.get("max_tokens", item.get("max_completion_tokens")), "max_tokens")
+    stop = item.get("stop")
+    stops = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop or ())
+    sampling = Sampling(
+        temperature=_float(item.get("temperature"), "temperature", 0.0),
+        top_p=_float(item.get("top_p"), "top_p", 1.0),
+        seed=_int(item.get("seed"), "seed"),
+        stop=stops,
+    )
+    model = item.get("model") or DEFAULT_MODEL
+    return LLMRequest(tuple(messages), str(model), sampling=sampling, max_tokens=max_tokens)
+
+
+def _messages(item: Mapping[str, Any], where: str) -> list[Message]:
+    system = item.get("system")
+    out = [Message("system", str(system))] if system not in (None, "") else []
+    given = item.get("messages")
+    if given not in (None, ""):
+        if isinstance(given, str):  # a CSV cell
+            try:
+                given = json.loads(given)
+            except json.JSONDecodeError:
+                raise ValueError(f"{where}messages is not JSON: give a list of messages") from None
+        if not isinstance(given, list) or not given:
+            raise ValueError(f"{where}messages must be a non-empty list of {{role, content}}")
+        for n, m in enumerate(given):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant"):
+                raise ValueError(f"{where}messages[{n}] needs a role of system, user or assistant")
+            out.append(Message(m["role"], _content(m.get("content"), f"{where}messages[{n}]")))
+        return out
+    prompt = item.get("prompt")
+    if prompt in (None, ""):
+        raise ValueError(f"no {where}prompt or {where}messages in this row")
+    out.append(Message("user", str(prompt)))
+    return out
+
+
+def _content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: text only
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"{where}: content part {kind!r} is not supported (text only)")
+            texts.append(str(part.get("text", "")))
+        return "".join(texts)
+    raise ValueError(f"{where}.content must be a string or a list of text parts")
+
+
+def _int(value: Any, name: str) -> int | None:
+    if value in (None, ""):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a whole number, got {value!r}") from None
+    if number < 0 or (name == "max_tokens" and number == 0):
+        raise ValueError(f"{name} must be positive, got {value!r}")
+    return number
+
+
+def _float(value: Any, name: str, default: float) -> float:
+    if value in (None, ""):
+        return default
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
