@@ -1,0 +1,150 @@
+"""`plait batch run` as a user runs it: errors, and a batch killed and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from orchestrator._cli import main
+
+HERE = Path(__file__).resolve().parent
+BACKEND = f"{HERE / 'batch_support.py'}:backends"
+
+
+def write_rows(path: Path, n: int) -> Path:
+    shared = "Instructions shared by every row. " * 8
+    rows = [{"custom_id": f"r{i}", "system": shared, "prompt": f"row {i}"} for i in range(n)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def plait(*args: str) -> int:
+    return main(["batch", "run", *args])
+
+
+def test_missing_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = plait("--input", str(tmp_path / "none.jsonl"), "--output", str(tmp_path / "o.jsonl"))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip().splitlines() == [f"plait: error: no input file at '{tmp_path}/none.jsonl'"]
+
+
+def test_missing_column(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in.csv"
+    src.write_text("custom_id,text\na,hello\n")
+    code = plait("--input", str(src), "--output", str(tmp_path / "o.jsonl"))
+    err = capsys.readouterr().err
+    assert code == 2 and "no 'prompt' or 'messages' column (columns: custom_id, text)" in err
+    assert "Traceback" not in err
+
+
+def test_unwritable_output_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write_rows(tmp_path / "in.jsonl", 2)
+    log = tmp_path / "calls.log"
+    os.environ["BATCH_CALL_LOG"] = str(log)
+    try:
+        code = plait("--input", str(src), "--output", str(tmp_path), "--backend", BACKEND)
+    finally:
+        del os.environ["BATCH_CALL_LOG"]
+    err = capsys.readouterr().err
+    assert code == 2 and "is a directory" in err
+    assert not log.exists()
+
+
+def test_openai_file_with_only_unsupported_urls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in.jsonl"
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/responses", "body": {}}
+    src.write_text(json.dumps(line) + "\n")
+    code = plait("--input", str(src), "--output", str(tmp_path / "o.jsonl"))
+    err = capsys.readouterr().err
+    assert code == 2 and "url '/v1/responses' is not supported" in err
+
+
+def test_malformed_row_and_factory_errors_fail_their_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"id": 1, "question": "a"}\n{broken\n{"id": 2, "question": "boom"}\n')
+    out = tmp_path / "o.jsonl"
+    summary = tmp_path / "s.json"
+    code = plait(
+        "--input", str(src), "--output", str(out), "--backend", BACKEND,
+        "--workflow", f"{HERE / 'batch_support.py'}:per_row", "--summary-json", str(summary),
+    )  # fmt: skip
+    assert code == 1
+    got = {r["custom_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert got["1"]["error"] is None
+    assert got["row-1"]["error"]["code"] == "invalid_row"
+    assert got["2"]["error"]["code"] == "workflow_factory_error"
+    figures = json.loads(summary.read_text())
+    assert figures["ok"] == 1 and figures["failed"] == 2 and len(figures["errors"]) == 2
+    assert "rows: 3 (1 ok, 2 failed" in capsys.readouterr().out
+
+
+def test_default_backend_is_the_simulator(tmp_path: Path) -> None:
+    src = write_rows(tmp_path / "in.jsonl", 3)
+    out = tmp_path / "o.jsonl"
+    assert plait("--input", str(src), "--output", str(out), "--progress", "none") == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 3
+    assert all("Llama" in r["response"]["body"]["model"] for r in records)
+    assert (tmp_path / "o.jsonl.plait.db").exists()
+
+
+@pytest.mark.slow
+def test_killed_batch_resumes_without_repeating_rows_or_calls(tmp_path: Path) -> None:
+    n, kill_after = 60, 12
+    src = write_rows(tmp_path / "in.jsonl", n)
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "calls.log"
+    command = [
+        sys.executable, "-c", "from orchestrator._cli import main; raise SystemExit(main())",
+        "batch", "run", "--input", str(src),
+        "--output", str(out), "--backend", BACKEND, "--max-running", "4", "--progress", "none",
+    ]  # fmt: skip
+    env = {**os.environ, "BATCH_CALL_LOG": str(log), "BATCH_LATENCY": "0.05"}
+    first = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    try:
+        # Wait on the output file itself: the kill comes once `kill_after` rows are written.
+        deadline = time.monotonic() + 60
+        while _rows_written(out) < kill_after:
+            assert first.poll() is None, "the batch ended before it was killed"
+            assert time.monotonic() < deadline, "the batch wrote too few rows"
+            time.sleep(0.005)
+        first.send_signal(signal.SIGKILL)
+    finally:
+        first.wait()
+    before = [json.loads(line)["custom_id"] for line in out.read_text().splitlines()
+              if line.endswith("}")]  # fmt: skip
+    assert kill_after <= len(before) < n
+    calls_before = log.read_text().splitlines()
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = Counter(r["custom_id"] for r in records)
+    assert set(ids) == {f"r{i}" for i in range(n)} and set(ids.values()) == {1}
+    assert all(r["error"] is None for r in records)
+    calls_after = log.read_text().splitlines()[len(calls_before) :]
+    # No row written before the kill was asked again; every other row at most once more.
+    assert not {f"row {r[1:]}" for r in before} & set(calls_after)
+    assert set(Counter(calls_after).values()) <= {1}
+    assert len(calls_before) + len(calls_after) <= n + 4  # at most the in-flight were repeated
+    assert "written from the store" in second.stdout
+
+
+def _rows_written(path: Path) -> int:
+    if not path.exists():
+        return 0
+    return path.read_bytes().count(b"\n")
