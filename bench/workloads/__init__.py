@@ -9,7 +9,7 @@ are pauses. The same seed gives the same workload, bit for bit.
 
 from ._program import LLMStep, Program, Step, ToolStep, TraceStep, poisson_arrivals
 from .agents import agent_programs
-from .batch import batch_programs
+from .batch import batch_programs, batch_rows
 from .mooncake import mooncake_programs
 from .sql import sql_programs
 
@@ -21,6 +21,7 @@ __all__ = [
     "TraceStep",
     "agent_programs",
     "batch_programs",
+    "batch_rows",
     "mooncake_programs",
     "poisson_arrivals",
     "sql_programs",

@@ -54,3 +54,38 @@ def _ask(instructions: str, document: str, question: str) -> Build:
         return [Message("system", instructions), Message("user", f"{document}\n\n{question}")]
 
     return build
+
+
+def batch_rows(
+    documents: int,
+    *,
+    questions: tuple[int, int] = (5, 15),
+    pool: int = 30,
+    duplicates: float = 0.01,
+    seed: int = 0,
+    doc_tokens: tuple[int, int] = (1500, 4000),
+    answer_tokens: int = 60,
+    instruction_tokens: int = 800,
+    question_tokens: tuple[int, int] = (20, 60),
+) -> list[dict[str, object]]:
+    """A document-analytics job as input rows for `plait batch run` (system, prompt,
+    max_tokens, custom_id): each document asked a random `questions` of a `pool` of
+    questions, under one instruction prefix; a `duplicates` share of rows repeated exactly.
+    Rows are question-major, as such a table is usually laid out. Document counts vary, so
+    round-robin over replicas does not pin a document to one replica by accident."""
+    rng = random.Random(seed)
+    instructions = filler(random.Random(4000), instruction_tokens, "analyst-instructions")
+    asked = [filler(rng, rng.randint(*question_tokens), f"question-{q}") for q in range(pool)]
+    cells: list[tuple[int, int, str]] = []
+    for d in range(documents):
+        document = filler(rng, rng.randint(*doc_tokens), f"document-{seed}-{d}")
+        for q in sorted(rng.sample(range(pool), rng.randint(*questions))):
+            cells.append((q, d, f"{document}\n\n{asked[q]}"))
+    cells.sort()
+    rows: list[dict[str, object]] = []
+    for q, d, prompt in cells:
+        row = {"custom_id": f"d{d}-q{q}", "system": instructions, "prompt": prompt}
+        rows.append({**row, "max_tokens": answer_tokens})
+        if rng.random() < duplicates:
+            rows.append({**row, "custom_id": f"d{d}-q{q}-again", "max_tokens": answer_tokens})
+    return rows

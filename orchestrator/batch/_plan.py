@@ -11,6 +11,7 @@ sum of those is what a cache of unlimited size would save (in characters, four a
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -30,9 +31,10 @@ class BatchPlan:
 
     `order`: row indexes, sharers adjacent. `leaders`: row index -> the row whose identical
     call answers it (a duplicate runs no call of its own). `groups`: runs of adjacent rows
-    sharing at least `MIN_SHARED_TOKENS` tokens of prefix. `prompt_tokens`: of every row's
-    call; `shared_prefix_tokens`: of those, what an unlimited prefix cache serves (each
-    distinct prefix computed once); `common_prefix_tokens`: the prefix all rows share."""
+    sharing at least `MIN_SHARED_TOKENS` tokens of prefix beyond what all rows share.
+    `prompt_tokens`: of every row's call; `shared_prefix_tokens`: of those, what an
+    unlimited prefix cache serves (each distinct prefix computed once);
+    `common_prefix_tokens`: the prefix all rows share."""
 
     order: tuple[int, ...]
     leaders: dict[int, int]
@@ -106,24 +108,18 @@ def plan(rows: Sequence[Row]) -> BatchPlan:
         leader = first_of.setdefault(call_key(request), i)
         if leader != i:
             leaders[i] = leader
-    shared = groups = largest = size = 0
-    common = len(texts[ordered[0]]) if ordered else 0
-    previous: str | None = None
-    for i in ordered:
-        text = texts[i]
-        if previous is None:
-            groups, size = 1, 1
+    lcps = [_common_prefix(texts[a], texts[b]) for a, b in itertools.pairwise(ordered)]
+    common = min(lcps, default=0)
+    # A group shares more than what every row shares (one system prompt is not a group).
+    groups = 1 if ordered else 0
+    largest = size = groups
+    for lcp in lcps:
+        if lcp - common >= MIN_SHARED_TOKENS * CHARS_PER_TOKEN:
+            size += 1
         else:
-            lcp = _common_prefix(previous, text)
-            common = min(common, lcp)
-            shared += lcp
-            if lcp >= MIN_SHARED_TOKENS * CHARS_PER_TOKEN:
-                size += 1
-            else:
-                groups += 1
-                size = 1
+            groups, size = groups + 1, 1
         largest = max(largest, size)
-        previous = text
+    shared = sum(lcps)
     total = sum(len(t) for t in texts.values())
     return BatchPlan(
         order=tuple(broken + ordered),
