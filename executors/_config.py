@@ -197,6 +197,11 @@ class SimSettings(ConfigSection):
     honour_priority: bool = True
     max_imbalance: float = Field(default=1.5, ge=1.0)
     """With replicas: the router's load cap (block size is the profile's)."""
+    group_prefixes: bool = False
+    """Hold calls sharing an uncomputed prefix with one in flight until it is computed
+    (`PrefixGrouper`; `plait batch run` turns it on for its default backend)."""
+    min_shared_blocks: int = Field(default=8, ge=1)
+    """How many shared blocks make calls siblings (with `group_prefixes`)."""
 
 
 # --- building -----------------------------------------------------------------------------
@@ -279,14 +284,23 @@ def build_sim(name: str, settings: SimSettings, clock: Clock | None) -> LLMBacke
             settings.profile, seed=seed, clock=clock, honour_priority=settings.honour_priority
         )
 
+    profile = PROFILES[settings.profile]
+    backend: LLMBackend
     if settings.replicas == 1:
-        return server(settings.seed)
-    replicas = {f"{name}-{i}": server(settings.seed + i) for i in range(settings.replicas)}
-    return Router(
-        replicas,
-        block_tokens=PROFILES[settings.profile].block_size,
-        max_imbalance=settings.max_imbalance,
-        clock=clock,
+        backend = server(settings.seed)
+    else:
+        replicas = {f"{name}-{i}": server(settings.seed + i) for i in range(settings.replicas)}
+        backend = Router(
+            replicas,
+            block_tokens=profile.block_size,
+            max_imbalance=settings.max_imbalance,
+            cache_blocks=profile.num_blocks,  # the simulator's cache size is known exactly
+            clock=clock,
+        )
+    if not settings.group_prefixes:
+        return backend
+    return PrefixGrouper(
+        backend, block_tokens=profile.block_size, min_shared_blocks=settings.min_shared_blocks
     )
 
 
@@ -336,6 +350,8 @@ def describe_sim(settings: SimSettings) -> str:
     text = f"simulated {profile.name} ({profile.model}), seed {settings.seed}"
     if settings.replicas > 1:
         text += f", {settings.replicas} replicas behind a router"
+    if settings.group_prefixes:
+        text += f", prefix grouping from {settings.min_shared_blocks} shared blocks"
     return text
 
 

@@ -6,7 +6,9 @@ finished after it. On SQLite and PostgreSQL (the service reads everything from t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -96,7 +98,12 @@ class Api:
 async def running(
     store: Store, settings: ServiceSettings | None = None, **kw: Any
 ) -> AsyncIterator[Api]:
-    async with Engine(backends={"default": FunctionLLM(echo)}, store=store) as engine:
+    async with (
+        Engine(backends={"default": FunctionLLM(echo)}, store=store) as engine,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        if "batch_dir" not in kw:
+            kw["batch_dir"] = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         service = Service(engine, REGISTRY, (ACME, BETA), settings, **kw)
         server = TestServer(service.app(), host="127.0.0.1")
         await server.start_server()

@@ -100,7 +100,8 @@ class Running:
             SQLStore(self.path) as store,
             Engine(backends={"default": FunctionLLM(echo)}, store=store) as engine,
         ):
-            service = Service(engine, REGISTRY, (TENANT,), SETTINGS)
+            batches = Path(self.path).parent / "batches"
+            service = Service(engine, REGISTRY, (TENANT,), SETTINGS, batch_dir=batches)
             runner = web.AppRunner(service.app(), handle_signals=False)
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)

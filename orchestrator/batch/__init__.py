@@ -10,12 +10,13 @@ opened, and `job.progress()` for a snapshot while it runs.
 
 from ._api import run_batch
 from ._dedup import Coalescing, CoalescingStats
-from ._job import BatchJob, BatchProgress, BatchSummary, RowCall, RowCalls, job_id_for
+from ._job import JOB_LABEL, BatchJob, BatchProgress, BatchSummary, RowCall, RowCalls, job_id_for
 from ._output import JsonlSink, ParquetSink, Sink, sink_for
 from ._plan import BatchPlan, call_key, plan
 from ._rows import Row, read_rows
 
 __all__ = [
+    "JOB_LABEL",
     "BatchJob",
     "BatchPlan",
     "BatchProgress",

@@ -191,7 +191,14 @@ def _backends(
         name = DEFAULT_BACKEND if DEFAULT_BACKEND in backends else next(iter(backends))
         return backends, name
     if config is None:
-        sim = {"kind": "sim", "profile": "h100-llama3-8b", "replicas": replicas}
+        # Rows sharing a prefix not yet cached wait for the first to compute it: the bound
+        # on prompt tokens, at some cost in time (docs/batch.md, "Planning").
+        sim = {
+            "kind": "sim",
+            "profile": "h100-llama3-8b",
+            "replicas": replicas,
+            "group_prefixes": True,
+        }
         config = load_config({"backends": {DEFAULT_BACKEND: sim}}, name="the default backend")
     backends = config.build_backends(clock)
     name = spec or DEFAULT_BACKEND

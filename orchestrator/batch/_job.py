@@ -234,6 +234,18 @@ class BatchJob:
         self._from_store = self._resumed = self._deduplicated = 0
         self._clock_start: float | None = None
         self._engine: Engine | None = None
+        self._handles: dict[str, RunHandle] = {}
+        self._changed = asyncio.Event()
+
+    async def written(self, count: int) -> None:
+        """Return once `count` rows have been written by this run (succeeded or failed)."""
+        while self._ok + self._failed < count:
+            self._changed.clear()
+            await self._changed.wait()
+
+    def running_runs(self) -> list[str]:
+        """Ids of the rows' runs running now (to cancel a job)."""
+        return list(self._handles)
 
     def progress(self) -> BatchProgress:
         now = self._engine.clock.monotonic() if self._engine is not None else 0.0
@@ -362,9 +374,11 @@ class BatchJob:
             raise _RowFailed("workflow_invalid", str(exc)) from exc
 
     async def _finish(self, row: Row, handle: RunHandle, window: asyncio.Semaphore) -> None:
+        self._handles[handle.id] = handle
         try:
             result = await handle
         finally:
+            self._handles.pop(handle.id, None)
             self._running -= 1
             window.release()
         outputs = _outputs(handle.workflow, result.results)
@@ -480,6 +494,7 @@ class BatchJob:
         self.sink.write(record)
         self._records[row.index] = record
         self._written.setdefault(row.index, asyncio.Event()).set()
+        self._changed.set()
         self._usage = self._usage + Usage(
             usage.prompt_tokens, usage.completion_tokens, usage.cached_prompt_tokens or 0
         )

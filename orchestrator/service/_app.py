@@ -15,6 +15,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic
@@ -27,6 +28,7 @@ from .._journal import read_log, read_records, restore
 from .._registry import Registry
 from .._replay import RunImage, rebuild
 from .._store import Store, WorkflowRow
+from ._batches import BatchError, Batches
 from ._build import SpecError, add_tasks, build
 from ._config import ServiceSettings, Tenant, hash_token
 from ._metrics import CONTENT_TYPE, Metrics
@@ -37,6 +39,8 @@ from ._spec import (
     Accepted,
     Added,
     AddTasks,
+    BatchList,
+    BatchSpec,
     ErrorBody,
     Problem,
     ResultView,
@@ -107,7 +111,10 @@ class Service:
         settings: ServiceSettings | None = None,
         *,
         clock: Clock | None = None,
+        batch_dir: Path | None = None,
     ) -> None:
+        """`batch_dir`: where batch jobs keep their files (default: the settings'
+        `batch_dir`, relative to the working directory)."""
         if engine.store is None:
             raise UsageError("the service needs an engine with a store: Engine(store=...)")
         self.engine = engine
@@ -123,7 +130,13 @@ class Service:
         """(tenant, key) -> (workflow id, request digest) of every accepted keyed request."""
         self._streams: set[asyncio.Queue[Any]] = set()
         self.accepting = True
-        self.metrics = Metrics(engine)
+        self.batches = Batches(
+            engine,
+            batch_dir or Path(self.settings.batch_dir),
+            max_rows=self.settings.max_batch_rows,
+            clock=self.clock,
+        )
+        self.metrics = Metrics(engine, self.batches.running, self.batches.counts)
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -144,13 +157,22 @@ class Service:
         app.router.add_post("/v1/workflows/{id}/tasks", self._add_tasks)
         app.router.add_get("/v1/workflows/{id}/result", self._result)
         app.router.add_get("/v1/workflows/{id}/events", self._events)
+        app.router.add_post("/v1/batches", self._create_batch)
+        app.router.add_get("/v1/batches", self._list_batches)
+        app.router.add_get("/v1/batches/{id}", self._get_batch)
+        app.router.add_delete("/v1/batches/{id}", self._cancel_batch)
+        app.router.add_get("/v1/batches/{id}/output", self._batch_output)
         return app
 
     async def _started(self, app: web.Application) -> None:
         await self._load_keys()
+        again = await self.batches.start()
+        if again:
+            _log.info("went on with %d batch job(s) a stopped service left running", again)
         self.metrics.start()
 
     async def _closed(self, app: web.Application) -> None:
+        await self.batches.close()
         await self.metrics.close()
 
     def stop_accepting(self) -> None:
@@ -633,8 +655,79 @@ class Service:
             while not queue.empty():
                 queue.get_nowait()
 
+    # --- batches --------------------------------------------------------------------------
+
+    async def _create_batch(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        self._check_open()
+        spec = _parse(BatchSpec, await _body(request))
+        try:
+            view = await self.batches.create(tenant.name, spec.rows)
+        except BatchError as exc:
+            raise _batch_error(exc) from None
+        return _json(view, 202, {"Location": f"/v1/batches/{view.id}"})
+
+    async def _get_batch(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        try:
+            batch = self.batches.get(tenant.name, request.match_info["id"])
+        except BatchError as exc:
+            raise _batch_error(exc) from None
+        return _json(self.batches.view(batch))
+
+    async def _list_batches(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        query = request.query
+        problems: list[Problem] = []
+        state = query.get("state")
+        states = ("running", "completed", "failed", "cancelled")
+        if state is not None and state not in states:
+            problems.append(Problem(field="state", message=f"one of {', '.join(states)}"))
+        limit = _int(query.get("limit"), PAGE, 1, MAX_PAGE, "limit", problems)
+        offset = _int(query.get("offset"), 0, 0, 10**9, "offset", problems)
+        if problems:
+            raise ApiError(400, "bad query", problems)
+        views = self.batches.list(tenant.name, state, limit + 1, offset)
+        following = None
+        if len(views) > limit:
+            following = str(request.rel_url.update_query({"offset": str(offset + limit)}))
+        return _json(BatchList(batches=views[:limit], next=following))
+
+    async def _cancel_batch(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        try:
+            view = self.batches.cancel(tenant.name, request.match_info["id"])
+        except BatchError as exc:
+            raise _batch_error(exc) from None
+        return _json(view, 202)
+
+    async def _batch_output(self, request: web.Request) -> web.Response:
+        """The output so far: whole lines only (a row being written is left for later)."""
+        tenant = self._tenant(request)
+        try:
+            path = self.batches.output(tenant.name, request.match_info["id"])
+        except BatchError as exc:
+            raise _batch_error(exc) from None
+        data = await asyncio.to_thread(_whole_lines, path)
+        return web.Response(body=data, content_type="application/x-ndjson")
+
+
+def _whole_lines(path: Path) -> bytes:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return b""
+    return data[: data.rfind(b"\n") + 1]
+
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _batch_error(exc: BatchError) -> ApiError:
+    field, sep, message = exc.message.partition(": ")
+    if sep and field == "rows":
+        return ApiError(exc.status, exc.message, [Problem(field=field, message=message)])
+    return ApiError(exc.status, exc.message)
 
 
 def _reused() -> ApiError:

@@ -32,7 +32,7 @@ from pydantic import Field, ValidationError, model_validator
 from .._config import Config, ConfigSection, _problem, _report, load_config, read_config_file
 from .._errors import UsageError
 from .._registry import Rebuildable, Registry
-from ._spec import MAX_EDGES, MAX_TASKS
+from ._spec import MAX_BATCH_ROWS, MAX_EDGES, MAX_TASKS
 
 
 class ServiceSettings(ConfigSection):
@@ -58,6 +58,10 @@ class ServiceSettings(ConfigSection):
     the store for the next start to resume."""
     max_wait_s: float = Field(default=60.0, gt=0)
     """The longest `?wait=` a request may ask for."""
+    batch_dir: str = "plait-batches"
+    """Where batch jobs keep their input, output and state (relative to the config file)."""
+    max_batch_rows: int = Field(default=MAX_BATCH_ROWS, ge=1, le=MAX_BATCH_ROWS)
+    """Rows in one `POST /v1/batches` (its body is also bounded by `max_body_bytes`)."""
 
 
 class TenantSettings(ConfigSection):
@@ -101,6 +105,11 @@ class ServeConfig:
     """The engine and backends tables, as `plait run` reads them."""
     base: Path
     """The config file's directory: relative paths in it are relative to this."""
+
+    @property
+    def batch_dir(self) -> Path:
+        target = Path(self.service.batch_dir)
+        return target if target.is_absolute() else self.base / target
 
     @property
     def store(self) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from .._engine import Engine
 from .._events import Event
+from ..batch import BatchProgress
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JCT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
@@ -27,8 +28,17 @@ JCT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800,
 class Metrics:
     """The service's Prometheus registry over one engine; `start` before, `close` after."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        batches: Callable[[], Iterable[BatchProgress]] = tuple,
+        batch_counts: Callable[[], Mapping[str, int]] = dict,
+    ) -> None:
         self.engine = engine
+        self.batches = batches
+        """The progress of each running batch job (no ids: the figures are summed)."""
+        self.batch_counts = batch_counts
+        """Batch jobs by state."""
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.workflows = Counter(
@@ -190,3 +200,49 @@ class _Live(Collector):
             "Share of finished workflows with a deadline that met it, since the start",
             value=met / (met + missed) if met + missed else 1.0,
         )
+
+        yield from _batch_figures(m.batches(), m.batch_counts())
+
+
+def _batch_figures(running: Iterable[BatchProgress], counts: Mapping[str, int]) -> Iterator[Metric]:
+    """The running batch jobs' progress, summed over jobs (as `plait batch run` shows it)."""
+    jobs = GaugeMetricFamily("plait_batches", "Batch jobs, by state", labels=["state"])
+    for state in ("running", "completed", "failed", "cancelled"):
+        jobs.add_metric([state], counts.get(state, 0))
+    yield jobs
+    rows = GaugeMetricFamily(
+        "plait_batch_rows", "Rows of the running batch jobs, by state", labels=["state"]
+    )
+    total = {"done": 0, "failed": 0, "running": 0, "pending": 0}
+    prompt = cached = 0
+    rate = 0.0
+    eta: float | None = None
+    for progress in running:
+        total["done"] += progress.done + progress.skipped
+        total["failed"] += progress.failed
+        total["running"] += progress.running
+        total["pending"] += max(0, progress.total - progress.finished - progress.running)
+        prompt += progress.prompt_tokens
+        cached += progress.cached_tokens
+        rate += progress.tokens_per_s
+        left = progress.eta_s
+        if left is not None:
+            eta = left if eta is None else max(eta, left)
+    for state, value in total.items():
+        rows.add_metric([state], value)
+    yield rows
+    yield GaugeMetricFamily(
+        "plait_batch_tokens_per_second",
+        "Prompt and completion tokens a second of the running batch jobs, each at its pace so far",
+        value=rate,
+    )
+    yield GaugeMetricFamily(
+        "plait_batch_cache_hit_share",
+        "Share of the running batch jobs' prompt tokens served from the prefix caches",
+        value=cached / prompt if prompt else 0.0,
+    )
+    yield GaugeMetricFamily(
+        "plait_batch_eta_seconds",
+        "Seconds until the last running batch job is done at its pace so far (0: none known)",
+        value=eta or 0.0,
+    )

@@ -13,6 +13,9 @@ from ._spec import (
     Accepted,
     Added,
     AddTasks,
+    BatchList,
+    BatchSpec,
+    BatchView,
     ErrorBody,
     ResultView,
     SingleTask,
@@ -23,8 +26,9 @@ from ._spec import (
 
 _MODELS: list[type[BaseModel]] = [
     WorkflowSpec, SingleTask, AddTasks, Accepted, Added, WorkflowView, WorkflowList, ResultView,
-    ErrorBody,
+    ErrorBody, BatchSpec, BatchView, BatchList,
 ]  # fmt: skip
+_REQUESTS: tuple[type[BaseModel], ...] = (WorkflowSpec, SingleTask, AddTasks, BatchSpec)
 _REF = "#/components/schemas/{model}"
 
 
@@ -98,8 +102,7 @@ def _closed_keys(schema: Any) -> None:
 @cache
 def openapi() -> dict[str, Any]:
     _, defs = models_json_schema(
-        [(m, "validation" if m in (WorkflowSpec, SingleTask, AddTasks) else "serialization")
-         for m in _MODELS],
+        [(m, "validation" if m in _REQUESTS else "serialization") for m in _MODELS],
         ref_template=_REF,
     )  # fmt: skip
     _closed_keys(defs)
@@ -226,6 +229,52 @@ def openapi() -> dict[str, Any]:
                         "content": {"text/event-stream": {"schema": _EVENT}},
                     },
                     **_errors(400, 404),
+                    **common,
+                },
+            }
+        },
+        "/v1/batches": {
+            "post": {
+                "summary": "Run rows as a batch job (an LLM call each; docs/batch.md)",
+                "requestBody": request(BatchSpec),
+                "responses": {
+                    "202": _json(BatchView, "accepted: the rows are on disk, and running"),
+                    **_errors(400, 413, 415, 422, 503),
+                    **common,
+                },
+            },
+            "get": {
+                "summary": "List the tenant's batch jobs, newest first",
+                "parameters": [
+                    {"name": "state", "in": "query", "schema": {"type": "string"}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer"}},
+                    {"name": "offset", "in": "query", "schema": {"type": "integer"}},
+                ],
+                "responses": {"200": _json(BatchList, "a page"), **_errors(400), **common},
+            },
+        },
+        "/v1/batches/{id}": {
+            "get": {
+                "summary": "A batch job's state and progress (its summary once completed)",
+                "parameters": [_ID],
+                "responses": {"200": _json(BatchView, "the batch"), **_errors(404), **common},
+            },
+            "delete": {
+                "summary": "Cancel a running batch job (rows written so far stay)",
+                "parameters": [_ID],
+                "responses": {"202": _json(BatchView, "cancelled"), **_errors(404), **common},
+            },
+        },
+        "/v1/batches/{id}/output": {
+            "get": {
+                "summary": "The output so far: a line per finished row, OpenAI batch format",
+                "parameters": [_ID],
+                "responses": {
+                    "200": {
+                        "description": "JSON lines",
+                        "content": {"application/x-ndjson": {"schema": {"type": "string"}}},
+                    },
+                    **_errors(404),
                     **common,
                 },
             }

@@ -22,6 +22,7 @@ from .._clock import SystemClock
 from .._engine import Engine
 from .._events import Event
 from ._app import Service
+from ._batches import batch_runs
 from ._config import ServeConfig, load_registry
 
 
@@ -53,13 +54,23 @@ async def serve(
             store=store,
         )
         async with engine:
-            report = await engine.resume(registry)
+            # Each batch job resumes its own rows (Service's start): the others, here.
+            skip = await batch_runs(store, config.batch_dir)
+            unfinished = [w for w in await store.unfinished() if w not in skip]
+            report = await engine.resume(registry, workflows=unfinished)
             for plan in report.plans:
                 if plan.error is not None:
                     print(f"plait serve: not resumed: {plan.workflow}: {plan.error}", file=out)
             if report.runs:
                 print(f"plait serve: resumed {len(report.runs)} workflow(s)", file=out)
-            service = Service(engine, registry, config.tenants, config.service, clock=clock)
+            service = Service(
+                engine,
+                registry,
+                config.tenants,
+                config.service,
+                clock=clock,
+                batch_dir=config.batch_dir,
+            )
             runner = web.AppRunner(service.app(), handle_signals=False)
             await runner.setup()
             site = web.TCPSite(runner, config.service.host, config.service.port)

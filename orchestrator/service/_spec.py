@@ -276,3 +276,56 @@ class ErrorBody(BaseModel):
 
     error: str
     problems: list[Problem] = Field(default_factory=list)
+
+
+# --- batches ------------------------------------------------------------------------------------
+
+MAX_BATCH_ROWS = 50_000
+"""Rows in one `POST /v1/batches` (the service's `max_batch_rows` may lower it)."""
+BatchState = Literal["running", "completed", "failed", "cancelled"]
+
+
+class BatchSpec(_Request):
+    """`POST /v1/batches`: rows as `plait batch run` reads a JSONL file (docs/batch.md):
+    OpenAI Batch API request lines (`custom_id`, `method`, `url`, `body`) or plain rows
+    (`prompt` or `messages`, optional `system`, `max_tokens`, `custom_id`). Each row is one
+    LLM call; a malformed row fails alone, in the output."""
+
+    rows: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH_ROWS)
+
+
+class ProgressView(BaseModel):
+    total: int
+    done: int
+    """Rows written with a response (including those an earlier run of the batch wrote)."""
+    failed: int
+    running: int
+    pending: int
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    tokens_per_s: float = 0.0
+    cache_hit_share: float = 0.0
+    eta_s: float | None = None
+    """Seconds left at the pace so far; null before the first row finishes."""
+
+
+class BatchView(BaseModel):
+    """`POST /v1/batches` (202) and `GET /v1/batches/{id}`: the output so far is at
+    `GET /v1/batches/{id}/output`; `summary` once the batch has completed."""
+
+    id: str
+    state: BatchState
+    created: float
+    """Epoch seconds."""
+    total: int
+    progress: ProgressView
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+
+
+class BatchList(BaseModel):
+    """`GET /v1/batches`: newest first."""
+
+    batches: list[BatchView]
+    next: str | None

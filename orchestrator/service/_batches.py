@@ -1,0 +1,316 @@
+"""Batch jobs over REST: `POST /v1/batches` runs rows as `plait batch run` does, on the
+service's engine, and `GET /v1/batches/{id}` follows them.
+
+A batch is a folder under the service's `batch_dir`: `input.jsonl` (the rows as they were
+sent, written before the 202), `output.jsonl` (the OpenAI batch output, a line per finished
+row, written as rows finish) and `batch.json` (owner, state, and the summary once done).
+The rows themselves are workflows in the store, labelled with the batch's id: a service
+killed mid-batch finds the folder at its next start and runs the job again, which skips the
+rows already in the output, writes those the store finished, and adopts those the engine
+resumed (docs/batch.md, "Resume").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._clock import Clock
+from .._engine import Engine
+from .._errors import PlaitError
+from .._store import Store
+from ..batch import JOB_LABEL, BatchJob, BatchProgress, BatchSummary, read_rows, sink_for
+from ._spec import BatchState, BatchView, ProgressView
+
+_log = logging.getLogger("plait.serve")
+
+META = "batch.json"
+INPUT = "input.jsonl"
+OUTPUT = "output.jsonl"
+
+
+async def batch_runs(store: Store, directory: Path) -> set[str]:
+    """Ids of the unfinished runs of batches left running in `directory`: the service's
+    start resumes every other unfinished run, and each batch job resumes its own."""
+    found: set[str] = set()
+    for meta in _metas(directory):
+        if meta["state"] != "running":
+            continue
+        for status in ("pending", "running"):
+            offset = 0
+            while True:
+                page = await store.workflows(
+                    status=status, labels={JOB_LABEL: meta["id"]}, limit=1000, offset=offset
+                )
+                found.update(row.id for row in page)
+                if len(page) < 1000:
+                    break
+                offset += 1000
+    return found
+
+
+class BatchError(Exception):
+    """A batch request the service refuses: `status` and a message for the caller."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class _Batch:
+    id: str
+    tenant: str
+    created: float
+    total: int
+    folder: Path
+    state: BatchState = "running"
+    job: BatchJob | None = None
+    task: asyncio.Task[None] | None = None
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+
+    def meta(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "tenant": self.tenant,
+            "created": self.created,
+            "total": self.total,
+            "state": self.state,
+            "summary": self.summary,
+            "error": self.error,
+        }
+
+
+class Batches:
+    """The service's batch jobs, each a task on `engine` writing into its folder."""
+
+    def __init__(self, engine: Engine, directory: Path, *, max_rows: int, clock: Clock) -> None:
+        self.engine = engine
+        self.directory = directory
+        self.max_rows = max_rows
+        self.clock = clock
+        self._batches: dict[str, _Batch] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> int:
+        """Load every batch folder; run again those a stopped service left running.
+        Returns how many were started again."""
+        again = 0
+        for meta in _metas(self.directory):
+            batch = _Batch(
+                id=meta["id"],
+                tenant=meta["tenant"],
+                created=float(meta["created"]),
+                total=int(meta["total"]),
+                folder=self.directory / meta["id"],
+                state=meta["state"],
+                summary=meta.get("summary"),
+                error=meta.get("error"),
+            )
+            self._batches[batch.id] = batch
+            if batch.state == "running":
+                self._launch(batch)
+                again += 1
+        return again
+
+    async def close(self) -> None:
+        """Stop the jobs' tasks (their rows stay in the store, running; the folder says
+        running, so the next start goes on with them)."""
+        tasks = [b.task for b in self._batches.values() if b.task is not None and not b.task.done()]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    # --- requests ---------------------------------------------------------------------------
+
+    async def create(self, tenant: str, rows: Sequence[Mapping[str, Any]]) -> BatchView:
+        if not rows:
+            raise BatchError(400, "rows: a batch needs at least one row")
+        if len(rows) > self.max_rows:
+            raise BatchError(
+                413, f"rows: {len(rows)} rows is more than the limit of {self.max_rows}"
+            )
+        batch_id = f"batch-{secrets.token_hex(8)}"
+        folder = self.directory / batch_id
+        folder.mkdir(parents=True, exist_ok=False)
+        try:
+            text = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+            _write_atomic(folder / INPUT, text)
+            try:
+                parsed = read_rows(str(folder / INPUT), fmt="jsonl")
+            except PlaitError as exc:
+                raise BatchError(400, str(exc).replace(str(folder / INPUT), "rows")) from exc
+            batch = _Batch(batch_id, tenant, self.clock.now(), len(parsed), folder)
+            _write_meta(batch)  # from here on, a restarted service goes on with it
+        except BaseException:
+            _remove(folder)
+            raise
+        self._batches[batch_id] = batch
+        self._launch(batch, parsed)
+        return self.view(batch)
+
+    def get(self, tenant: str, batch_id: str) -> _Batch:
+        batch = self._batches.get(batch_id)
+        if batch is None or batch.tenant != tenant:  # another tenant's: as if absent
+            raise BatchError(404, f"no batch {batch_id!r}")
+        return batch
+
+    def list(self, tenant: str, state: str | None, limit: int, offset: int) -> list[BatchView]:
+        mine = [
+            b
+            for b in self._batches.values()
+            if b.tenant == tenant and (state is None or b.state == state)
+        ]
+        mine.sort(key=lambda b: b.created, reverse=True)
+        return [self.view(b) for b in mine[offset : offset + limit]]
+
+    def cancel(self, tenant: str, batch_id: str) -> BatchView:
+        batch = self.get(tenant, batch_id)
+        if batch.state == "running":
+            batch.state = "cancelled"
+            if batch.task is not None:
+                batch.task.cancel()
+            if batch.job is not None:
+                for run_id in batch.job.running_runs():
+                    with contextlib.suppress(PlaitError):
+                        self.engine.cancel(run_id, "the batch was cancelled")
+            _write_meta(batch)
+        return self.view(batch)
+
+    def output(self, tenant: str, batch_id: str) -> Path:
+        return self.get(tenant, batch_id).folder / OUTPUT
+
+    def view(self, batch: _Batch) -> BatchView:
+        progress = batch.job.progress() if batch.job is not None else None
+        return BatchView(
+            id=batch.id,
+            state=batch.state,
+            created=batch.created,
+            total=batch.total,
+            progress=_progress(progress, batch.total, batch.summary),
+            summary=batch.summary,
+            error=batch.error,
+        )
+
+    def running(self) -> Iterator[BatchProgress]:
+        """Progress of each running batch (for /metrics: no ids leave this module)."""
+        for batch in self._batches.values():
+            if batch.state == "running" and batch.job is not None:
+                yield batch.job.progress()
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for batch in self._batches.values():
+            out[batch.state] = out.get(batch.state, 0) + 1
+        return out
+
+    # --- running ----------------------------------------------------------------------------
+
+    def _launch(self, batch: _Batch, rows: Sequence[Any] | None = None) -> None:
+        if rows is None:
+            rows = read_rows(str(batch.folder / INPUT), fmt="jsonl")
+        sink = sink_for(str(batch.folder / OUTPUT))
+        batch.job = BatchJob(rows, sink, job_id=batch.id)
+        batch.task = asyncio.get_running_loop().create_task(self._run(batch))
+
+    async def _run(self, batch: _Batch) -> None:
+        assert batch.job is not None
+        job = batch.job
+        job.sink.open()
+        try:
+            summary: BatchSummary = await job.run(self.engine)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the job's own failure: said on the batch, not raised
+            _log.exception("batch %s failed", batch.id)
+            batch.state = "failed"
+            batch.error = f"{type(exc).__name__}: {exc}"
+        else:
+            batch.state = "completed"
+            batch.summary = summary.as_json()
+        finally:
+            job.sink.close()
+            if batch.state != "running":
+                _write_meta(batch)
+
+
+def _progress(
+    progress: BatchProgress | None, total: int, summary: Mapping[str, Any] | None
+) -> ProgressView:
+    if progress is None:
+        done = int(summary.get("ok", 0)) if summary else 0
+        failed = int(summary.get("failed", 0)) if summary else 0
+        return ProgressView(total=total, done=done, failed=failed, running=0, pending=0)
+    finished = progress.finished
+    return ProgressView(
+        total=total,
+        done=progress.done + progress.skipped,
+        failed=progress.failed,
+        running=progress.running,
+        pending=max(0, total - finished - progress.running),
+        prompt_tokens=progress.prompt_tokens,
+        completion_tokens=progress.completion_tokens,
+        cached_tokens=progress.cached_tokens,
+        tokens_per_s=round(progress.tokens_per_s, 3),
+        cache_hit_share=round(progress.cache_hit_share, 4),
+        eta_s=None if progress.eta_s is None else round(progress.eta_s, 3),
+    )
+
+
+def _metas(directory: Path) -> list[dict[str, Any]]:
+    """The readable `batch.json` of every folder in `directory`, oldest folder name first."""
+    if not directory.is_dir():
+        return []
+    metas = (_read_meta(folder) for folder in sorted(directory.iterdir()))
+    return [meta for meta in metas if meta is not None]
+
+
+def _read_meta(folder: Path) -> dict[str, Any] | None:
+    path = folder / META
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        _log.error("batch folder %s: unreadable %s (%s): left alone", folder, META, exc)
+        return None
+    if not isinstance(meta, dict) or not {"id", "tenant", "created", "total", "state"} <= set(meta):
+        _log.error("batch folder %s: %s lacks fields: left alone", folder, META)
+        return None
+    if meta["id"] != folder.name:
+        _log.error("batch folder %s: %s names another batch: left alone", folder, META)
+        return None
+    return meta
+
+
+def _write_meta(batch: _Batch) -> None:
+    _write_atomic(batch.folder / META, json.dumps(batch.meta(), indent=1) + "\n")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write beside, flush to disk, rename over: a crash leaves the old file or the new."""
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    with temporary.open("w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    temporary.replace(path)
+
+
+def _remove(folder: Path) -> None:
+    for child in folder.iterdir():
+        child.unlink()
+    folder.rmdir()

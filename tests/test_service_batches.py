@@ -1,0 +1,280 @@
+"""`/v1/batches`: batch jobs over REST, on SQLite and PostgreSQL: created, followed, read,
+cancelled, isolated between tenants, refused with the field and the limit, counted on
+/metrics, and gone on with by a restarted service."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+from conftest import StoreFactory, run
+
+from executors import FunctionLLM
+from orchestrator import Engine, Hints, LLMRequest, Registry
+from orchestrator.service import Service, Tenant, hash_token
+from orchestrator.service._batches import batch_runs
+from orchestrator.service._config import ServiceSettings
+
+ACME = Tenant("acme", hash_token("acme-token"), max_running=100, rate_per_s=1000, burst=1000)
+BETA = Tenant("beta", hash_token("beta-token"), max_running=100, rate_per_s=1000, burst=1000)
+A = {"Authorization": "Bearer acme-token"}
+B = {"Authorization": "Bearer beta-token"}
+
+
+@dataclass
+class Replies:
+    """An LLM that answers upper-cased, each call once its prompt is let through: prompts
+    in `held` wait until `release()`. `asked` counts calls by prompt."""
+
+    held: set[str] = field(default_factory=set)
+    opened: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: asyncio.Event = field(default_factory=asyncio.Event)
+    asked: dict[str, int] = field(default_factory=dict)
+
+    async def __call__(self, request: LLMRequest, hints: Hints) -> str:
+        prompt = request.messages[-1].content
+        self.asked[prompt] = self.asked.get(prompt, 0) + 1
+        if prompt in self.held:
+            self.waiting.set()
+            await self.opened.wait()
+        return prompt.upper()
+
+    def release(self) -> None:
+        self.opened.set()
+
+
+@dataclass
+class Api:
+    http: aiohttp.ClientSession
+    base: str
+    service: Service
+
+    async def call(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, Any]:
+        async with self.http.request(
+            method, self.base + path, json=body, headers=A if headers is None else headers
+        ) as r:
+            text = await r.text()
+            return r.status, json.loads(text) if r.content_type == "application/json" else text
+
+    async def finished(self, batch_id: str) -> dict[str, Any]:
+        """The batch once its job has ended (its task awaited: an event, not a poll)."""
+        batch = self.service.batches.get("acme", batch_id)
+        assert batch.task is not None
+        await asyncio.shield(batch.task)
+        status, view = await self.call("GET", f"/v1/batches/{batch_id}")
+        assert status == 200
+        return dict(view)
+
+    async def output(self, batch_id: str) -> list[dict[str, Any]]:
+        status, text = await self.call("GET", f"/v1/batches/{batch_id}/output")
+        assert status == 200
+        return [json.loads(line) for line in str(text).splitlines()]
+
+
+@asynccontextmanager
+async def running(
+    store: Any,
+    batch_dir: Path,
+    replies: Replies,
+    settings: ServiceSettings | None = None,
+    *,
+    resume: bool = False,
+) -> AsyncIterator[Api]:
+    backend = FunctionLLM(replies)
+    async with Engine(backends={"default": backend}, store=store) as engine:
+        if resume:  # what `plait serve` does at its start
+            skip = await batch_runs(store, batch_dir)
+            unfinished = [w for w in await store.unfinished() if w not in skip]
+            await engine.resume(Registry(imports=False), workflows=unfinished)
+        service = Service(
+            engine, Registry(imports=False), (ACME, BETA), settings, batch_dir=batch_dir
+        )
+        server = TestServer(service.app(), host="127.0.0.1")
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession() as http:
+                yield Api(http, str(server.make_url("")), service)
+        finally:
+            service.stop_accepting()
+            await server.close()
+
+
+def openai_line(custom_id: str, prompt: str, url: str = "/v1/chat/completions") -> dict[str, Any]:
+    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": 64}
+    return {"custom_id": custom_id, "method": "POST", "url": url, "body": body}
+
+
+def test_a_batch_runs_each_row_once_and_reports_progress_and_summary(
+    make_store: StoreFactory, tmp_path: Path
+) -> None:
+    async def body() -> None:
+        rows = [openai_line(f"r{i}", f"question {i}") for i in range(6)]
+        rows.append({"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions"})
+        async with make_store() as store, running(store, tmp_path, Replies()) as api:
+            status, view = await api.call("POST", "/v1/batches", {"rows": rows})
+            assert status == 202, view
+            assert view["state"] == "running" and view["total"] == 7
+            done = await api.finished(view["id"])
+            out = await api.output(view["id"])
+        assert done["state"] == "completed"
+        assert done["progress"]["done"] == 6 and done["progress"]["failed"] == 1
+        assert done["summary"]["ok"] == 6 and done["summary"]["failed"] == 1
+        by_id = {line["custom_id"]: line for line in out}
+        assert len(out) == 7 and set(by_id) == {f"r{i}" for i in range(6)} | {"bad"}
+        answer = by_id["r3"]["response"]["body"]["choices"][0]["message"]["content"]
+        assert answer == "QUESTION 3"
+        assert by_id["bad"]["response"] is None and "body" in by_id["bad"]["error"]["message"]
+
+    run(body())
+
+
+def test_duplicate_rows_are_asked_once(tmp_path: Path, make_store: StoreFactory) -> None:
+    async def body() -> None:
+        replies = Replies()
+        rows = [openai_line(f"r{i}", "the same question") for i in range(4)]
+        async with make_store() as store, running(store, tmp_path, replies) as api:
+            _, view = await api.call("POST", "/v1/batches", {"rows": rows})
+            done = await api.finished(view["id"])
+        assert done["progress"]["done"] == 4
+        assert replies.asked == {"the same question": 1}
+
+    run(body())
+
+
+def test_another_tenant_gets_404_for_a_batch(tmp_path: Path, make_store: StoreFactory) -> None:
+    async def body() -> None:
+        async with make_store() as store, running(store, tmp_path, Replies()) as api:
+            _, view = await api.call("POST", "/v1/batches", {"rows": [openai_line("x", "q")]})
+            batch = view["id"]
+            for method, path in (
+                ("GET", f"/v1/batches/{batch}"),
+                ("GET", f"/v1/batches/{batch}/output"),
+                ("DELETE", f"/v1/batches/{batch}"),
+            ):
+                status, body = await api.call(method, path, headers=B)
+                assert status == 404, (method, path, body)
+            status, listed = await api.call("GET", "/v1/batches", headers=B)
+            assert status == 200 and listed["batches"] == []
+            status, listed = await api.call("GET", "/v1/batches")
+            assert [b["id"] for b in listed["batches"]] == [batch]
+            await api.finished(batch)
+
+    run(body())
+
+
+def test_bad_batches_are_refused_naming_the_field(tmp_path: Path, make_store: StoreFactory) -> None:
+    async def body() -> None:
+        settings = ServiceSettings(max_batch_rows=3)
+        async with make_store() as store, running(store, tmp_path, Replies(), settings) as api:
+            status, body = await api.call("POST", "/v1/batches", {"rows": []})
+            assert status == 422 and body["problems"][0]["field"] == "rows"
+            status, body = await api.call("POST", "/v1/batches", {"rows": "nope"})
+            assert status == 422 and body["problems"][0]["field"] == "rows"
+            status, body = await api.call("POST", "/v1/batches", {"rows": [{}], "extra": 1})
+            assert status == 422 and body["problems"][0]["field"] == "extra"
+            many = [openai_line(f"r{i}", "q") for i in range(4)]
+            status, body = await api.call("POST", "/v1/batches", {"rows": many})
+            assert status == 413 and body["problems"] == [
+                {"field": "rows", "message": "4 rows is more than the limit of 3"}
+            ]
+            status, body = await api.call("GET", "/v1/batches?state=done")
+            assert status == 400 and body["problems"][0]["field"] == "state"
+            status, body = await api.call("GET", "/v1/batches/batch-nope")
+            assert status == 404
+            status, body = await api.call("POST", "/v1/batches", {"rows": [{}]})
+            assert status == 400 and body["problems"][0]["field"] == "rows", body
+            status, body = await api.call("POST", "/v1/batches", {"rows": [{}]}, headers={})
+            assert status == 401
+
+    run(body())
+    assert list(tmp_path.glob("batch-*")) == []  # nothing refused left a folder
+
+
+def test_an_unsupported_url_fails_its_row_only(tmp_path: Path, make_store: StoreFactory) -> None:
+    async def body() -> None:
+        rows = [openai_line("ok", "q"), openai_line("emb", "q2", url="/v1/embeddings")]
+        async with make_store() as store, running(store, tmp_path, Replies()) as api:
+            status, view = await api.call("POST", "/v1/batches", {"rows": rows})
+            assert status == 202, view
+            await api.finished(view["id"])
+            out = {line["custom_id"]: line for line in await api.output(view["id"])}
+            assert out["ok"]["error"] is None
+            assert "/v1/embeddings" in out["emb"]["error"]["message"]
+            only_bad = [openai_line("emb", "q2", url="/v1/embeddings")]
+            status, refused = await api.call("POST", "/v1/batches", {"rows": only_bad})
+            assert status == 400 and "/v1/embeddings" in refused["error"], refused
+
+    run(body())
+
+
+def test_cancel_stops_the_rows_not_yet_done(tmp_path: Path, make_store: StoreFactory) -> None:
+    async def body() -> None:
+        replies = Replies(held={"slow"})
+        rows = [openai_line("fast", "fast"), openai_line("slow", "slow")]
+        async with make_store() as store, running(store, tmp_path, replies) as api:
+            _, view = await api.call("POST", "/v1/batches", {"rows": rows})
+            await replies.waiting.wait()
+            status, cancelled = await api.call("DELETE", f"/v1/batches/{view['id']}")
+            assert status == 202 and cancelled["state"] == "cancelled"
+            status, again = await api.call("GET", f"/v1/batches/{view['id']}")
+            assert again["state"] == "cancelled"
+            replies.release()
+        meta = json.loads((tmp_path / view["id"] / "batch.json").read_text())
+        assert meta["state"] == "cancelled"  # a restart does not start it again
+
+    run(body())
+
+
+def test_metrics_show_the_running_batches(tmp_path: Path, make_store: StoreFactory) -> None:
+    async def body() -> None:
+        replies = Replies(held={"slow"})
+        rows = [openai_line("fast", "fast"), openai_line("slow", "slow"), openai_line("c", "c")]
+        async with make_store() as store, running(store, tmp_path, replies) as api:
+            _, view = await api.call("POST", "/v1/batches", {"rows": rows})
+            await replies.waiting.wait()
+            batch = api.service.batches.get("acme", view["id"])
+            assert batch.job is not None
+            await batch.job.written(2)  # the two others
+            status, text = await api.call("GET", "/metrics")
+            replies.release()
+            await api.finished(view["id"])
+        assert status == 200
+        lines = str(text).splitlines()
+        assert 'plait_batches{state="running"} 1.0' in lines
+        assert 'plait_batch_rows{state="running"} 1.0' in lines
+        assert 'plait_batch_rows{state="done"} 2.0' in lines
+
+    run(body())
+
+
+def test_a_restarted_service_goes_on_with_a_batch(tmp_path: Path, make_store: StoreFactory) -> None:
+    async def body() -> None:
+        first = Replies(held={"slow"})
+        rows = [openai_line("fast", "fast"), openai_line("slow", "slow")]
+        async with make_store() as store, running(store, tmp_path, first) as api:
+            _, view = await api.call("POST", "/v1/batches", {"rows": rows})
+            await first.waiting.wait()
+            batch = api.service.batches.get("acme", view["id"])
+            assert batch.job is not None
+            await batch.job.written(1)
+        # the service stopped with "slow" running: its folder says running, its row is in the store
+        meta = json.loads((tmp_path / view["id"] / "batch.json").read_text())
+        assert meta["state"] == "running"
+        second = Replies()
+        async with make_store() as store, running(store, tmp_path, second, resume=True) as api:
+            done = await api.finished(view["id"])
+            out = await api.output(view["id"])
+        assert done["state"] == "completed"
+        assert sorted(line["custom_id"] for line in out) == ["fast", "slow"]  # each once
+        assert second.asked == {"slow": 1}  # the finished row was not asked again
+
+    run(body())
