@@ -419,8 +419,8 @@ class Engine:
             return
         now = self.clock.monotonic()
         caps = rich = None
+        urgent = self._look_at_deadlines(now) if self._watched else False
         if self.knees:
-            urgent = self._look_at_deadlines(now)
             if urgent != self._urgent:
                 self._urgent = urgent
                 admission.look_again()
