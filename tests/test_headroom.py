@@ -160,7 +160,8 @@ def test_a_hopeless_deadline_is_reported_as_soon_as_admission_sees_it() -> None:
 
     async def main() -> list[Event]:
         async with Engine(clock=clock, policy="slack") as engine:
-            return [e async for e in engine.iter(_chain(3, 2.0, 2.0), deadline=4, priority="interactive")]  # fmt: skip
+            flow = _chain(3, 2.0, 2.0)
+            return [e async for e in engine.iter(flow, deadline=4, priority="interactive")]
 
     events = clock.run(main())
     kinds = [e.kind for e in events]
