@@ -40,6 +40,7 @@ from ._events import (
     ActionKind,
     ActionSpec,
     CallRetrying,
+    DeadlineHopeless,
     DeadlineMissed,
     EdgeAdded,
     EdgeRemoved,
@@ -63,6 +64,7 @@ from ._events import (
 )
 from ._journal import Journal, JournalStats, read_events, restore
 from ._keepalive import CacheBudget, KeepAlive, PausePredictor
+from ._knee import DEFAULT_HEADROOM, Headroom, KneeController, KneeStats
 from ._llm import (
     Capabilities,
     FailureIsolating,
@@ -178,6 +180,7 @@ __all__ = [
     "Config",
     "ConfigSection",
     "CycleError",
+    "DeadlineHopeless",
     "DeadlineMissed",
     "Describable",
     "DeadlockError",
@@ -199,6 +202,10 @@ __all__ = [
     "LLMResponse",
     "Las",
     "KeepAlive",
+    "DEFAULT_HEADROOM",
+    "Headroom",
+    "KneeController",
+    "KneeStats",
     "Limits",
     "LoadReport",
     "LoadReporting",

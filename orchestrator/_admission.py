@@ -29,11 +29,17 @@ class Limits:
     server has, in tokens. Then a program's first call waits while the programs already on
     this backend, running or paused within their keep-alive, fill it: admitting it would
     evict a paused program's cache, which its next call would have to recompute.
+
+    `batch_in_flight` (LLM backends, optional): an override of the learned throughput knee
+    (docs/admission.md): while urgent work is around, slack-rich work (batch, or a deadline
+    far away) is admitted only while fewer than this many calls are in flight. None: learned
+    from the backend's measured per-token latency (with `Engine(headroom=...)`).
     """
 
     max_in_flight: int = 32
     max_waiting: int = 100_000
     kv_tokens: int | None = None
+    batch_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1 or self.max_waiting < 1:
@@ -43,6 +49,13 @@ class Limits:
             )
         if self.kv_tokens is not None and self.kv_tokens < 1:
             raise UsageError(f"Limits(kv_tokens={self.kv_tokens}) must be at least 1 or None")
+        if self.batch_in_flight is not None and not (
+            1 <= self.batch_in_flight <= self.max_in_flight
+        ):
+            raise UsageError(
+                f"Limits(batch_in_flight={self.batch_in_flight}) must be between 1 and "
+                f"max_in_flight ({self.max_in_flight}), or None to learn it"
+            )
 
 
 DEFAULT_LIMITS: Mapping[str, Limits] = {
@@ -88,18 +101,23 @@ class ResourceStats:
     admitted: int
     rejected: int
     peak_waiting: int
+    held_for_headroom: int = 0
+    """Admission rounds in which slack-rich work waited for headroom (see `Headroom`)."""
 
 
 class _Resource:
     __slots__ = (
         "admitted",
         "heap",
+        "held_rounds",
         "in_flight",
         "limits",
         "name",
         "peak",
         "queues",
         "rejected",
+        "urgent",
+        "urgent_in_flight",
         "waiting",
     )
 
@@ -114,6 +132,10 @@ class _Resource:
         self.admitted = 0
         self.rejected = 0
         self.peak = 0
+        self.held_rounds = 0
+        self.urgent: set[int] = set()
+        """Ids of the admitted items counted against an urgent cap, until released."""
+        self.urgent_in_flight = 0
 
 
 class Admission:
@@ -163,16 +185,39 @@ class Admission:
         """A queued task left the ready state; its queue entry is skipped when reached."""
         self._resources[task.resource].waiting -= 1
 
-    def release(self, resource: str) -> None:
-        self._resources[resource].in_flight -= 1
+    @property
+    def pending(self) -> bool:
+        """Whether some resource may have both free slots and waiting work."""
+        return self._pending
+
+    def in_flight(self, resource: str) -> int:
+        return self._resources[resource].in_flight
+
+    def release(self, resource: str, item: Queued | None = None) -> None:
+        """`item` (what was admitted) is needed where admission was given caps."""
+        res = self._resources[resource]
+        res.in_flight -= 1
+        if res.urgent and item is not None and id(item) in res.urgent:
+            res.urgent.discard(id(item))
+            res.urgent_in_flight -= 1
         self._pending = True
 
     def look_again(self) -> None:
         """Something outside the counters changed (a held-back program may go now)."""
         self._pending = True
 
-    def admit(self, key: Callable[[Any], Any]) -> list[tuple[Any, Queued]]:
-        """Take as much waiting work as free slots allow, best program first."""
+    def admit(
+        self,
+        key: Callable[[Any], Any],
+        caps: Callable[[str], tuple[int, int] | None] | None = None,
+        rich: Callable[[Any], bool] | None = None,
+    ) -> list[tuple[Any, Queued]]:
+        """Take as much waiting work as free slots allow, best program first.
+
+        `caps` (optional) gives a resource's caps, or None: (for slack-rich, for urgent).
+        There, slack-rich programs (`rich` says which) are admitted only while fewer calls
+        than the first cap are in flight, so urgent work keeps the headroom; the others
+        while fewer than the second of them are in flight (release them with their item)."""
         if not self._pending:
             return []
         self._pending = False
@@ -182,17 +227,25 @@ class Admission:
             if free <= 0 or res.waiting == 0:
                 continue
             held = self._held if res.limits.kv_tokens is not None else None
+            cap = caps(res.name) if caps is not None and rich is not None else None
             if self._static_key is not None:
-                self._admit_static(res, free, admitted, held)
+                self._admit_static(res, free, admitted, held, cap, rich)
                 continue
             queues = res.queues
             programs = sorted(queues, key=key) if len(queues) > 1 else list(queues)
+            waited = False
             for program in programs:
                 if held is not None and held(program, res.name):
                     continue
-                free = self._take(res, program, free, admitted)
+                if cap is not None and rich is not None:
+                    free, wait = self._take_capped(res, program, free, admitted, cap, rich)
+                    waited = waited or wait
+                else:
+                    free = self._take(res, program, free, admitted)
                 if free == 0:
                     break
+            if waited:
+                res.held_rounds += 1
         return admitted
 
     def _admit_static(
@@ -201,6 +254,8 @@ class Admission:
         free: int,
         admitted: list[tuple[Any, Queued]],
         held: Callable[[Any, str], bool] | None,
+        cap: tuple[int, int] | None,
+        rich: Callable[[Any], bool] | None,
     ) -> None:
         heap = res.heap
         skipped = []
@@ -209,11 +264,42 @@ class Admission:
             if held is not None and held(program, res.name):
                 skipped.append(heapq.heappop(heap))
                 continue
-            free = self._take(res, program, free, admitted)
+            if cap is not None and rich is not None:
+                # A fixed order: what ranks after a held-back program waits with it (under
+                # `fcfs` interactive programs rank before batch ones anyway).
+                free, wait = self._take_capped(res, program, free, admitted, cap, rich)
+                if wait:
+                    res.held_rounds += 1
+                    break
+            else:
+                free = self._take(res, program, free, admitted)
             if program not in res.queues:
                 heapq.heappop(heap)
         for entry in skipped:
             heapq.heappush(heap, entry)
+
+    def _take_capped(
+        self,
+        res: _Resource,
+        program: Any,
+        free: int,
+        admitted: list[tuple[Any, Queued]],
+        cap: tuple[int, int],
+        rich: Callable[[Any], bool],
+    ) -> tuple[int, bool]:
+        """`_take` within the cap of `program`'s kind; also says whether work of it waits."""
+        is_rich = rich(program)
+        room = cap[0] - res.in_flight if is_rich else cap[1] - res.urgent_in_flight
+        if room <= 0:
+            return free, True
+        given = min(room, free)
+        start = len(admitted)
+        left = self._take(res, program, given, admitted)
+        if not is_rich:
+            for _, item in admitted[start:]:
+                res.urgent.add(id(item))
+            res.urgent_in_flight += len(admitted) - start
+        return free - given + left, program in res.queues
 
     @staticmethod
     def _take(res: _Resource, program: Any, free: int, admitted: list[tuple[Any, Queued]]) -> int:
@@ -250,6 +336,7 @@ class Admission:
                 r.admitted,
                 r.rejected,
                 r.peak,
+                r.held_rounds,
             )
             for r in self._resources.values()
         ]

@@ -24,6 +24,7 @@ from ._clock import Clock
 from ._errors import BackendError, CircuitOpenError, UsageError
 from ._events import CallRetrying
 from ._keepalive import CacheBudget, KeepAlive, PausePredictor
+from ._knee import KneeController
 from ._llm import (
     Capabilities,
     Hints,
@@ -116,8 +117,11 @@ class LLMCalls:
         keep_alive: KeepAlive | None,
         call_retry: CallRetry,
         breaker: Breaker | None,
+        knees: Mapping[str, KneeController] | None = None,
     ) -> None:
         self.backends: dict[str, LLMBackend] = dict(backends)
+        self.knees: Mapping[str, KneeController] = knees or {}
+        """Per backend: fed every call's latency per token and the level in flight."""
         # Keep-alive hints go to LLM backends: without one, nothing to learn pauses for.
         self.pauses = PausePredictor(keep_alive) if keep_alive and self.backends else None
         self.policy = policy
@@ -315,6 +319,8 @@ class LLMCalls:
         circuit = self.circuit(backend)
         budget = self.budgets.get(backend)
         context = sum(len(m.content) for m in request.messages) // 4  # ~4 characters a token
+        knee = self.knees.get(backend)
+        admission = self._admission
 
         async def send() -> LLMResponse:
             # The program holds cache on the backend from here (after any slot was granted:
@@ -322,9 +328,15 @@ class LLMCalls:
             if budget is not None:
                 budget.start(program.id, context)
             held, keep = context, 0.0
+            if knee is not None:
+                started, level = clock.monotonic(), float(admission.in_flight(backend))
             try:
                 response = await hinted_send()
                 usage = response.usage
+                if knee is not None:
+                    # The level it ran at: the mean of those at its start and its end.
+                    level = (level + admission.in_flight(backend)) / 2
+                    knee.observe(level, clock.monotonic() - started, usage.completion_tokens)
                 held = usage.prompt_tokens + usage.completion_tokens or context
                 keep = 0.0 if last_call else keep_alive_s or 0.0
                 return response
@@ -406,7 +418,7 @@ class LLMCalls:
             if ticket.state == "ready":
                 admission.discard(ticket)
             elif ticket.state == "running":
-                admission.release(resource)
+                admission.release(resource, ticket)
                 self._wake()
             ticket.state = "cancelled"
             raise
@@ -414,7 +426,7 @@ class LLMCalls:
             yield
         finally:
             ticket.state = "done"
-            admission.release(resource)
+            admission.release(resource, ticket)
             self._wake()
 
     def _call_ended(

@@ -103,6 +103,11 @@ class Progress:
                 )
             case "deadline_missed":
                 self._say(f"  ! {event.workflow} missed its deadline; still running")
+            case "deadline_hopeless":
+                self._say(
+                    f"  ! {event.workflow} cannot meet its deadline ({event.remaining:.1f} s of "
+                    "work left on its critical path); it now yields to runs that can"
+                )
             case "workflow_finished":
                 row.status = event.status
                 row.duration = event.duration

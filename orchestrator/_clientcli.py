@@ -234,6 +234,10 @@ def describe(event: StreamEvent) -> str | None:
             return f"{task} {event.kind.removeprefix('task_')}: {d.get('reason')}"
         case "deadline_missed":
             return f"workflow {d.get('workflow')} missed its deadline; still running"
+        case "deadline_hopeless":
+            return (
+                f"workflow {d.get('workflow')} cannot meet its deadline; it yields to runs that can"
+            )
         case "workflow_finished":
             line = f"workflow {d.get('workflow')} {d.get('status')} in {d.get('duration', 0):.2f} s"
             slack = d.get("slack")

@@ -98,12 +98,14 @@ class LimitsSettings(ConfigSection):
     max_in_flight: int = Field(default=_DEFAULT_LIMITS.max_in_flight, ge=1)
     max_waiting: int = Field(default=_DEFAULT_LIMITS.max_waiting, ge=1)
     kv_tokens: int | None = Field(default=None, ge=1)
+    batch_in_flight: int | None = Field(default=None, ge=1)
 
     def to_limits(self) -> Limits:
         return Limits(
             max_in_flight=self.max_in_flight,
             max_waiting=self.max_waiting,
             kv_tokens=self.kv_tokens,
+            batch_in_flight=self.batch_in_flight,
         )
 
 

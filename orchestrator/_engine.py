@@ -45,6 +45,7 @@ from ._errors import (
     WorkflowStateError,
 )
 from ._events import (
+    DeadlineHopeless,
     DeadlineMissed,
     Event,
     TaskState,
@@ -53,6 +54,7 @@ from ._events import (
 )
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
+from ._knee import DEFAULT_HEADROOM, Headroom, KneeController, KneeStats, slack_rich
 from ._llm import LLMBackend, Usage
 from ._registry import Registry
 from ._replay import RunImage
@@ -60,7 +62,7 @@ from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry
 from ._resume import Decision, ResumePlan, decision_for, plan_resume
 from ._retention import Retention, Sweeper
 from ._run import Run, RunResult, RunServices
-from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key
+from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, slack_of
 from ._store import Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable
 from ._workflow import Workflow
@@ -108,6 +110,8 @@ class EngineStats:
     running_workflows: int
     finished_workflows: int
     resources: tuple[ResourceStats, ...]
+    knees: tuple[KneeStats, ...] = ()
+    """What each LLM backend's headroom controller learned (empty with `headroom=None`)."""
 
 
 class RunHandle:
@@ -174,6 +178,9 @@ class Engine:
     nothing committed lost, to be resumed.
     `retention` (with a store) compacts and deletes finished runs while the engine runs
     (`Retention`; its `Sweeper` is `engine.sweeper`).
+    `headroom` (on by default; None turns it off) holds slack-rich work (batch, far
+    deadlines, hopeless ones) back to each LLM backend's learned throughput knee while
+    urgent work is around, so urgent calls find short decode steps (docs/admission.md).
     """
 
     def __init__(
@@ -192,6 +199,7 @@ class Engine:
         store: Store | None = None,
         store_patience: float = 60.0,
         retention: Retention | None = None,
+        headroom: Headroom | None = DEFAULT_HEADROOM,
     ) -> None:
         backends = dict(backends or {})
         self.policy = get_policy(policy)
@@ -202,6 +210,19 @@ class Engine:
         merged.update(limits or {})
         static = self._static_key if self.policy.static else None
         self.admission = Admission(merged, static_key=static, held=self._held_back)
+        self.headroom = headroom
+        # A fixed `Limits.batch_in_flight` holds work back even with headroom=None.
+        self.knees = {
+            name: KneeController(
+                name, merged[name].max_in_flight, headroom or DEFAULT_HEADROOM,
+                merged[name].batch_in_flight,
+            )
+            for name in backends
+            if headroom is not None or merged[name].batch_in_flight is not None
+        }  # fmt: skip
+        self._watched: set[Run] = set()
+        """Runs that may be urgent (interactive, or with a deadline): scanned per round."""
+        self._urgent = False
         self.bus = EventBus()
         self.calls = LLMCalls(
             backends,
@@ -214,6 +235,7 @@ class Engine:
             keep_alive=keep_alive,
             call_retry=call_retry,
             breaker=breaker,
+            knees=self.knees,
         )
         self.max_workflows = max_workflows
         self.default_estimate = default_estimate
@@ -392,15 +414,64 @@ class Engine:
                 self._applying = False
 
     def _admit(self) -> None:
+        admission = self.admission
+        if not admission.pending:
+            return
         now = self.clock.monotonic()
-        policy = self.policy
-        for run, item in self.admission.admit(lambda run: program_key(policy, run.view(now), now)):
+        caps = rich = None
+        urgent = self._look_at_deadlines(now) if self._watched else False
+        if self.knees:
+            if urgent != self._urgent:
+                self._urgent = urgent
+                admission.look_again()
+            knees = self.knees
+
+            def caps(resource: str) -> tuple[int, int] | None:
+                knee = knees.get(resource)
+                return None if knee is None else (knee.cap(urgent), knee.urgent_cap())
+
+            rich = functools.partial(self._slack_rich, now=now)
+        key = functools.partial(self._key, now=now)
+        for run, item in admission.admit(key, caps, rich):
             if isinstance(item, Ticket):
                 item.state = "running"
                 if not item.future.done():
                     item.future.set_result(None)
             else:
                 self._start(run, cast(TaskRun, item))
+
+    def _key(self, run: Run, now: float) -> tuple[int, float, int]:
+        return program_key(self.policy, run.view(now), now)
+
+    def _slack_rich(self, run: Run, now: float) -> bool:
+        if run.deadline is None:
+            return run.priority_class != "interactive"
+        view = run.view(now)
+        headroom = self.headroom or DEFAULT_HEADROOM
+        return slack_rich(run.priority_class, slack_of(view, now), view.remaining, headroom)
+
+    def _look_at_deadlines(self, now: float) -> bool:
+        """Whether urgent work is around (a run that is not slack-rich); tells each run that
+        has just become hopeless (its remaining critical path is longer than the time left)."""
+        urgent = False
+        for run in self._watched:
+            if run.complete:
+                continue
+            if run.deadline is not None and run.hopeless_at is None:
+                view = run.view(now)
+                slack = slack_of(view, now)
+                if slack is not None and slack < 0:
+                    run.hopeless_at = now
+                    self.bus.emit(
+                        run.id,
+                        DeadlineHopeless(
+                            workflow=run.id, deadline=run.deadline, remaining=view.remaining,
+                            at=now,
+                        ),
+                    )  # fmt: skip
+            if not urgent and not self._slack_rich(run, now):
+                urgent = True
+        return urgent
 
     def _static_key(self, run: Run) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(0.0), 0.0)
@@ -417,7 +488,7 @@ class Engine:
 
     def _apply(self, outcome: _Outcome) -> None:
         run, record = outcome.run, outcome.task
-        self.admission.release(record.resource)
+        self.admission.release(record.resource, record)
         if not outcome.llm_calls:
             task = record.task
             self.calls.task_ended(
@@ -886,11 +957,17 @@ class Engine:
     def _add_run(self, run: Run) -> None:
         self._runs[run.id] = run
         self._tenant_runs[run.tenant] += 1
+        if run.deadline is not None or run.priority_class == "interactive":
+            self._watched.add(run)
+            self.admission.look_again()  # urgent work may have arrived: caps may change
 
     def _drop_run(self, run: Run) -> None:
         if self._runs.get(run.id) is run:
             del self._runs[run.id]
             self._tenant_runs[run.tenant] -= 1
+        if run in self._watched:
+            self._watched.discard(run)
+            self.admission.look_again()
 
     def _find(self, workflow: Workflow | str) -> Run:
         key = workflow.id if isinstance(workflow, Workflow) else workflow
@@ -944,7 +1021,12 @@ class Engine:
             self.admission.forget(run)
 
     def stats(self) -> EngineStats:
-        return EngineStats(len(self._runs), self._finished, tuple(self.admission.stats()))
+        return EngineStats(
+            len(self._runs),
+            self._finished,
+            tuple(self.admission.stats()),
+            tuple(knee.stats() for knee in self.knees.values()),
+        )
 
 
 def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:

@@ -114,6 +114,21 @@ class DeadlineMissed:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DeadlineHopeless:
+    """The run can no longer meet its deadline even alone: its estimated remaining critical
+    path is longer than the time left (sent once, when admission first sees it). From then on
+    it ranks below the runs that can still make theirs, and waits with slack-rich work for
+    headroom (docs/admission.md); it still runs to its end."""
+
+    workflow: str
+    deadline: float
+    remaining: float
+    """The estimated seconds of work left on its critical path at that moment."""
+    at: float
+    kind: Literal["deadline_hopeless"] = "deadline_hopeless"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TaskAdded:
     """A task joined the run: what it runs, its settings and what it waits for."""
 
@@ -254,6 +269,7 @@ Event = Annotated[
     | WorkflowResumed
     | WorkflowFinished
     | DeadlineMissed
+    | DeadlineHopeless
     | TaskAdded
     | TaskReplaced
     | TaskRemoved

@@ -169,4 +169,5 @@ def _apply(image: RunImage, event: Event) -> None:
         case "workflow_finished":
             image.status = event.status
         case _:
-            pass  # workflow_started (read above), call_retrying, deadline_missed: no state
+            pass  # workflow_started (read above), call_retrying, deadline_missed,
+            # deadline_hopeless: no state

@@ -67,6 +67,9 @@ class RunResult:
     usage: Usage = Usage()
     deadline: float | None = None
     """When the run had to be done, on the engine's clock (as started_at); None: no deadline."""
+    hopeless_at: float | None = None
+    """When admission found the deadline out of reach even alone (`DeadlineHopeless`);
+    None if it never did."""
 
     @property
     def duration(self) -> float:
@@ -161,6 +164,8 @@ class Run:
         self.complete = False
         """Every task is final and none is running: the run can be finished."""
         self._remaining: float | None = None
+        self.hopeless_at: float | None = None
+        """Set once admission finds the deadline out of reach (see `DeadlineHopeless`)."""
         self.deadline_timer: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:
@@ -578,6 +583,7 @@ class Run:
             llm_calls=self.llm_calls,
             usage=self.usage,
             deadline=self.deadline,
+            hopeless_at=self.hopeless_at,
         )
 
     def finished_event(self, result: RunResult) -> WorkflowFinished:

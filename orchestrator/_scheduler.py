@@ -8,6 +8,9 @@ program by the order in which they became ready. No clock, no I/O: `now` is an a
 - `las`: least attained service first, which favours short programs (Autellix's PLAS).
 - `slack`: least slack first, slack = deadline - now - remaining critical path
   (HEXGEN-Text2SQL's urgency); programs without a deadline come after those with one.
+  A program with negative slack cannot make its deadline even alone (it is *hopeless*):
+  it ranks after every program that still can, least late first, so one lost deadline
+  does not take feasible ones down with it (EDF's domino effect under overload).
 """
 
 from __future__ import annotations
@@ -97,7 +100,19 @@ class Slack:
     def key(self, view: ProgramView, now: float) -> float:
         if view.deadline is None:
             return math.inf
-        return view.deadline - now - view.remaining
+        slack = view.deadline - now - view.remaining
+        if slack < 0:
+            return HOPELESS_KEY + min(-slack, 1e7)
+        return slack
+
+
+HOPELESS_KEY = 1e8
+"""Where `slack` ranks hopeless programs: after any feasible slack, before no deadline."""
+
+
+def slack_of(view: ProgramView, now: float) -> float | None:
+    """Seconds to spare if the program ran alone from now; None without a deadline."""
+    return None if view.deadline is None else view.deadline - now - view.remaining
 
 
 POLICIES: Mapping[str, Callable[[], Policy]] = {"fcfs": Fcfs, "las": Las, "slack": Slack}

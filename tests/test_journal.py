@@ -22,6 +22,7 @@ from orchestrator import (
     EVENT_ADAPTER,
     ActionSpec,
     CallRetrying,
+    DeadlineHopeless,
     DeadlineMissed,
     EdgeRemoved,
     Event,
@@ -268,6 +269,7 @@ def test_append_event_writes_what_the_event_adapter_writes() -> None:
     ]
     events += [
         DeadlineMissed(workflow="w", deadline=2.5, at=3.0),
+        DeadlineHopeless(workflow="w", deadline=2.5, remaining=4.0, at=1.0),
         CallRetrying(workflow="w", task="t", backend="b", attempt=1, error="e", delay=0.5, at=1),
         TaskReplaced(workflow="w", task="t", action=ActionSpec("tool", "search", {"q": "x"}), at=1),
         EdgeRemoved(workflow="w", source="a", target="b", at=1.0),

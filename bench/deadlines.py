@@ -1,0 +1,319 @@
+"""Deadlines that hold while batch work fills the GPUs (docs/admission.md).
+
+Part 1: text-to-SQL queries with deadlines (interactive, 12-24 s each) arrive while a batch
+job of document x question rows runs, on simulated replicas of `h100-llama3-8b` in virtual
+time. Three ways to run the same programs and arrivals:
+
+- naive: every call sent as soon as it is ready, no hints, round-robin over replicas;
+- priority-only: plait (`slack` policy, prefix routing), the queries' urgency sent to the
+  servers (which order their queues by it), nothing held back (`Engine(headroom=None)`);
+- plait: the same, with slack-rich work held back to the backend's learned throughput knee
+  while urgent work is around (`Engine()`'s default `Headroom`).
+
+Reported: the queries' deadline attainment, and the batch's throughput relative to the batch
+alone (the fastest of the modes running it alone; each mode's own alone run too).
+
+Part 2: text-to-SQL alone on one replica, at the first rate of a small sweep where naive
+attains under 0.5, against priority-only and plait (hopeless deadlines demoted and held).
+
+    python bench/deadlines.py --quick    # 2,000 batch rows; about a minute
+    python bench/deadlines.py            # 10,000 batch rows; a few minutes
+
+The last line of stdout is one JSON object with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+_BENCH = Path(__file__).resolve().parent
+for _path in (str(_BENCH), str(_BENCH.parent)):
+    if _path not in sys.path:
+        sys.path.insert(1, _path)
+
+from _harness import (  # noqa: E402
+    Outcome,
+    Runner,
+    as_workflow,
+    plait_backend,
+    run_naive,
+    simulate,
+)
+
+from executors import SimServer  # noqa: E402
+from orchestrator import (  # noqa: E402
+    DEFAULT_HEADROOM,
+    Clock,
+    Engine,
+    Headroom,
+    KeepAlive,
+    KneeStats,
+    Limits,
+    LLMBackend,
+)
+from workloads import Program, batch_programs, sql_programs  # noqa: E402
+
+PROFILE = "h100-llama3-8b"
+REPLICAS = 4
+PER_REPLICA = 256
+"""plait's in-flight limit per replica: the simulated server's max_num_seqs."""
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+@dataclass(slots=True)
+class Seen:
+    """What a plait run learned (its knee), kept for the report."""
+
+    knees: tuple[KneeStats, ...] = ()
+    hopeless: int = 0
+
+
+def plait_mixed(headroom: Headroom | None, seen: Seen | None = None) -> Runner:
+    """plait with the `slack` policy: queries (programs with a deadline) as interactive,
+    the rest as batch; `headroom` None is priority-only (nothing held back)."""
+
+    async def run(
+        programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
+    ) -> list[Outcome]:
+        block = servers[0].profile.block_size if isinstance(servers[0], SimServer) else 16
+        backend = plait_backend(servers, route=True, group=False, block_tokens=block)
+        limits = {"default": Limits(PER_REPLICA * len(servers)), "tools": Limits(100_000)}
+        outcomes: list[Outcome] = []
+        async with Engine(
+            backends={"default": backend},
+            policy="slack",
+            clock=clock,
+            limits=limits,
+            keep_alive=KeepAlive(),
+            headroom=headroom,
+        ) as engine:
+
+            async def one(program: Program) -> None:
+                await clock.sleep(max(0.0, program.arrival - clock.monotonic()))
+                urgent = program.deadline is not None
+                result = await engine.run(
+                    as_workflow(program),
+                    deadline=program.deadline,
+                    priority="interactive" if urgent else "batch",
+                )
+                if not result.ok:
+                    raise RuntimeError(f"{program.id} {result.status}: {dict(result.failures)}")
+                if seen is not None and result.hopeless_at is not None:
+                    seen.hopeless += 1
+                outcomes.append(
+                    Outcome(program.id, program.arrival, clock.monotonic(), program.deadline)
+                )
+
+            async with asyncio.TaskGroup() as tg:
+                for program in programs:
+                    tg.create_task(one(program))
+            if seen is not None:
+                seen.knees = engine.stats().knees
+        return sorted(outcomes, key=lambda o: o.arrival)
+
+    return run
+
+
+@dataclass(frozen=True, slots=True)
+class Mixed:
+    mode: str
+    attainment: float
+    sql_mean_jct: float
+    sql_p95_jct: float
+    batch_makespan: float
+    alone_makespan: float
+
+    def share(self, reference: float) -> float:
+        return reference / self.batch_makespan
+
+
+def split(outcomes: Sequence[Outcome]) -> tuple[list[Outcome], list[Outcome]]:
+    sql = [o for o in outcomes if o.deadline is not None]
+    batch = [o for o in outcomes if o.deadline is None]
+    return sql, batch
+
+
+def p95(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(0.95 * len(ordered)) - 1))]
+
+
+def outcomes_of(
+    programs: Sequence[Program], runner: Runner, replicas: int, mode: str
+) -> list[Outcome]:
+    kept: list[Outcome] = []
+
+    async def keep(
+        programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
+    ) -> list[Outcome]:
+        out = await runner(programs, servers, clock)
+        kept.extend(out)
+        return out
+
+    simulate(programs, keep, profile=PROFILE, replicas=replicas, mode=mode)
+    return kept
+
+
+def part1(rows: int, rate: float, seed: int) -> tuple[dict[str, Mixed], float, Seen, int]:
+    documents, questions = rows // 10, 10
+    batch = batch_programs(documents, questions, seed=seed)
+    seen = Seen()
+    runners: dict[str, Runner] = {
+        "naive": run_naive,
+        "priority-only": plait_mixed(None),
+        "plait": plait_mixed(DEFAULT_HEADROOM, seen),
+    }
+    alone: dict[str, float] = {}
+    for mode, runner in runners.items():
+        started = time.perf_counter()
+        out = outcomes_of(batch, runner, REPLICAS, f"{mode}-alone")
+        alone[mode] = max(o.finished for o in out)
+        log(f"  batch alone, {mode}: {alone[mode]:.1f} s ({time.perf_counter() - started:.1f} s)")
+    reference = min(alone.values())
+    # Queries arrive throughout the batch's run (as long as the fastest batch alone).
+    n_sql = max(1, round(rate * reference))
+    sql = sql_programs(n_sql, rate=rate, seed=seed)
+    mixed: dict[str, Mixed] = {}
+    for mode, runner in runners.items():
+        started = time.perf_counter()
+        out = outcomes_of([*batch, *sql], runner, REPLICAS, mode)
+        queries, rows_done = split(out)
+        jcts = [o.jct for o in queries]
+        mixed[mode] = Mixed(
+            mode=mode,
+            attainment=sum(o.met_deadline for o in queries) / len(queries),
+            sql_mean_jct=sum(jcts) / len(jcts),
+            sql_p95_jct=p95(jcts),
+            batch_makespan=max(o.finished for o in rows_done),
+            alone_makespan=alone[mode],
+        )
+        m = mixed[mode]
+        log(
+            f"  mixed, {mode}: attainment {m.attainment:.3f}, query JCT mean "
+            f"{m.sql_mean_jct:.1f} s p95 {m.sql_p95_jct:.1f} s, batch {m.batch_makespan:.1f} s "
+            f"({m.share(reference):.3f}x of the fastest alone) "
+            f"({time.perf_counter() - started:.1f} s)"
+        )
+    return mixed, reference, seen, n_sql
+
+
+def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
+    sweep = []
+    chosen = None
+    for rate in rates:
+        programs = sql_programs(n, rate=rate, seed=seed)
+        naive = simulate(programs, run_naive, profile=PROFILE, seed=seed, mode="naive")
+        log(f"  rate {rate}/s: naive attainment {naive.deadline_attainment:.3f}")
+        sweep.append({"rate": rate, "naive": round(naive.deadline_attainment, 4)})
+        if naive.deadline_attainment < 0.5:
+            chosen = (rate, programs, naive)
+            break
+    if chosen is None:
+        raise SystemExit(f"naive attained 0.5 or more at every rate of {list(rates)}")
+    rate, programs, naive = chosen
+    seen = Seen()
+    priority = simulate(programs, plait_mixed(None), profile=PROFILE, seed=seed, mode="prio")
+    plait = simulate(
+        programs, plait_mixed(DEFAULT_HEADROOM, seen), profile=PROFILE, seed=seed, mode="plait"
+    )
+    log(
+        f"  at {rate}/s: naive {naive.deadline_attainment:.3f}, priority-only "
+        f"{priority.deadline_attainment:.3f}, plait {plait.deadline_attainment:.3f} "
+        f"({seen.hopeless} runs found hopeless)"
+    )
+    return {
+        "rate": rate,
+        "programs": n,
+        "naive": naive,
+        "priority": priority,
+        "plait": plait,
+        "hopeless": seen.hopeless,
+        "knees": seen.knees,
+        "sweep": sweep,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 batch rows, fewer queries")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate", type=float, default=1.0, help="queries/s during the batch")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    rows = 2_000 if args.quick else 10_000
+    log(f"part 1: {rows:,} batch rows on {REPLICAS} replicas, queries at {args.rate}/s:")
+    mixed, reference, seen, n_sql = part1(rows, args.rate, args.seed)
+    n2 = 120 if args.quick else 300
+    log(f"part 2: {n2} text-to-SQL queries alone on one replica:")
+    alone = part2(n2, (1.0, 1.5, 2.0, 2.5, 3.0), args.seed)
+
+    print(
+        f"\nPart 1: {rows:,} batch rows + {n_sql} text-to-SQL queries at {args.rate}/s, "
+        f"{REPLICAS} x {PROFILE} (simulated); batch alone: {reference:.1f} s (fastest mode)"
+    )
+    print(f"{'mode':<14} {'attain.':>7} {'JCT mean':>8} {'JCT p95':>8} {'batch s':>8} "
+          f"{'share':>6} {'own alone':>9}")  # fmt: skip
+    for m in mixed.values():
+        print(
+            f"{m.mode:<14} {m.attainment:>7.3f} {m.sql_mean_jct:>8.1f} {m.sql_p95_jct:>8.1f} "
+            f"{m.batch_makespan:>8.1f} {m.share(reference):>6.3f} "
+            f"{m.share(m.alone_makespan):>9.3f}"
+        )
+    for knee in seen.knees:
+        print(
+            f"plait learned for {knee.backend!r}: {knee.samples} calls over {knee.levels} "
+            f"levels; per-token latency {knee.base_s_per_token or 0:.4f} + "
+            f"{knee.per_call_s_per_token or 0:.2e} x in-flight s; knee {knee.knee} of "
+            f"{knee.limit} (cap {knee.cap_urgent} with urgent work, {knee.cap_alone} without)"
+        )
+    naive2, prio2, plait2 = alone["naive"], alone["priority"], alone["plait"]
+    print(f"\nPart 2: {alone['programs']} text-to-SQL queries alone at {alone['rate']}/s, "
+          f"1 x {PROFILE}")  # fmt: skip
+    print(f"{'mode':<14} {'attain.':>7} {'JCT mean':>8} {'JCT p95':>8}")
+    for name, r in (("naive", naive2), ("priority-only", prio2), ("plait", plait2)):
+        print(f"{name:<14} {r.deadline_attainment:>7.3f} {r.mean_jct:>8.1f} {r.p95_jct:>8.1f}")  # type: ignore[attr-defined]
+    plait = mixed["plait"]
+    figures = {
+        "interactive_attainment": round(plait.attainment, 4),
+        "batch_throughput_share": round(plait.share(reference), 4),
+        "batch_throughput_share_own_alone": round(plait.share(plait.alone_makespan), 4),
+        "interactive_attainment_naive": round(mixed["naive"].attainment, 4),
+        "interactive_attainment_priority_only": round(mixed["priority-only"].attainment, 4),
+        "batch_throughput_share_naive": round(mixed["naive"].share(reference), 4),
+        "batch_throughput_share_priority_only": round(mixed["priority-only"].share(reference), 4),
+        "batch_alone_s": round(reference, 2),
+        "batch_rows": rows,
+        "queries": n_sql,
+        "query_rate_per_s": args.rate,
+        "knee": [
+            {"backend": k.backend, "knee": k.knee, "limit": k.limit, "samples": k.samples}
+            for k in seen.knees
+        ],
+        "sql_rate_per_s": alone["rate"],
+        "sql_attainment_naive": round(naive2.deadline_attainment, 4),  # type: ignore[attr-defined]
+        "sql_attainment_priority_only": round(prio2.deadline_attainment, 4),  # type: ignore[attr-defined]
+        "sql_attainment_plait": round(plait2.deadline_attainment, 4),  # type: ignore[attr-defined]
+        "sql_hopeless_runs": alone["hopeless"],
+        "sql_sweep": alone["sweep"],
+        "quick": args.quick,
+        "seed": args.seed,
+        "profile": PROFILE,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+    print(json.dumps(figures, separators=(",", ":")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

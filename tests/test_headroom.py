@@ -1,0 +1,238 @@
+"""Headroom for urgent work: the learned throughput knee, the caps admission applies with
+it, hopeless deadlines, and an urgent program admitted at once while batch work saturates
+a simulated GPU (virtual time)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from executors import SimServer
+from orchestrator import (
+    DEFAULT_HEADROOM,
+    Engine,
+    Event,
+    Headroom,
+    KneeController,
+    Limits,
+    LLMRequest,
+    Message,
+    ProgramView,
+    Slack,
+    TaskContext,
+    UsageError,
+    VirtualClock,
+    Workflow,
+    order_programs,
+)
+from orchestrator._admission import Admission
+from orchestrator._knee import slack_rich
+
+A, B = 0.005, 0.0001
+"""Seconds per token = A + B x calls in flight: the synthetic server of these tests."""
+
+
+def _feed(knee: KneeController, levels: list[int], calls: int = 20) -> None:
+    for level in levels:
+        for _ in range(calls):
+            knee.observe(level, (A + B * level) * 100, 100)
+
+
+def test_the_knee_is_the_fewest_calls_that_give_the_throughput_share() -> None:
+    knee = KneeController("gpu", 256)
+    _feed(knee, [8, 16, 32, 64, 128, 256])
+    # Throughput n / (A + B n) is 8,366 tokens/s at 256; 85% of it needs n >= 123.1: of
+    # the levels measured, 128 is the first to reach it.
+    assert knee.knee() == 128
+    fitted = knee.fit()
+    assert fitted is not None
+    assert fitted[0] == pytest.approx(A) and fitted[1] == pytest.approx(B)
+
+
+def test_with_two_levels_the_fitted_line_gives_the_knee() -> None:
+    knee = KneeController("gpu", 256)
+    _feed(knee, [32, 256])
+    # n >= s L A / (A + B L (1 - s)) = 0.85 * 256 * 0.005 / (0.005 + 0.0256 * 0.15) = 123.1
+    assert knee.knee() == 124
+
+
+def test_the_cap_applies_while_urgent_work_is_around_and_lifts_without() -> None:
+    knee = KneeController("gpu", 256)
+    _feed(knee, [8, 16, 32, 64, 128, 256])
+    assert knee.cap(urgent=True) == 128
+    assert knee.cap(urgent=False) == 256 - 13  # 5% of the slots stay free for urgent work
+    assert knee.stats().cap_urgent == 128
+
+
+def test_before_it_has_learned_it_probes_at_a_share_of_the_limit() -> None:
+    knee = KneeController("gpu", 256)
+    assert knee.knee() is None and knee.cap(urgent=True) == 64
+    _feed(knee, [256])  # one level: nothing to fit yet
+    assert knee.cap(urgent=True) == 64
+    assert knee.urgent_cap() == 256
+
+
+def test_a_fixed_override_replaces_the_learned_knee() -> None:
+    knee = KneeController("gpu", 256, fixed=40)
+    _feed(knee, [8, 16, 32, 64, 128, 256])
+    assert knee.cap(urgent=True) == 40
+    with pytest.raises(UsageError, match="batch_in_flight"):
+        Limits(max_in_flight=8, batch_in_flight=9)
+
+
+def test_latency_that_does_not_grow_leaves_no_knee_below_the_limit() -> None:
+    knee = KneeController("gpu", 64)
+    for level in (4, 16, 64):
+        for _ in range(20):
+            knee.observe(level, 1.0, 100)
+    assert knee.knee() == 64
+
+
+def test_bad_headroom_settings_are_refused() -> None:
+    with pytest.raises(UsageError, match="throughput_share"):
+        Headroom(throughput_share=0.0)
+    with pytest.raises(UsageError, match="reserve"):
+        Headroom(reserve=1.0)
+
+
+def test_which_programs_are_slack_rich() -> None:
+    h = DEFAULT_HEADROOM
+    assert slack_rich("batch", None, 0.0, h)  # batch without a deadline
+    assert not slack_rich("interactive", None, 0.0, h)
+    assert not slack_rich("interactive", 10.0, 5.0, h)  # a near deadline: urgent
+    assert slack_rich("batch", 3600.0, 5.0, h)  # an hour to spare: may wait
+    assert slack_rich("interactive", -1.0, 5.0, h)  # hopeless: must not crowd others out
+
+
+def test_slack_ranks_hopeless_programs_after_feasible_ones_least_late_first() -> None:
+    feasible = ProgramView(1, "interactive", deadline=20.0, remaining=15.0)  # slack 5
+    hopeless = ProgramView(2, "interactive", deadline=8.0, remaining=10.0)  # slack -2
+    later = ProgramView(3, "interactive", deadline=5.0, remaining=10.0)  # slack -5
+    none = ProgramView(4, "interactive")
+    ordered = order_programs(Slack(), [none, later, hopeless, feasible], now=0.0)
+    assert [v.program for v in ordered] == [1, 2, 3, 4]
+
+
+@dataclass
+class _Item:
+    """A queued call, as admission sees it."""
+
+    resource: str
+    ready_seq: int
+    state: str = "ready"
+
+
+def test_admission_holds_slack_rich_work_at_its_cap_and_lets_urgent_work_by() -> None:
+    admission = Admission({"gpu": Limits(max_in_flight=10)})
+    items = [_Item("gpu", i) for i in range(10)]
+    for item in items:
+        admission.push("batch", item)
+    caps = {"gpu": (4, 10)}
+    took = admission.admit(lambda p: p, caps.get, lambda p: p == "batch")
+    assert len(took) == 4  # batch stops at the cap: 4 in flight
+    urgent = [_Item("gpu", 100 + i) for i in range(3)]
+    for item in urgent:
+        admission.push("query", item)
+    took = admission.admit(lambda p: p != "query", caps.get, lambda p: p == "batch")
+    assert [p for p, _ in took] == ["query"] * 3
+    assert admission.stats()[0].held_for_headroom == 2
+    # Urgent calls are capped too, by their own count (the second cap).
+    admission.release("gpu", urgent[0])
+    admission.push("query", _Item("gpu", 200))
+    took = admission.admit(lambda p: p != "query", lambda r: (4, 2), lambda p: p == "batch")
+    assert took == []  # two urgent calls still in flight: at the urgent cap of 2
+
+
+def _chain(n: int, estimate: float, seconds: float) -> Workflow:
+    async def step(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(seconds)
+
+    wf = Workflow("chain")
+    for i in range(n):
+        wf.add(f"s{i}", step, after=(f"s{i - 1}",) if i else (), estimate=estimate)
+    return wf
+
+
+def test_a_hopeless_deadline_is_reported_as_soon_as_admission_sees_it() -> None:
+    clock = VirtualClock()
+
+    async def main() -> list[Event]:
+        async with Engine(clock=clock, policy="slack") as engine:
+            flow = _chain(3, 2.0, 2.0)
+            return [e async for e in engine.iter(flow, deadline=4, priority="interactive")]
+
+    events = clock.run(main())
+    kinds = [e.kind for e in events]
+    hopeless = next(e for e in events if e.kind == "deadline_hopeless")
+    assert hopeless.at == events[0].at  # 6 s of estimated work, 4 s left: at once
+    assert hopeless.remaining == pytest.approx(6.0)
+    assert kinds.index("deadline_hopeless") < kinds.index("deadline_missed")
+
+
+def test_a_feasible_deadline_is_never_called_hopeless() -> None:
+    clock = VirtualClock()
+
+    async def main() -> list[str]:
+        async with Engine(clock=clock, policy="slack") as engine:
+            return [e.kind async for e in engine.iter(_chain(3, 1.0, 1.0), deadline=4)]
+
+    assert "deadline_hopeless" not in clock.run(main())
+
+
+def _ask(tokens: int, tag: str, started: list[float] | None = None) -> object:
+    async def call(ctx: TaskContext) -> None:
+        if started is not None:
+            started.append(ctx.clock.monotonic())
+        request = LLMRequest((Message("user", f"{tag} " + "word " * 200),), "m", max_tokens=tokens)
+        await ctx.complete(request)
+
+    return call
+
+
+def _urgent_delay(headroom: Headroom | None) -> tuple[float, float]:
+    """Batch work saturates one simulated GPU; an urgent program arrives at t=2. Returns the
+    virtual seconds its first call waited for admission and the program's completion time."""
+    clock = VirtualClock()
+    started: list[float] = []
+
+    async def main() -> tuple[float, float]:
+        async with (
+            SimServer("h100-llama3-8b", clock=clock) as sim,
+            Engine(
+                backends={"default": sim},
+                clock=clock,
+                policy="slack",
+                limits={"default": Limits(max_in_flight=64)},
+                headroom=headroom,
+            ) as engine,
+        ):
+            batch = []
+            for i in range(300):
+                wf = Workflow(f"doc{i}")
+                wf.add("ask", _ask(400, f"doc{i}"), resource="default")
+                batch.append(engine.submit(wf))
+            await clock.sleep(2.0)
+            arrived = clock.monotonic()
+            wf = Workflow("query")
+            wf.add("a", _ask(20, "qa", started), resource="default")
+            wf.add("b", _ask(20, "qb"), after=("a",), resource="default")
+            wf.add("c", _ask(20, "qc"), after=("b",), resource="default")
+            result = await engine.run(wf, deadline=10, priority="interactive")
+            assert result.ok
+            await asyncio.gather(*(h.result() for h in batch))
+            return started[0] - arrived, result.duration
+
+    return clock.run(main())
+
+
+def test_an_urgent_program_is_admitted_at_once_while_batch_saturates_the_gpu() -> None:
+    waited, took = _urgent_delay(DEFAULT_HEADROOM)
+    # The reserve (5% of 64: 3 slots) is free for it: admitted in the same instant.
+    assert waited == 0.0
+    waited_without, took_without = _urgent_delay(None)
+    # Without headroom every slot is batch's: it waits for a 400-token call to end.
+    assert waited_without > 0.1
+    # And with batch held to the knee once it is there, its three calls run faster.
+    assert took < took_without
