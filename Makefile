@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-vllm bench-vllm bench-sim-vllm lint bench clean browser
+.PHONY: demo batch-demo test test-vllm bench-vllm bench-sim-vllm lint bench clean browser
 
 $(BIN)/.installed-dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,16 @@ $(BIN)/.installed-bench: $(BIN)/.installed-dev
 demo: $(BIN)/.installed-dev
 	$(BIN)/plait run examples/research_team.py
 	$(BIN)/python bench/demo.py
+
+# The batch example: 2,000 generated documents, 4 questions each, an extractor and a verifier
+# agent per question, on four simulated H100s (about a minute); output in out/batch-demo/.
+BATCH_ROWS ?= 2000
+batch-demo: $(BIN)/.installed-dev
+	rm -rf out/batch-demo
+	$(BIN)/python examples/doc_analytics.py generate out/batch-demo/documents.jsonl --rows $(BATCH_ROWS)
+	$(BIN)/plait batch run --input out/batch-demo/documents.jsonl --output out/batch-demo/answers.jsonl \
+	  --workflow examples/doc_analytics.py:analyse --config examples/batch.toml \
+	  --summary-json out/batch-demo/summary.json
 
 lint: $(BIN)/.installed-dev
 	$(BIN)/ruff check .

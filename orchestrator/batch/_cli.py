@@ -105,8 +105,13 @@ def _run(args: argparse.Namespace) -> int:
     rows = read_rows(args.input, fmt=args.format, llm_rows=factory is None)
     sink = sink_for(args.output)
     registry = Registry() if module is None else Registry().scan(module)
-    clock = SystemClock()
     config = load_config(args.config) if args.config else None
+    if config is not None and config.engine.clock == "virtual":
+        raise UsageError(
+            f'{args.config}: clock = "virtual" cannot run a batch: its store (for resume) '
+            'does real I/O, which virtual time would jump over; use clock = "system"'
+        )
+    clock = SystemClock()
     backends, target = _backends(args.backend, config, args.replicas, clock)
     limits = dict(config.limits) if config is not None else {}
     for name in backends:

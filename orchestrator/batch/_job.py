@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from .._workflow import Workflow
 from ._output import Record, Sink
 from ._plan import BatchPlan, plan
 from ._rows import Row
+
+_log = logging.getLogger("plait.batch")
 
 JOB_LABEL = "plait.batch"
 ROW_LABEL = "plait.batch.row"
@@ -280,6 +283,15 @@ class BatchJob:
             if resumable:
                 report = await engine.resume(self.registry, workflows=resumable)
                 handles = {h.id: h for h in report.runs}
+                lost = [plan for plan in report.plans if plan.error is not None]
+                if lost:  # said, not silent: these rows start again and pay their calls again
+                    _log.warning(
+                        "%d row(s) of an earlier run could not be resumed and run again from "
+                        "the start; the first: %s: %s",
+                        len(lost),
+                        lost[0].workflow,
+                        lost[0].error,
+                    )
             for i in todo:
                 row = self.rows[i]
                 if row.error is not None:
