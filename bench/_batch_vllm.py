@@ -61,6 +61,8 @@ class VLLMRow:
     prompt_tokens: float
     ok: int
     note: str = ""
+    startup_s: float = 0.0
+    """Of a process that starts its own engine (run-batch): the start-up part of `wall_s`."""
 
     def text(self) -> str:
         hit = 1 - self.computed_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
@@ -170,9 +172,7 @@ def _plait(workdir: Path, servers: Sequence[VLLMServer], input_path: Path) -> tu
     for stale in workdir.glob(f"plait-{len(servers)}.jsonl*"):
         stale.unlink()
     command = [
-        sys.executable,
-        "-m",
-        "orchestrator._cli",
+        str(Path(sys.executable).parent / "plait"),  # the command as a user runs it
         "batch",
         "run",
         "--input",
@@ -187,7 +187,10 @@ def _plait(workdir: Path, servers: Sequence[VLLMServer], input_path: Path) -> tu
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"plait batch run failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    return wall, count_ok(output)
+    ok = count_ok(output)
+    if ok == 0:
+        raise RuntimeError(f"plait batch run wrote no answered row:\n{done.stderr[-3000:]}")
+    return wall, ok
 
 
 async def _measured(
@@ -267,7 +270,7 @@ def run_batch(workdir: Path, input_path: Path) -> VLLMRow:
     ok = count_ok(output)
     startup = (first_request - started) if first_request is not None else float("nan")
     note = f"(whole process; start-up {startup:.1f} s by its log)"
-    return VLLMRow("run-batch", 1, wall, float("nan"), float("nan"), ok, note)
+    return VLLMRow("run-batch", 1, wall, float("nan"), float("nan"), ok, note, startup)
 
 
 def _starts_requests(line: str) -> bool:
@@ -288,6 +291,17 @@ def servers_started(count: int) -> Iterator[list[VLLMServer]]:
     with contextlib.ExitStack() as stack:
         started = [stack.enter_context(running([KV_GIB], env={**env, **bind}))[0] for bind in binds]
         yield started
+
+
+def cpu_flags() -> str:
+    """What decides CPU vLLM's speed here (DESIGN.md section 5): AVX-512 or not."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    wanted = ("avx512f", "avx512_bf16", "amx_bf16", "avx2")
+    return ", ".join(f for f in wanted if f" {f}" in flags) or "none of avx2/avx512"
 
 
 def ensure_vllm() -> None:
@@ -339,6 +353,11 @@ def measure_vllm(workdir: Path, documents: int, questions: int, seed: int) -> di
         "vllm_plait_one_server_s": round(plait1.wall_s, 2),
         "vllm_run_batch_s": round(results["run-batch", 1].wall_s, 2),
         "vllm_run_batch_ratio": round(results["run-batch", 1].wall_s / plait1.wall_s, 3),
+        # run-batch's time after its engine started (plait's servers were started before)
+        "vllm_run_batch_ratio_after_startup": round(
+            (results["run-batch", 1].wall_s - results["run-batch", 1].startup_s) / plait1.wall_s,
+            3,
+        ),
         "vllm_rows_ok_naive": naive.ok,
         "vllm_rows_ok_plait": plait2.ok,
         "vllm_rows_ok_run_batch": results["run-batch", 1].ok,

@@ -15,8 +15,14 @@ and the offline lower bound of prompt tokens: every distinct prompt's tokens, ea
 block of a prefix computed once (an unlimited cache). Targets: plait >= 3x faster than
 naive; prompt tokens <= 1.05x the bound.
 
-    python bench/batch.py --quick    # 2,000 rows
-    python bench/batch.py            # 10,000 rows
+Then the same kind of job as an OpenAI Batch API file on real vLLM servers (CPU build, the
+tiny random model; bench/_batch_vllm.py): naive against `plait batch run` on two servers,
+and on one server `plait batch run` against vLLM's own `run-batch` on the same file
+(`vllm_speedup`, `vllm_run_batch_ratio`). It sets vLLM up the first time
+(bench/vllm/setup.sh, several minutes); measure on a quiet machine. `--no-vllm` skips it.
+
+    python bench/batch.py --quick    # 2,000 rows simulated; 120 on vLLM
+    python bench/batch.py            # 10,000 rows simulated; 300 on vLLM
 
 The last line of stdout is one JSON object (`sim_speedup`, `sim_prompt_tokens_vs_bound`...).
 """
@@ -185,13 +191,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2,000 rows instead of 10,000")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-vllm", action="store_true", help="the simulator only (no real vLLM servers)"
+    )
+    parser.add_argument(
+        "--vllm-documents",
+        type=int,
+        help="documents of the real-vLLM job, 6 questions each (default 50: 300 rows; 20 quick)",
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     documents = 200 if args.quick else 1000  # about 10 questions each
     results: dict[str, Any] = {"quick": args.quick, "seed": args.seed, "profile": PROFILE,
                                "replicas": REPLICAS}  # fmt: skip
     results.update(simulator_section(documents, args.seed))
-    # A real-vLLM section (vllm_speedup, vllm_run_batch_ratio) is added here later.
+    if not args.no_vllm:
+        from _batch_vllm import cpu_flags, measure_vllm
+
+        documents = args.vllm_documents or (20 if args.quick else 50)
+        log(f"real vLLM (CPU): {documents} documents x 6 questions; CPU flags: {cpu_flags()}")
+        with tempfile.TemporaryDirectory() as tmp:
+            results.update(measure_vllm(Path(tmp), documents, 6, args.seed))
     results["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(results, separators=(",", ":")))
     return 0

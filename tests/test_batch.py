@@ -321,3 +321,20 @@ def test_workflow_input_of_a_factory_gets_the_row(tmp_path: Path) -> None:
     run(BatchJob(read_rows(str(src), llm_rows=False), sink_for(str(tmp_path / "o.jsonl")),
                  factory=factory), FunctionLLM(reply))  # fmt: skip
     assert got == [{"q": 1, "extra": "e"}]
+
+
+def test_openai_body_fields_plait_does_not_read_go_to_the_server(tmp_path: Path) -> None:
+    def line(custom_id: str, **body: Any) -> str:
+        base = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body}
+        return json.dumps(
+            {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": base}
+        )
+
+    path = tmp_path / "in.jsonl"
+    lines = [line("a", ignore_eos=True, min_tokens=3), line("b", stream=True), line("c", n=2)]
+    path.write_text("\n".join(lines) + "\n")
+    a, b, c = read_rows(str(path))
+    assert a.error is None and a.request is not None
+    assert dict(a.request.extra_body) == {"ignore_eos": True, "min_tokens": 3}
+    assert b.error is not None and "stream" in b.error
+    assert c.error is not None and "body.n" in c.error

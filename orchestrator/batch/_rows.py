@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -189,6 +189,13 @@ def _plain_row(index: int, item: _Raw) -> Row:
     return Row(index, custom_id, item, request)
 
 
+_READ_FIELDS = frozenset(
+    {"model", "messages", "max_tokens", "max_completion_tokens", "stop", "temperature", "top_p",
+     "seed", "system", "stream", "n"}
+)  # fmt: skip
+"""Body fields `_request` reads; the others of an OpenAI batch line are sent as they are."""
+
+
 def _openai_row(index: int, item: _Raw) -> Row:
     if isinstance(item, str):
         return Row(index, f"row-{index}", error=item)
@@ -216,7 +223,14 @@ def _openai_row(index: int, item: _Raw) -> Row:
                 raise ValueError("body.prompt must be a string for /v1/completions")
             body = {**body, "messages": [{"role": "user", "content": body["prompt"]}]}
             body.pop("prompt")
+        if body.get("stream"):
+            raise ValueError("body.stream: a batch row is answered whole; leave stream out")
+        if body.get("n", 1) != 1:
+            raise ValueError(f"body.n: plait batch asks for one choice a row, not {body['n']!r}")
         request = _request(body, where="body.")
+        extra = {k: v for k, v in body.items() if k not in _READ_FIELDS}
+        if extra:  # server fields (vLLM's ignore_eos, min_tokens...) go to the server as given
+            request = replace(request, extra_body=extra)
     except ValueError as exc:
         return Row(index, custom_id, item, kind=kind, error=str(exc))  # type: ignore[arg-type]
     return Row(index, custom_id, item, request, kind=kind)  # type: ignore[arg-type]
