@@ -201,6 +201,14 @@ def _openai_row(index: int, item: _Raw) -> Row:
         return Row(index, f"row-{index}", error=item)
     custom_id = _id_of(index, item)
     url = item.get("url")
+    if url is None:
+        return Row(
+            index,
+            custom_id,
+            item,
+            error="no 'url': this input is in the OpenAI batch format (its first row is), "
+            "so every row must be a request line with custom_id, method, url and body",
+        )
     kind = OPENAI_URLS.get(str(url))
     if kind is None:
         supported = ", ".join(OPENAI_URLS)

@@ -152,7 +152,9 @@ class Batches:
             try:
                 parsed = read_rows(str(folder / INPUT), fmt="jsonl")
             except PlaitError as exc:
-                raise BatchError(400, str(exc).replace(str(folder / INPUT), "rows")) from exc
+                message = str(exc).replace(str(folder / INPUT), "rows")
+                message = message.split("; a row without --workflow")[0]  # the CLI's advice
+                raise BatchError(400, message) from exc
             batch = _Batch(batch_id, tenant, self.clock.now(), len(parsed), folder)
             _write_meta(batch)  # from here on, a restarted service goes on with it
         except BaseException:

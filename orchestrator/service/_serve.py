@@ -72,7 +72,10 @@ async def serve(
                 batch_dir=config.batch_dir,
             )
             runner = web.AppRunner(service.app(), handle_signals=False)
-            await runner.setup()
+            await runner.setup()  # its start goes on with the batch jobs left running
+            again = service.batches.counts().get("running", 0)
+            if again:
+                print(f"plait serve: went on with {again} batch job(s)", file=out)
             site = web.TCPSite(runner, config.service.host, config.service.port)
             await site.start()
             names = registry.names()

@@ -287,9 +287,9 @@ BatchState = Literal["running", "completed", "failed", "cancelled"]
 
 class BatchSpec(_Request):
     """`POST /v1/batches`: rows as `plait batch run` reads a JSONL file (docs/batch.md):
-    OpenAI Batch API request lines (`custom_id`, `method`, `url`, `body`) or plain rows
-    (`prompt` or `messages`, optional `system`, `max_tokens`, `custom_id`). Each row is one
-    LLM call; a malformed row fails alone, in the output."""
+    all OpenAI Batch API request lines (`custom_id`, `method`, `url`, `body`) when the first
+    is one, else all plain rows (`prompt` or `messages`, optional `system`, `max_tokens`,
+    `custom_id`). Each row is one LLM call; a malformed row fails alone, in the output."""
 
     rows: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH_ROWS)
 
