@@ -201,6 +201,9 @@ class Service:
             return await handler(request)
         except ApiError as exc:
             return _error(exc.status, exc.error, exc.problems, exc.headers)
+        except BatchError as exc:
+            api = _batch_error(exc)
+            return _error(api.status, api.error, api.problems)
         except web.HTTPRequestEntityTooLarge:
             limit = self.settings.max_body_bytes
             return _error(413, f"the request body is larger than the limit of {limit} bytes")
@@ -661,18 +664,12 @@ class Service:
         tenant = self._tenant(request)
         self._check_open()
         spec = _parse(BatchSpec, await _body(request))
-        try:
-            view = await self.batches.create(tenant.name, spec.rows)
-        except BatchError as exc:
-            raise _batch_error(exc) from None
+        view = await self.batches.create(tenant.name, spec.rows)
         return _json(view, 202, {"Location": f"/v1/batches/{view.id}"})
 
     async def _get_batch(self, request: web.Request) -> web.Response:
         tenant = self._tenant(request)
-        try:
-            batch = self.batches.get(tenant.name, request.match_info["id"])
-        except BatchError as exc:
-            raise _batch_error(exc) from None
+        batch = self.batches.get(tenant.name, request.match_info["id"])
         return _json(self.batches.view(batch))
 
     async def _list_batches(self, request: web.Request) -> web.Response:
@@ -695,19 +692,13 @@ class Service:
 
     async def _cancel_batch(self, request: web.Request) -> web.Response:
         tenant = self._tenant(request)
-        try:
-            view = self.batches.cancel(tenant.name, request.match_info["id"])
-        except BatchError as exc:
-            raise _batch_error(exc) from None
+        view = self.batches.cancel(tenant.name, request.match_info["id"])
         return _json(view, 202)
 
     async def _batch_output(self, request: web.Request) -> web.Response:
         """The output so far: whole lines only (a row being written is left for later)."""
         tenant = self._tenant(request)
-        try:
-            path = self.batches.output(tenant.name, request.match_info["id"])
-        except BatchError as exc:
-            raise _batch_error(exc) from None
+        path = self.batches.output(tenant.name, request.match_info["id"])
         data = await asyncio.to_thread(_whole_lines, path)
         return web.Response(body=data, content_type="application/x-ndjson")
 
