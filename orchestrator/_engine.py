@@ -61,7 +61,7 @@ from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
 from ._resume import Decision, ResumePlan, decision_for, plan_resume
 from ._retention import Retention, Sweeper
-from ._run import Run, RunResult, RunServices
+from ._run import Durations, Run, RunResult, RunServices
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, slack_of
 from ._store import Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable
@@ -239,6 +239,9 @@ class Engine:
         )
         self.max_workflows = max_workflows
         self.default_estimate = default_estimate
+        self.durations = Durations(default_estimate)
+        """What each kind of task has taken lately: the `slack` policy's estimates of what a
+        run has left (and so which deadlines are hopeless) for tasks without `estimate=`."""
         if threads < 1:
             raise UsageError(f"Engine(threads={threads}) must be at least 1")
         self.threads = threads
@@ -311,6 +314,7 @@ class Engine:
             next_seq=self.next_seq,
             changed=self._changed,
             default_estimate=self.default_estimate,
+            durations=self.durations,
         )
         if self.store is not None:
             if isinstance(self._clock, VirtualClock):
@@ -489,6 +493,8 @@ class Engine:
     def _apply(self, outcome: _Outcome) -> None:
         run, record = outcome.run, outcome.task
         self.admission.release(record.resource, record)
+        if outcome.state == "done":
+            self.durations.observe(record.task.action.label, outcome.elapsed)
         if not outcome.llm_calls:
             task = record.task
             self.calls.task_ended(

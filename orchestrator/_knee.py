@@ -43,10 +43,13 @@ class Headroom:
     `rich_slack_s` and `rich_slack_ratio` times its remaining critical path. `memory`: how
     many observations a level's average mostly reflects (older ones fade). `urgent_share`:
     urgent calls beyond the level giving this share of the full throughput wait at plait (in
-    slack order) rather than slow every call in the batch."""
+    slack order) rather than slow every call in the batch; None (the default): urgent calls
+    are admitted up to the limit (on the text-to-SQL workload alone a cap at 0.95 lowered
+    deadline attainment at every load below overload: 0.675 against 0.867 at 1.6 queries/s,
+    docs/admission.md)."""
 
     throughput_share: float = 0.85
-    urgent_share: float = 0.95
+    urgent_share: float | None = None
     reserve: float = 0.05
     probe_share: float = 0.25
     min_cap: int = 4
@@ -57,6 +60,8 @@ class Headroom:
     def __post_init__(self) -> None:
         for name in ("throughput_share", "urgent_share", "probe_share"):
             value = getattr(self, name)
+            if value is None and name == "urgent_share":
+                continue
             if not 0.0 < value <= 1.0:
                 raise UsageError(f"Headroom({name}={value}) must be in (0, 1]")
         if not 0.0 <= self.reserve < 1.0:
@@ -209,7 +214,8 @@ class KneeController:
         of the full throughput (the whole limit until learned). Past it urgent work waits
         at plait in slack order, where hopeless runs fall behind feasible ones, instead of
         every call slowing every other in the server's batch."""
-        learned = self.level(self.headroom.urgent_share)
+        share = self.headroom.urgent_share
+        learned = None if share is None else self.level(share)
         return self.limit if learned is None else learned
 
     def stats(self) -> KneeStats:

@@ -115,6 +115,27 @@ _Verdict = tuple[TaskState, BaseException | None, str | None]
 """The final state a task takes instead of running, with its error or reason."""
 
 
+class Durations:
+    """How long each kind of task (its action's label) has taken lately, from admission to
+    its end: an exponential mean over the finished ones, so that under load (longer queues
+    and steps at the servers) the estimate grows with what the tasks really take. Used for a
+    task without an estimate of its own; `default` until one of its kind has finished."""
+
+    __slots__ = ("_mean", "default", "weight")
+
+    def __init__(self, default: float, weight: float = 0.2) -> None:
+        self.default = default
+        self.weight = weight
+        self._mean: dict[str, float] = {}
+
+    def observe(self, label: str, seconds: float) -> None:
+        mean = self._mean.get(label)
+        self._mean[label] = seconds if mean is None else mean + self.weight * (seconds - mean)
+
+    def estimate(self, label: str) -> float:
+        return self._mean.get(label, self.default)
+
+
 @dataclass(frozen=True, slots=True)
 class RunServices:
     """What a run needs from whoever runs it, handed down once (the engine builds it)."""
@@ -127,6 +148,9 @@ class RunServices:
     changed: Callable[[Run], None]
     """Look at this run again: a task of it became ready, or it may have ended."""
     default_estimate: float = 1.0
+    durations: Durations | None = None
+    """Learned task durations (the engine's); without them, `default_estimate` for every
+    task without an estimate."""
 
 
 class Run:
@@ -182,9 +206,16 @@ class Run:
         remaining = 0.0
         if self.services.policy.needs_remaining and self.deadline is not None:
             if self._remaining is None:
+                learned = self.services.durations
                 default = self.services.default_estimate
                 unfinished = {
-                    r.task.id: (r.task.estimate if r.task.estimate is not None else default)
+                    r.task.id: (
+                        r.task.estimate
+                        if r.task.estimate is not None
+                        else default
+                        if learned is None
+                        else learned.estimate(r.task.action.label)
+                    )
                     for r in self.records.values()
                     if r.state not in FINAL_STATES
                 }

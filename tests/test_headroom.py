@@ -181,6 +181,38 @@ def test_a_feasible_deadline_is_never_called_hopeless() -> None:
     assert "deadline_hopeless" not in clock.run(main())
 
 
+async def _slow_step(ctx: TaskContext) -> None:
+    await ctx.clock.sleep(3.0)
+
+
+def _slow_chain(n: int) -> Workflow:
+    """`n` steps of 3 s each, with no estimate: what they take is learned."""
+    wf = Workflow("slow")
+    for i in range(n):
+        wf.add(f"s{i}", _slow_step, after=(f"s{i - 1}",) if i else ())
+    return wf
+
+
+def test_what_tasks_took_is_learned_and_decides_hopeless() -> None:
+    """Without estimates, a run's remaining work is what tasks of the same kind took lately:
+    after one 3-step run (3 s a step), a second with 5 s for 3 steps is hopeless at once;
+    on an engine that has seen none, the default of 1 s a task calls it feasible at first."""
+    clock = VirtualClock()
+
+    async def main(learn_first: bool) -> tuple[float | None, float]:
+        async with Engine(clock=clock, policy="slack") as engine:
+            if learn_first:
+                await engine.run(_slow_chain(3))
+            started = clock.monotonic()
+            result = await engine.run(_slow_chain(3), deadline=5, priority="interactive")
+            return result.hopeless_at, started
+
+    learned_at, learned_start = clock.run(main(True))
+    assert learned_at == learned_start  # 9 s learned, 5 s left: at once
+    naive_at, naive_start = clock.run(main(False))
+    assert naive_at is not None and naive_at > naive_start  # found only later, when late
+
+
 def _ask(tokens: int, tag: str, started: list[float] | None = None) -> object:
     async def call(ctx: TaskContext) -> None:
         if started is not None:
