@@ -49,7 +49,7 @@ from _harness import (  # noqa: E402
     simulate,
 )
 
-from executors import SimServer  # noqa: E402
+from executors import Router, SimServer  # noqa: E402
 from orchestrator import (  # noqa: E402
     DEFAULT_HEADROOM,
     Clock,
@@ -80,15 +80,24 @@ class Seen:
     hopeless: int = 0
 
 
-def plait_mixed(headroom: Headroom | None, seen: Seen | None = None) -> Runner:
+def plait_mixed(headroom: Headroom | None, seen: Seen | None = None, lanes: int = 0) -> Runner:
     """plait with the `slack` policy: queries (programs with a deadline) as interactive,
-    the rest as batch; `headroom` None is priority-only (nothing held back)."""
+    the rest as batch; `headroom` None is priority-only (nothing held back). `lanes`: the
+    router keeps that many replicas for urgent calls (`Router(urgent_lanes=...)`)."""
 
     async def run(
         programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
     ) -> list[Outcome]:
         block = servers[0].profile.block_size if isinstance(servers[0], SimServer) else 16
         backend = plait_backend(servers, route=True, group=False, block_tokens=block)
+        if lanes and len(servers) > 1:
+            sims = [s for s in servers if isinstance(s, SimServer)]
+            backend = Router(
+                {f"replica{i}": s for i, s in enumerate(servers)},
+                block_tokens=block,
+                cache_blocks=sims[0].profile.num_blocks if sims else None,
+                urgent_lanes=lanes,
+            )
         limits = {"default": Limits(PER_REPLICA * len(servers)), "tools": Limits(100_000)}
         outcomes: list[Outcome] = []
         async with Engine(
@@ -174,6 +183,7 @@ def part1(rows: int, rate: float, seed: int) -> tuple[dict[str, Mixed], float, S
         "naive": run_naive,
         "priority-only": plait_mixed(None),
         "plait": plait_mixed(DEFAULT_HEADROOM, seen),
+        "plait + lane": plait_mixed(DEFAULT_HEADROOM, lanes=1),
     }
     alone: dict[str, float] = {}
     for mode, runner in runners.items():
@@ -292,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         "interactive_attainment": round(plait.attainment, 4),
         "batch_throughput_share": round(plait.share(reference), 4),
         "batch_throughput_share_own_alone": round(plait.share(plait.alone_makespan), 4),
+        "interactive_attainment_lane": round(mixed["plait + lane"].attainment, 4),
+        "batch_throughput_share_lane": round(mixed["plait + lane"].share(reference), 4),
         "interactive_attainment_naive": round(mixed["naive"].attainment, 4),
         "interactive_attainment_priority_only": round(mixed["priority-only"].attainment, 4),
         "batch_throughput_share_naive": round(mixed["naive"].share(reference), 4),

@@ -152,6 +152,10 @@ class RouterSettings(ConfigSection):
     servers that reuse a prefix only once computed; vLLM shares it within a step)."""
     min_shared_blocks: int = Field(default=8, ge=1)
     """How many shared blocks make calls siblings (with `group_prefixes`)."""
+    urgent_lanes: int = Field(default=0, ge=0)
+    """Replicas kept for urgent (interactive) calls while there are any; batch calls use
+    them only up to `lane_batch_in_flight` at once meanwhile (docs/admission.md)."""
+    lane_batch_in_flight: int = Field(default=2, ge=0)
 
     @model_validator(mode="after")
     def _members(self) -> RouterSettings:
@@ -202,6 +206,10 @@ class SimSettings(ConfigSection):
     (`PrefixGrouper`; `plait batch run` turns it on for its default backend)."""
     min_shared_blocks: int = Field(default=8, ge=1)
     """How many shared blocks make calls siblings (with `group_prefixes`)."""
+    urgent_lanes: int = Field(default=0, ge=0)
+    """Replicas kept for urgent (interactive) calls while there are any; batch calls use
+    them only up to `lane_batch_in_flight` at once meanwhile (docs/admission.md)."""
+    lane_batch_in_flight: int = Field(default=2, ge=0)
 
 
 # --- building -----------------------------------------------------------------------------
@@ -252,6 +260,8 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         tokenize=tokenize,
         cache_blocks=settings.cache_blocks,
         clock=clock,
+        urgent_lanes=settings.urgent_lanes,
+        lane_batch_in_flight=settings.lane_batch_in_flight,
     )
     if not settings.group_prefixes:
         return router
@@ -296,6 +306,8 @@ def build_sim(name: str, settings: SimSettings, clock: Clock | None) -> LLMBacke
             max_imbalance=settings.max_imbalance,
             cache_blocks=profile.num_blocks,  # the simulator's cache size is known exactly
             clock=clock,
+            urgent_lanes=settings.urgent_lanes,
+            lane_batch_in_flight=settings.lane_batch_in_flight,
         )
     if not settings.group_prefixes:
         return backend

@@ -31,6 +31,7 @@ from orchestrator import (
     LoadReport,
     LoadReporting,
     ProgramAware,
+    UrgentIsolating,
     WallClockBackend,
 )
 
@@ -51,7 +52,14 @@ class GroupingStats:
     """Calls that waited for a sibling to compute their shared prefix first."""
 
 
-class PrefixGrouper(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallClockBackend):
+class PrefixGrouper(
+    ProgramAware,
+    HealthChecked,
+    LoadReporting,
+    FailureIsolating,
+    UrgentIsolating,
+    WallClockBackend,
+):
     """Wraps `backend`, holding calls that share `min_shared_blocks` uncomputed prefix blocks
     with a call in flight until that call returns.
 
@@ -139,6 +147,11 @@ class PrefixGrouper(ProgramAware, HealthChecked, LoadReporting, FailureIsolating
             done.set_result(None)
 
     # --- capabilities: as the backend's ----------------------------------------------------
+
+    def isolates_urgent(self) -> bool:
+        """A router with urgent lanes under the grouper keeps them (`UrgentIsolating`)."""
+        inner = self.backend
+        return isinstance(inner, UrgentIsolating) and inner.isolates_urgent()
 
     def isolates_failures(self) -> bool:
         """As the backend it wraps (a `Router` does)."""

@@ -35,6 +35,7 @@ from orchestrator import (
     LoadReport,
     LoadReporting,
     ProgramAware,
+    UrgentIsolating,
     UsageError,
     WallClockBackend,
     running_clock,
@@ -62,7 +63,14 @@ class ReplicaStats:
     (all its clients', not only ours); 0 when it reports none."""
 
 
-class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallClockBackend):
+class Router(
+    ProgramAware,
+    HealthChecked,
+    LoadReporting,
+    FailureIsolating,
+    UrgentIsolating,
+    WallClockBackend,
+):
     """Routes each call to one of `backends` by prompt prefix and load.
 
     `block_tokens`: the prefix granularity (prompts are hashed in blocks of that many
@@ -73,7 +81,10 @@ class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallC
     `LoadReporting`: a replica busy with other clients' requests then counts as busy here too.
     `cache_blocks`: each server's KV cache in such blocks, if known (vLLM logs its size at
     start-up): the router then models each server's LRU eviction instead of assuming that
-    what it sent somewhere stays there.
+    what it sent somewhere stays there. `urgent_lanes` (default 0: none): that many replicas
+    are kept for urgent (interactive) calls while there are any, with at most
+    `lane_batch_in_flight` batch calls on each (see `_lanes`; docs/admission.md, "Urgent
+    lanes").
     """
 
     def __init__(
@@ -88,6 +99,9 @@ class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallC
         tokenize: Tokenize | None = None,
         cache_blocks: int | None = None,
         clock: Clock | None = None,
+        urgent_lanes: int = 0,
+        lane_batch_in_flight: int = 2,
+        lane_quiet_s: float = 5.0,
     ) -> None:
         if not backends:
             raise UsageError("a Router needs at least one backend")
@@ -128,6 +142,17 @@ class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallC
         self._overloaded = [0] * n
         self._ejections = [0] * n
         self._checks_failed = [0] * n
+        if urgent_lanes < 0 or lane_batch_in_flight < 0 or lane_quiet_s < 0:
+            raise UsageError(
+                f"Router(urgent_lanes={urgent_lanes}, lane_batch_in_flight="
+                f"{lane_batch_in_flight}, lane_quiet_s={lane_quiet_s}): none may be negative"
+            )
+        self.urgent_lanes = urgent_lanes
+        self.lane_batch_in_flight = lane_batch_in_flight
+        self.lane_quiet_s = lane_quiet_s
+        self._batch_in_flight = [0] * n
+        self._urgent_seen: float | None = None
+        self._urgent_in_flight = 0
         self._stack: contextlib.AsyncExitStack | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._health: asyncio.Task[None] | None = None
@@ -241,9 +266,13 @@ class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallC
         tried = [False] * n
         unavailable: BackendUnavailableError | None = None
         busy: list[BackendOverloadedError] = []
+        urgent = hints.priority_class == "interactive"
         for _ in range(n):
             self._readmit()
             allowed = [h and not t for h, t in zip(self._healthy, tried, strict=True)]
+            lanes = self._lanes(allowed, urgent)
+            if any(lanes):  # else every lane is tried or down: the others serve it
+                allowed = lanes
             try:
                 # Our calls in flight, or the server's own count if it says it is busier
                 # (other clients share it; its figure is as old as the latest probe).
@@ -256,6 +285,8 @@ class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallC
             self.policy.record(hashes, i, hints.prefix_key)
             self._in_flight[i] += 1
             self._requests[i] += 1
+            self._batch_in_flight[i] += not urgent
+            self._urgent_in_flight += urgent
             try:
                 return await self.backends[i].complete(request, hints)
             except BackendUnavailableError as exc:
@@ -269,6 +300,8 @@ class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallC
                 busy.append(exc)
             finally:
                 self._in_flight[i] -= 1
+                self._batch_in_flight[i] -= not urgent
+                self._urgent_in_flight -= urgent
         if busy:
             waits = [e.retry_after for e in busy if e.retry_after is not None]
             raise BackendOverloadedError(
@@ -282,7 +315,36 @@ class Router(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallC
             f"last error: {unavailable}",
         ) from unavailable
 
+    def _lanes(self, allowed: list[bool], urgent: bool) -> list[bool]:
+        """With `urgent_lanes`: the replicas this call may go to. The first `urgent_lanes`
+        healthy replicas are lanes (while another is left for batch work): urgent calls go
+        only there; batch calls go there only up to `lane_batch_in_flight` at once while an
+        urgent call is in flight or was routed in the last `lane_quiet_s` seconds, so that
+        urgent calls find short steps (a batch's prefill shares every step of its server)."""
+        if self.urgent_lanes == 0:
+            return allowed
+        healthy = [i for i, h in enumerate(self._healthy) if h]
+        if len(healthy) <= self.urgent_lanes:
+            return allowed
+        lanes = set(healthy[: self.urgent_lanes])
+        now = self._now()
+        if urgent:
+            self._urgent_seen = now
+            return [a and i in lanes for i, a in enumerate(allowed)]
+        recent = self._urgent_seen is not None and now - self._urgent_seen <= self.lane_quiet_s
+        if not recent and self._urgent_in_flight == 0:
+            return allowed
+        cap = self.lane_batch_in_flight
+        return [
+            a and (i not in lanes or self._batch_in_flight[i] < cap) for i, a in enumerate(allowed)
+        ]
+
     # --- capabilities: the router answers for its replicas ---------------------------------
+
+    def isolates_urgent(self) -> bool:
+        """With urgent lanes the router keeps urgent calls apart itself (`UrgentIsolating`):
+        the engine then does not also hold batch work to a knee over every replica."""
+        return self.urgent_lanes > 0
 
     def isolates_failures(self) -> bool:
         """Failing replicas are ejected here, one by one: the engine puts no circuit breaker

@@ -55,7 +55,7 @@ from ._events import (
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._knee import DEFAULT_HEADROOM, Headroom, KneeController, KneeStats, slack_rich
-from ._llm import LLMBackend, Usage
+from ._llm import LLMBackend, UrgentIsolating, Usage
 from ._registry import Registry
 from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
@@ -217,8 +217,9 @@ class Engine:
                 name, merged[name].max_in_flight, headroom or DEFAULT_HEADROOM,
                 merged[name].batch_in_flight,
             )
-            for name in backends
-            if headroom is not None or merged[name].batch_in_flight is not None
+            for name, backend in backends.items()
+            if merged[name].batch_in_flight is not None
+            or (headroom is not None and not _isolates_urgent(backend))
         }  # fmt: skip
         self._watched: set[Run] = set()
         """Runs that may be urgent (interactive, or with a deadline): scanned per round."""
@@ -1044,3 +1045,7 @@ def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     if bad:
         raise UsageError(f"labels must map str to str; {bad[0]!r} does not")
     return dict(labels)
+
+
+def _isolates_urgent(backend: LLMBackend) -> bool:
+    return isinstance(backend, UrgentIsolating) and backend.isolates_urgent()

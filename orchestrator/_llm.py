@@ -235,6 +235,16 @@ class FailureIsolating(Protocol):
 
 
 @runtime_checkable
+class UrgentIsolating(Protocol):
+    """A backend that keeps urgent calls apart from batch calls itself (a router with urgent
+    lanes: replicas where batch work is held to a few calls while urgent work is around), so
+    the engine does not also hold slack-rich work to a learned knee over all of it: that
+    would idle the replicas urgent work never uses."""
+
+    def isolates_urgent(self) -> bool: ...
+
+
+@runtime_checkable
 class WallClockBackend(Protocol):
     """A backend that waits on the world outside the process (a socket, a server).
 

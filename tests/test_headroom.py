@@ -268,3 +268,26 @@ def test_an_urgent_program_is_admitted_at_once_while_batch_saturates_the_gpu() -
     assert waited_without > 0.1
     # And with batch held to the knee once it is there, its three calls run faster.
     assert took < took_without
+
+
+def test_a_router_with_urgent_lanes_gets_no_knee_over_all_its_replicas() -> None:
+    from executors import FunctionLLM, Router
+
+    def replicas() -> dict[str, FunctionLLM]:
+        return {f"r{i}": FunctionLLM(lambda req, hints: "ok") for i in range(2)}
+
+    async def main() -> tuple[list[str], list[str]]:
+        lanes = Router(replicas(), urgent_lanes=1)
+        plain = Router(replicas())
+        async with Engine(backends={"lanes": lanes, "plain": plain}) as engine:
+            learned = [k.backend for k in engine.stats().knees]
+        fixed = {"lanes": Limits(batch_in_flight=8)}
+        async with Engine(
+            backends={"lanes": Router(replicas(), urgent_lanes=1)}, limits=fixed
+        ) as e:
+            overridden = [k.backend for k in e.stats().knees]
+        return learned, overridden
+
+    learned, overridden = VirtualClock().run(main())
+    assert learned == ["plain"]  # the lanes keep urgent work apart: no knee over them
+    assert overridden == ["lanes"]  # a fixed cap is still applied where it is asked for

@@ -374,3 +374,73 @@ def test_calls_with_one_prefix_key_go_to_one_replica_while_it_serves(clock: Virt
     keyed, unkeyed, moved = clock.run(main())
     assert len(keyed) == 1 and len(unkeyed) > 1
     assert len(moved) == 1 and moved != keyed
+
+
+def _ask(tag: str) -> LLMRequest:
+    return LLMRequest((Message("user", f"{tag} " + "words " * 40),), "m", max_tokens=8)
+
+
+def test_urgent_lanes_keep_urgent_calls_apart_from_batch_calls(clock: VirtualClock) -> None:
+    """One lane of three replicas: urgent calls go only to it; while they are around, batch
+    calls use it for at most two at once; once urgent calls stop for `lane_quiet_s`, batch
+    calls use it again."""
+    llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=10.0) for i in range(3)}
+    urgent = Hints(program_id="q", priority_class="interactive")
+
+    def batch(n: int) -> Hints:
+        return Hints(program_id=f"b{n}", priority_class="batch")
+
+    async def main() -> tuple[list[str], list[str], list[str], int, bool]:
+        async with Router(llms, clock=clock, urgent_lanes=1, lane_quiet_s=5.0) as router:
+            lane = router.names[0]
+            calls = [_ask(f"urgent {i}") for i in range(6)]
+            bulk = [_ask(f"batch {i}") for i in range(30)]
+            async with asyncio.TaskGroup() as tg:
+                for request in calls:
+                    tg.create_task(router.complete(request, urgent))
+                await asyncio.sleep(0)  # the urgent calls are routed first
+                for i, request in enumerate(bulk):
+                    tg.create_task(router.complete(request, batch(i)))
+            urgent_at = [served_by(llms, r) for r in calls]
+            bulk_on_lane = sum(served_by(llms, r) == lane for r in bulk)
+            later = [_ask(f"later {i}") for i in range(30)]
+            await clock.sleep(6.0)  # no urgent call for longer than lane_quiet_s
+            await asyncio.gather(*(router.complete(r, batch(100 + i)) for i, r in enumerate(later)))
+            later_on_lane = [served_by(llms, r) for r in later if served_by(llms, r) == lane]
+            return urgent_at, [lane], later_on_lane, bulk_on_lane, router.isolates_urgent()
+
+    urgent_at, (lane,), later_on_lane, bulk_on_lane, isolates = clock.run(main())
+    assert set(urgent_at) == {lane}
+    assert bulk_on_lane <= 2  # 30 batch calls beside the urgent ones: 2 at most on the lane
+    assert isolates
+    assert later_on_lane  # quiet again: the lane takes batch work
+
+
+def test_batch_calls_on_a_lane_are_capped_while_urgent_work_is_around(clock: VirtualClock) -> None:
+    llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=10.0) for i in range(2)}
+    seen: list[int] = []
+
+    async def main() -> None:
+        async with Router(llms, clock=clock, urgent_lanes=1, lane_batch_in_flight=2) as router:
+            lane, urgent = 0, Hints(program_id="q", priority_class="interactive")
+
+            async def one(i: int) -> None:
+                await router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}"))
+
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(router.complete(_ask("urgent"), urgent))
+                await asyncio.sleep(0)  # in flight on the lane
+                for i in range(20):
+                    tg.create_task(one(i))
+                await asyncio.sleep(0)
+                seen.append(router.stats()[lane].in_flight)
+
+    clock.run(main())
+    assert seen == [3]  # the urgent call and 2 of the 20 batch calls; 18 on the other replica
+
+
+def test_lanes_need_a_replica_left_for_batch_and_no_negative_settings() -> None:
+    llms = {"a": FunctionLLM(lambda req, hints: "ok"), "b": FunctionLLM(lambda req, hints: "ok")}
+    with pytest.raises(UsageError, match="urgent_lanes=-1"):
+        Router(llms, urgent_lanes=-1)
+    assert not Router(llms).isolates_urgent()  # off by default

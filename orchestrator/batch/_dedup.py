@@ -27,6 +27,7 @@ from .._llm import (
     LoadReport,
     LoadReporting,
     ProgramAware,
+    UrgentIsolating,
     Usage,
     WallClockBackend,
 )
@@ -41,7 +42,14 @@ class CoalescingStats:
     """Calls answered by another identical call (in flight, or kept)."""
 
 
-class Coalescing(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, WallClockBackend):
+class Coalescing(
+    ProgramAware,
+    HealthChecked,
+    LoadReporting,
+    FailureIsolating,
+    UrgentIsolating,
+    WallClockBackend,
+):
     """Wraps `backend`; identical calls (`call_key`) are sent once. It declares every
     optional capability and forwards each to `backend` where that declares it."""
 
@@ -111,6 +119,10 @@ class Coalescing(ProgramAware, HealthChecked, LoadReporting, FailureIsolating, W
         return answer
 
     # --- capabilities: forwarded to the wrapped backend -------------------------------------
+
+    def isolates_urgent(self) -> bool:
+        inner = self.backend
+        return isinstance(inner, UrgentIsolating) and inner.isolates_urgent()
 
     def isolates_failures(self) -> bool:
         inner = self.backend
