@@ -300,12 +300,15 @@ def test_unwritable_output_is_refused_before_work(tmp_path: Path) -> None:
 def test_a_row_in_the_output_is_skipped(tmp_path: Path) -> None:
     src = write_jsonl(tmp_path / "in.jsonl", [{"custom_id": c, "prompt": c} for c in "abc"])
     out = tmp_path / "out.jsonl"
-    done = {"id": "x", "custom_id": "b", "response": None, "error": {"code": "c", "message": "m"}}
+    job = BatchJob(read_rows(str(src)), sink_for(str(out)))
+    done = {"id": f"batch_req_{job.job_id}_1", "custom_id": "b", "response": None,
+            "error": {"code": "c", "message": "m"}}  # fmt: skip
     out.write_text(json.dumps(done) + "\n" + '{"custom_id": "c", "resp')  # last line cut
     llm = FunctionLLM(reply)
-    summary = run(BatchJob(read_rows(str(src)), sink_for(str(out))), llm)
+    summary = run(job, llm)
     assert sorted(r["custom_id"] for r in lines(out)) == ["a", "b", "c"]
     assert len(llm.calls) == 2 and summary.skipped == 1
+    assert summary.skipped_failed == 1 and not summary.all_ok  # b failed before: still failed
 
 
 def test_workflow_input_of_a_factory_gets_the_row(tmp_path: Path) -> None:

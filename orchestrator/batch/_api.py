@@ -39,7 +39,7 @@ async def run_batch(
     the backends and an engine (durable with `store`, an opened store), run the job, close
     the sink. `coalesce`: identical calls are computed once (`Coalescing` over each backend).
     `watch(job)` runs beside the job (a progress display) and is cancelled when it ends."""
-    job.sink.open()
+    job.open_sink()
     try:
         async with contextlib.AsyncExitStack() as stack:
             used: dict[str, LLMBackend] = {}

@@ -101,6 +101,10 @@ def _run(args: argparse.Namespace) -> int:
     for flag in ("replicas", "max_in_flight", "max_running"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
+    if Path(args.input).resolve() == Path(args.output).resolve():
+        raise UsageError(f"--output {args.output!r} is the input: write the output elsewhere")
+    if args.summary_json and Path(args.summary_json).is_dir():
+        raise UsageError(f"--summary-json {args.summary_json!r} is a directory; give a file path")
     factory, module = _factory(args.workflow) if args.workflow else (None, None)
     rows = read_rows(args.input, fmt=args.format, llm_rows=factory is None)
     sink = sink_for(args.output)
@@ -125,6 +129,7 @@ def _run(args: argparse.Namespace) -> int:
         backend=target,
         max_running=args.max_running,
         registry=registry,
+        dedup=not args.no_dedup,
     )
     mode = args.progress
     if mode == "auto":
@@ -139,8 +144,8 @@ def _run(args: argparse.Namespace) -> int:
     )
 
     async def main() -> Any:
-        sink.open()  # before anything else: an output that cannot be written stops here
-        sink.close()
+        job.open_sink()  # before anything else: an output that cannot be written, or that
+        sink.close()  # holds another job's rows, stops here
         async with contextlib.AsyncExitStack() as stack:
             store = await stack.enter_async_context(open_store(store_target))
             watch = {"rich": _rich, "plain": _plain}.get(mode)
@@ -160,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
     out.flush()
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary.as_json(), indent=2) + "\n")
-    return 0 if summary.failed == 0 else 1
+    return 0 if summary.all_ok else 1
 
 
 def _factory(spec: str) -> tuple[Factory, Any]:

@@ -31,7 +31,7 @@ from .._llm import (
     Usage,
     WallClockBackend,
 )
-from ._plan import call_key
+from ._plan import call_key, deterministic
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +81,9 @@ class Coalescing(
         return CoalescingStats(self._calls, self._coalesced)
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
+        if not deterministic(request):  # a sampled call: each copy is a sample of its own
+            self._calls += 1
+            return await self.backend.complete(request, hints)
         key = call_key(request)
         while True:
             kept = self._kept.get(key)

@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import TypeAdapter
 
 from .._context import TaskContext
 from .._engine import Engine, RunHandle
-from .._errors import PlaitError, error_text
+from .._errors import PlaitError, UsageError, error_text
 from .._events import ActionSpec, TaskFailed, TaskSucceeded
 from .._journal import read_log
 from .._llm import DEFAULT_BACKEND, LLMRequest, Usage
@@ -109,11 +110,12 @@ class BatchProgress:
     failed: int
     running: int
     skipped: int
-    """Rows already in the output when the job started."""
+    """Rows already in the output when the job started (`skipped_failed` of them failed)."""
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
     elapsed_s: float
+    skipped_failed: int = 0
 
     @property
     def finished(self) -> int:
@@ -145,6 +147,8 @@ class BatchSummary:
     ok: int
     failed: int
     skipped: int
+    """Rows already in the output when the job started; `skipped_failed` of them failed."""
+    skipped_failed: int
     from_store: int
     """Rows finished before a restart, written from the store without running again."""
     resumed: int
@@ -165,6 +169,7 @@ class BatchSummary:
             "ok": self.ok,
             "failed": self.failed,
             "skipped": self.skipped,
+            "skipped_failed": self.skipped_failed,
             "from_store": self.from_store,
             "resumed": self.resumed,
             "errors": dict(self.errors),
@@ -177,11 +182,17 @@ class BatchSummary:
             "plan": dict(self.plan),
         }
 
+    @property
+    def all_ok(self) -> bool:
+        """Every row of the output succeeded, this run's and the earlier ones'."""
+        return self.failed == 0 and self.skipped_failed == 0
+
     def text(self) -> str:
         hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
         lines = [
             f"rows: {self.rows} ({self.ok} ok, {self.failed} failed, {self.skipped} already in "
-            f"the output, {self.from_store} written from the store, {self.resumed} resumed)",
+            f"the output ({self.skipped_failed} of them failed), {self.from_store} written from "
+            f"the store, {self.resumed} resumed)",
             f"tokens: {self.prompt_tokens:,} prompt ({self.cached_tokens:,} from cache, "
             f"{hit:.0%}), {self.completion_tokens:,} completion",
             f"deduplicated: {self.deduplicated} row(s) answered by an identical row's call",
@@ -197,9 +208,22 @@ class BatchSummary:
 # --- the job --------------------------------------------------------------------------------
 
 
-def job_id_for(output: str) -> str:
-    """The id a job's runs are labelled with: the same command gets the same id."""
-    return hashlib.sha256(output.encode()).hexdigest()[:16]
+def job_id_for(output: str, fingerprint: str = "") -> str:
+    """The id a job's runs are labelled with: the same output and the same input (its
+    `fingerprint`) get the same id; a changed input is another job."""
+    return hashlib.sha256(f"{output}\0{fingerprint}".encode()).hexdigest()[:16]
+
+
+def fingerprint(rows: Sequence[Row], factory: Factory | None) -> str:
+    """What identifies a job's input: every row's id and content, and the factory."""
+    digest = hashlib.sha256()
+    if factory is not None:
+        name = f"{getattr(factory, '__module__', '')}:{getattr(factory, '__qualname__', '')}"
+        digest.update(name.encode())
+    for row in rows:
+        content = json.dumps(row.data, sort_keys=True, default=str)
+        digest.update(f"\0{row.custom_id}\0{content}".encode())
+    return digest.hexdigest()
 
 
 class BatchJob:
@@ -217,17 +241,23 @@ class BatchJob:
         job_id: str | None = None,
         max_running: int = 512,
         registry: Registry | None = None,
+        dedup: bool = True,
     ) -> None:
         if max_running < 1:
             raise PlaitError(f"BatchJob(max_running={max_running}) must be at least 1")
-        self.rows = list(rows)
+        # Rows are found by position: a subset of a file's rows is numbered again.
+        self.rows = [r if r.index == i else replace(r, index=i) for i, r in enumerate(rows)]
         self.sink = sink
         self.factory = factory
         self.backend = backend
-        self.job_id = job_id or job_id_for(str(sink.path.resolve()))
+        self.job_id = job_id or job_id_for(
+            str(sink.path.resolve()), fingerprint(self.rows, factory)
+        )
         self.max_running = max_running
         self.registry = (registry or Registry()).add(RowCalls())
-        self.plan: BatchPlan = plan(self.rows)
+        self.plan: BatchPlan = plan(self.rows, dedup=dedup)
+        self._skipped_failed = 0
+        self._leading = set(self.plan.leaders.values())
         self._records: dict[int, Record] = {}
         self._written: dict[int, asyncio.Event] = {}
         self._durations: list[float] = []
@@ -263,6 +293,7 @@ class BatchJob:
             completion_tokens=self._usage.completion_tokens,
             cached_tokens=self._usage.cached_prompt_tokens or 0,
             elapsed_s=now - start,
+            skipped_failed=self._skipped_failed,
         )
 
     async def run(self, engine: Engine) -> BatchSummary:
@@ -271,8 +302,13 @@ class BatchJob:
         self._engine = engine
         self._clock_start = engine.clock.monotonic()
         done = self.sink.done
+        self._check_output(done)
         todo = [i for i in self.plan.order if self.rows[i].custom_id not in done]
         self._skipped = len(self.rows) - len(todo)
+        mine = {row.custom_id for row in self.rows}
+        self._skipped_failed = sum(
+            1 for key, record in done.items() if key in mine and record.get("error")
+        )
         stored = await self._stored(engine)
         window = asyncio.Semaphore(self.max_running)
         async with asyncio.TaskGroup() as tg:
@@ -338,6 +374,30 @@ class BatchJob:
                 return found
             offset += page_size
 
+    def open_sink(self) -> None:
+        """Open the output (refusing one that cannot be written, or that holds another
+        job's rows) before any work starts."""
+        self.sink.open()
+        try:
+            self._check_output(self.sink.done)
+        except UsageError:
+            self.sink.close()
+            raise
+
+    def _check_output(self, done: Mapping[str, Record]) -> None:
+        """Refuse an output that holds another job's rows (another input, workflow or
+        output path): its lines would be taken for this input's answers."""
+        prefix = f"batch_req_{self.job_id}_"
+        mine = {row.custom_id for row in self.rows}
+        for key, record in done.items():
+            other = isinstance(record.get("id"), str) and not record["id"].startswith(prefix)
+            if other or key not in mine:
+                raise UsageError(
+                    f"output {str(self.sink.path)!r} holds rows of another batch (row "
+                    f"{key!r}: another input, workflow or output name); write to a new file, "
+                    "or remove this one to start again"
+                )
+
     def summary(self, wall_s: float) -> BatchSummary:
         durations = self._durations
         return BatchSummary(
@@ -345,6 +405,7 @@ class BatchJob:
             ok=self._ok,
             failed=self._failed,
             skipped=self._skipped,
+            skipped_failed=self._skipped_failed,
             from_store=self._from_store,
             resumed=self._resumed,
             errors=dict(self._errors),
@@ -504,7 +565,8 @@ class BatchJob:
         if record.get("id") is None:
             record["id"] = _request_id(self.job_id, row)
         self.sink.write(record)
-        self._records[row.index] = record
+        if row.index in self._leading:  # kept only where a duplicate will copy it
+            self._records[row.index] = record
         self._written.setdefault(row.index, asyncio.Event()).set()
         self._changed.set()
         self._usage = self._usage + Usage(

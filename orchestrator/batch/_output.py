@@ -17,7 +17,6 @@ the next run rebuilds the Parquet file from it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from abc import ABC, abstractmethod
@@ -75,14 +74,28 @@ def _read_jsonl(path: Path) -> tuple[dict[str, Record], int]:
         return records, 0
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
-    for line in data[:end].splitlines():
+    for number, line in enumerate(data[:end].splitlines(), 1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("custom_id"), str):
-            records[record["custom_id"]] = record
+            record = None
+        if not _is_record(record):
+            raise UsageError(
+                f"output {str(path)!r} line {number} is not a line plait batch writes (an "
+                "object with custom_id, response and error): is it another file? Write to a "
+                "new file, or remove this one"
+            )
+        records[record["custom_id"]] = record
     return records, end
+
+
+def _is_record(record: Any) -> bool:
+    return (
+        isinstance(record, dict)
+        and isinstance(record.get("custom_id"), str)
+        and "response" in record
+        and "error" in record
+    )
 
 
 class JsonlSink(Sink):
@@ -163,8 +176,23 @@ class ParquetSink(Sink):
             raise UsageError(f"writing Parquet needs pyarrow: {PARQUET_HINT}") from None
         _check_writable(self.path)
         done: dict[str, Record] = {}
-        with contextlib.suppress(Exception):  # unreadable: cut by a kill, see the journal
-            for row in pq.read_table(self.path).to_pylist():
+        try:
+            table = pq.read_table(self.path)
+        except Exception:
+            table = None
+        if table is not None and tuple(table.column_names) != PARQUET_COLUMNS:
+            raise UsageError(
+                f"output {str(self.path)!r} is a Parquet file with other columns "
+                f"({', '.join(table.column_names)}): is it another file? Write to a new "
+                "file, or remove this one"
+            )
+        if table is None and self.path.stat().st_size > 0 and not self.journal.exists():
+            raise UsageError(
+                f"output {str(self.path)!r} is not a Parquet file plait batch wrote (unreadable, "
+                "and no journal of a killed run beside it); write to a new file, or remove it"
+            )
+        if table is not None:  # else: cut by a kill; the journal has its rows
+            for row in table.to_pylist():
                 done[row["custom_id"]] = _record_of(row)
         journal, _ = _read_jsonl(self.journal)
         done.update(journal)

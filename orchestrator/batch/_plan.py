@@ -93,17 +93,20 @@ def call_key(request: LLMRequest) -> str:
     )
 
 
-def plan(rows: Sequence[Row]) -> BatchPlan:
+def plan(rows: Sequence[Row], *, dedup: bool = True) -> BatchPlan:
     """Order `rows` so that sharers are adjacent, and find duplicates and shared prefixes.
-    Rows that could not be read go first (they fail at once and cost nothing)."""
+    Rows that could not be read go first (they fail at once and cost nothing). A duplicate
+    is an identical call that would give the same answer: sampled calls (temperature above
+    0 without a seed) are each asked, as are all with `dedup` False."""
     texts = {row.index: prompt_text(row) for row in rows if row.error is None}
     broken = [row.index for row in rows if row.error is not None]
     ordered = sorted(texts, key=lambda i: (texts[i], i))
     leaders: dict[int, int] = {}
     first_of: dict[str, int] = {}
+    by_index = {row.index: row for row in rows}
     for i in ordered:
-        request = next_request(rows, i)
-        if request is None:
+        request = by_index[i].request
+        if request is None or not dedup or not deterministic(request):
             continue
         leader = first_of.setdefault(call_key(request), i)
         if leader != i:
@@ -132,9 +135,9 @@ def plan(rows: Sequence[Row]) -> BatchPlan:
     )
 
 
-def next_request(rows: Sequence[Row], index: int) -> LLMRequest | None:
-    row = rows[index]
-    return row.request if row.index == index else None
+def deterministic(request: LLMRequest) -> bool:
+    """Whether asking again gives the same answer: greedy, or sampled with a seed."""
+    return request.sampling.temperature == 0 or request.sampling.seed is not None
 
 
 def _common_prefix(a: str, b: str) -> int:

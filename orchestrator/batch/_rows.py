@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -75,6 +76,8 @@ def read_rows(path: str, *, fmt: str | None = None, llm_rows: bool = True) -> li
     raw = list(_raw_rows(file, kind))
     if not raw:
         raise UsageError(f"input {path!r} has no rows")
+    if all(isinstance(r, str) for r in raw):  # not one row could be read: the wrong file?
+        raise UsageError(f"input {path!r}: no row could be read; the first: {raw[0]}")
     openai = kind == "jsonl" and _looks_openai(raw)
     if openai:
         rows = [_openai_row(i, item) for i, item in enumerate(raw)]
@@ -112,6 +115,8 @@ def _raw_rows(file: Path, kind: Format) -> Iterator[_Raw]:
         raise UsageError(f"cannot open input {str(file)!r}: {exc.strerror}") from exc
     with handle:
         if kind == "csv":
+            # Cells hold whole documents: the csv module's 128 KiB default is too small.
+            csv.field_size_limit(max(csv.field_size_limit(), 256 * 1024 * 1024))
             try:
                 yield from (dict(r) for r in csv.DictReader(handle))
             except (csv.Error, UnicodeDecodeError) as exc:
@@ -139,7 +144,7 @@ def _looks_openai(raw: Sequence[_Raw]) -> bool:
 def _check_columns(path: str, raw: Sequence[_Raw]) -> None:
     rows = [r for r in raw if isinstance(r, dict)]
     if rows and not any("prompt" in r or "messages" in r for r in rows):
-        columns = sorted({k for r in rows for k in r})
+        columns = sorted({str(k) for r in rows for k in r})
         raise UsageError(
             f"{path}: no 'prompt' or 'messages' column (columns: {', '.join(columns) or 'none'});"
             " a row without --workflow is one LLM call: give it a prompt (and optionally "
@@ -148,17 +153,26 @@ def _check_columns(path: str, raw: Sequence[_Raw]) -> None:
 
 
 def _unique_ids(rows: list[Row]) -> list[Row]:
-    seen: dict[str, int] = {}
+    """Each row's custom_id made unique: a repeat (a broken row's too) fails as one, under a
+    name no other row has, so that no two output lines share an id (resume finds rows by
+    it: a repeat taking the first one's name would make a resumed run skip the first)."""
+    taken = {row.custom_id for row in rows}
+    first: dict[str, int] = {}
     out = []
     for row in rows:
-        first = seen.setdefault(row.custom_id, row.index)
-        if first != row.index and row.error is None:
+        was = first.setdefault(row.custom_id, row.index)
+        if was != row.index:
+            name, n = f"{row.custom_id}#{row.index}", 1
+            while name in taken:
+                name, n = f"{row.custom_id}#{row.index}.{n}", n + 1
+            taken.add(name)
             row = Row(
                 row.index,
-                f"{row.custom_id}#{row.index}",
+                name,
                 row.data,
                 kind=row.kind,
-                error=f"custom_id {row.custom_id!r} repeats row {first}'s; give each row its own",
+                error=f"custom_id {row.custom_id!r} repeats row {was}'s; give each row its own",
+                error_code="duplicate_custom_id",
             )
         out.append(row)
     return out
@@ -249,6 +263,8 @@ def _request(item: Mapping[str, Any], *, where: str) -> LLMRequest:
     messages = _messages(item, where)
     max_tokens = _int(item.get("max_tokens", item.get("max_completion_tokens")), "max_tokens")
     stop = item.get("stop")
+    if stop is not None and not isinstance(stop, str | list):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
     stops = (stop,) if isinstance(stop, str) else tuple(str(s) for s in stop or ())
     sampling = Sampling(
         temperature=_float(item.get("temperature"), "temperature", 0.0),
@@ -303,7 +319,7 @@ def _int(value: Any, name: str) -> int | None:
         return None
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name} must be a whole number, got {value!r}") from None
     if number < 0 or (name == "max_tokens" and number == 0):
         raise ValueError(f"{name} must be positive, got {value!r}")
@@ -314,6 +330,9 @@ def _float(value: Any, name: str, default: float) -> float:
     if value in (None, ""):
         return default
     try:
-        return float(value)
+        number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return number

@@ -119,9 +119,17 @@ class Batches:
                 error=meta.get("error"),
             )
             self._batches[batch.id] = batch
-            if batch.state == "running":
-                self._launch(batch)
-                again += 1
+            if batch.state != "running":
+                continue
+            try:
+                job = self._job(batch, read_rows(str(batch.folder / INPUT), fmt="jsonl"))
+            except (PlaitError, OSError) as exc:  # its input is gone or damaged: said on it
+                _log.error("batch %s cannot go on: %s", batch.id, exc)
+                batch.state, batch.error = "failed", f"its input cannot be read: {exc}"
+                _write_meta(batch)
+                continue
+            self._launch(batch, job)
+            again += 1
         return again
 
     async def close(self) -> None:
@@ -144,24 +152,11 @@ class Batches:
                 413, f"rows: {len(rows)} rows is more than the limit of {self.max_rows}"
             )
         batch_id = f"batch-{secrets.token_hex(8)}"
-        folder = self.directory / batch_id
-        folder.mkdir(parents=True, exist_ok=False)
-        try:
-            text = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
-            _write_atomic(folder / INPUT, text)
-            try:
-                parsed = read_rows(str(folder / INPUT), fmt="jsonl")
-            except PlaitError as exc:
-                message = str(exc).replace(str(folder / INPUT), "rows")
-                message = message.split("; a row without --workflow")[0]  # the CLI's advice
-                raise BatchError(400, message) from exc
-            batch = _Batch(batch_id, tenant, self.clock.now(), len(parsed), folder)
-            _write_meta(batch)  # from here on, a restarted service goes on with it
-        except BaseException:
-            _remove(folder)
-            raise
+        batch = _Batch(batch_id, tenant, self.clock.now(), len(rows), self.directory / batch_id)
+        # Writing, reading back and planning a large batch take seconds: not on the loop.
+        job = await asyncio.to_thread(self._prepare, batch, rows)
         self._batches[batch_id] = batch
-        self._launch(batch, parsed)
+        self._launch(batch, job)
         return self.view(batch)
 
     def get(self, tenant: str, batch_id: str) -> _Batch:
@@ -221,18 +216,40 @@ class Batches:
 
     # --- running ----------------------------------------------------------------------------
 
-    def _launch(self, batch: _Batch, rows: Sequence[Any] | None = None) -> None:
-        if rows is None:
-            rows = read_rows(str(batch.folder / INPUT), fmt="jsonl")
-        sink = sink_for(str(batch.folder / OUTPUT))
-        batch.job = BatchJob(rows, sink, job_id=batch.id)
+    def _prepare(self, batch: _Batch, rows: Sequence[Mapping[str, Any]]) -> BatchJob:
+        """The batch's folder, input and state on disk, and its job; nothing is left on a
+        refusal."""
+        folder = batch.folder
+        folder.mkdir(parents=True, exist_ok=False)
+        try:
+            text = "".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows)
+            _write_atomic(folder / INPUT, text)
+            try:
+                parsed = read_rows(str(folder / INPUT), fmt="jsonl")
+            except PlaitError as exc:
+                message = str(exc).replace(str(folder / INPUT), "rows")
+                message = message.split("; a row without --workflow")[0]  # the CLI's advice
+                raise BatchError(400, message) from exc
+            batch.total = len(parsed)
+            job = self._job(batch, parsed)
+            _write_meta(batch)  # from here on, a restarted service goes on with it
+        except BaseException:
+            _remove(folder)
+            raise
+        return job
+
+    def _job(self, batch: _Batch, rows: Sequence[Any]) -> BatchJob:
+        return BatchJob(rows, sink_for(str(batch.folder / OUTPUT)), job_id=batch.id)
+
+    def _launch(self, batch: _Batch, job: BatchJob) -> None:
+        batch.job = job
         batch.task = asyncio.get_running_loop().create_task(self._run(batch))
 
     async def _run(self, batch: _Batch) -> None:
         assert batch.job is not None
         job = batch.job
-        job.sink.open()
         try:
+            job.open_sink()
             summary: BatchSummary = await job.run(self.engine)
         except asyncio.CancelledError:
             raise
@@ -247,20 +264,24 @@ class Batches:
             job.sink.close()
             if batch.state != "running":
                 _write_meta(batch)
+                batch.job = None  # its rows and records: the summary says what it did
 
 
 def _progress(
     progress: BatchProgress | None, total: int, summary: Mapping[str, Any] | None
 ) -> ProgressView:
     if progress is None:
-        done = int(summary.get("ok", 0)) if summary else 0
-        failed = int(summary.get("failed", 0)) if summary else 0
+        done = failed = 0
+        if summary:  # this run's rows and those an earlier run of the batch had written
+            earlier_failed = int(summary.get("skipped_failed", 0))
+            done = int(summary.get("ok", 0)) + int(summary.get("skipped", 0)) - earlier_failed
+            failed = int(summary.get("failed", 0)) + earlier_failed
         return ProgressView(total=total, done=done, failed=failed, running=0, pending=0)
     finished = progress.finished
     return ProgressView(
         total=total,
-        done=progress.done + progress.skipped,
-        failed=progress.failed,
+        done=progress.done + progress.skipped - progress.skipped_failed,
+        failed=progress.failed + progress.skipped_failed,
         running=progress.running,
         pending=max(0, total - finished - progress.running),
         prompt_tokens=progress.prompt_tokens,

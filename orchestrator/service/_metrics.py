@@ -218,8 +218,8 @@ def _batch_figures(running: Iterable[BatchProgress], counts: Mapping[str, int]) 
     rate = 0.0
     eta: float | None = None
     for progress in running:
-        total["done"] += progress.done + progress.skipped
-        total["failed"] += progress.failed
+        total["done"] += progress.done + progress.skipped - progress.skipped_failed
+        total["failed"] += progress.failed + progress.skipped_failed
         total["running"] += progress.running
         total["pending"] += max(0, progress.total - progress.finished - progress.running)
         prompt += progress.prompt_tokens
