@@ -128,3 +128,17 @@ def test_a_csv_with_large_cells_and_ragged_rows_is_read(tmp_path: Path) -> None:
     src.write_text("custom_id,prompt\nbig," + "x" * 200_000 + "\nragged,hi,extra\n")
     rows = read_rows(str(src))
     assert rows[0].error is None and len(rows[0].request.messages[-1].content) == 200_000  # type: ignore[union-attr]
+
+
+def test_a_json_array_file_is_read_as_rows_and_an_async_factory_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in.json"
+    src.write_text(' [{"custom_id": "a", "prompt": "hi"}, {"custom_id": "b", "prompt": "yo"}, 3]')
+    rows = read_rows(str(src))
+    assert [r.custom_id for r in rows][:2] == ["a", "b"] and rows[2].error is not None
+    factory = tmp_path / "flows.py"
+    factory.write_text("async def per_row(row):\n    return None\n")
+    code = batch("--input", str(src), "--output", str(tmp_path / "o.jsonl"),
+                 "--workflow", f"{factory}:per_row")  # fmt: skip
+    assert code == 2 and "is async" in capsys.readouterr().err

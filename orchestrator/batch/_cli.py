@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib
+import inspect
 import json
 import sys
 from collections.abc import Mapping
@@ -182,6 +183,11 @@ def _factory(spec: str) -> tuple[Factory, Any]:
     factory = getattr(module, name, None)
     if not callable(factory):
         raise UsageError(f"--workflow {spec!r}: {where} has no function {name!r}")
+    if inspect.iscoroutinefunction(factory):
+        raise UsageError(
+            f"--workflow {spec!r}: {name} is async; a factory builds the row's Workflow and "
+            "returns it (its tasks may be async)"
+        )
     return factory, module
 
 

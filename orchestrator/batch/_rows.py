@@ -122,6 +122,10 @@ def _raw_rows(file: Path, kind: Format) -> Iterator[_Raw]:
             except (csv.Error, UnicodeDecodeError) as exc:
                 raise UsageError(f"{file}: not readable as CSV: {exc}") from exc
             return
+        if file.suffix.lower() == ".json" and handle.read(65536).lstrip()[:1] == "[":
+            yield from _json_array(file, handle)
+            return
+        handle.seek(0)
         try:
             for n, line in enumerate(handle, 1):
                 if not line.strip():
@@ -134,6 +138,21 @@ def _raw_rows(file: Path, kind: Format) -> Iterator[_Raw]:
                 yield item if isinstance(item, dict) else f"line {n} is not a JSON object"
         except UnicodeDecodeError as exc:
             raise UsageError(f"{file}: not UTF-8 text ({exc.reason})") from exc
+
+
+def _json_array(file: Path, handle: Any) -> Iterator[_Raw]:
+    """A `.json` file holding one JSON array of rows (not JSON lines)."""
+    handle.seek(0)
+    try:
+        data = json.load(handle)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{file}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{file}: not UTF-8 text ({exc.reason})") from exc
+    if not isinstance(data, list):
+        raise UsageError(f"{file}: a .json input is one array of rows or JSON lines")
+    for n, item in enumerate(data):
+        yield item if isinstance(item, dict) else f"item {n} is not a JSON object"
 
 
 def _looks_openai(raw: Sequence[_Raw]) -> bool:
