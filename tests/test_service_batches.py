@@ -278,3 +278,23 @@ def test_a_restarted_service_goes_on_with_a_batch(tmp_path: Path, make_store: St
         assert second.asked == {"slow": 1}  # the finished row was not asked again
 
     run(body())
+
+
+def test_a_cancelled_batch_is_not_run_again_after_a_restart(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    async def body() -> None:
+        first = Replies(held={"slow"})
+        rows = [openai_line("fast", "fast"), openai_line("slow", "slow")]
+        async with make_store() as store, running(store, tmp_path, first) as api:
+            _, view = await api.call("POST", "/v1/batches", {"rows": rows})
+            await first.waiting.wait()
+            status, _ = await api.call("DELETE", f"/v1/batches/{view['id']}")
+            assert status == 202
+        second = Replies()
+        async with make_store() as store, running(store, tmp_path, second, resume=True) as api:
+            status, again = await api.call("GET", f"/v1/batches/{view['id']}")
+        assert status == 200 and again["state"] == "cancelled"
+        assert "slow" not in second.asked  # neither the batch nor the service's resume ran it
+
+    run(body())

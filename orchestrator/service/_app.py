@@ -692,23 +692,54 @@ class Service:
 
     async def _cancel_batch(self, request: web.Request) -> web.Response:
         tenant = self._tenant(request)
-        view = self.batches.cancel(tenant.name, request.match_info["id"])
+        view = await self.batches.cancel(tenant.name, request.match_info["id"])
         return _json(view, 202)
 
-    async def _batch_output(self, request: web.Request) -> web.Response:
+    async def _batch_output(self, request: web.Request) -> web.StreamResponse:
         """The output so far: whole lines only (a row being written is left for later)."""
         tenant = self._tenant(request)
         path = self.batches.output(tenant.name, request.match_info["id"])
-        data = await asyncio.to_thread(_whole_lines, path)
-        return web.Response(body=data, content_type="application/x-ndjson")
+        end = await asyncio.to_thread(_whole_lines_end, path)
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        response.content_length = end
+        await response.prepare(request)
+        offset = 0
+        while offset < end:  # in chunks, off the loop: an output can be gigabytes
+            chunk = await asyncio.to_thread(_read_at, path, offset, min(_CHUNK, end - offset))
+            if not chunk:
+                break
+            await response.write(chunk)
+            offset += len(chunk)
+        await response.write_eof()
+        return response
 
 
-def _whole_lines(path: Path) -> bytes:
+_CHUNK = 1 << 20
+
+
+def _whole_lines_end(path: Path) -> int:
+    """Where the output's last whole line ends (a row being written is left for later)."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            size = handle.seek(0, 2)
+            position = size
+            while position > 0:
+                step = min(_CHUNK, position)
+                handle.seek(position - step)
+                block = handle.read(step)
+                newline = block.rfind(b"\n")
+                if newline >= 0:
+                    return position - step + newline + 1
+                position -= step
     except FileNotFoundError:
-        return b""
-    return data[: data.rfind(b"\n") + 1]
+        pass
+    return 0
+
+
+def _read_at(path: Path, offset: int, size: int) -> bytes:
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        return handle.read(size)
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -38,22 +38,27 @@ OUTPUT = "output.jsonl"
 
 
 async def batch_runs(store: Store, directory: Path) -> set[str]:
-    """Ids of the unfinished runs of batches left running in `directory`: the service's
-    start resumes every other unfinished run, and each batch job resumes its own."""
+    """Ids of the unfinished runs of every batch in `directory`: the service's start resumes
+    every other unfinished run; a batch left running resumes its own, and those of a
+    cancelled or failed batch are not run again."""
     found: set[str] = set()
     for meta in _metas(directory):
-        if meta["state"] != "running":
-            continue
-        for status in ("pending", "running"):
-            offset = 0
-            while True:
-                page = await store.workflows(
-                    status=status, labels={JOB_LABEL: meta["id"]}, limit=1000, offset=offset
-                )
-                found.update(row.id for row in page)
-                if len(page) < 1000:
-                    break
-                offset += 1000
+        found |= await _unfinished(store, meta["id"])
+    return found
+
+
+async def _unfinished(store: Store, batch_id: str) -> set[str]:
+    found: set[str] = set()
+    for status in ("pending", "running"):
+        offset = 0
+        while True:
+            page = await store.workflows(
+                status=status, labels={JOB_LABEL: batch_id}, limit=1000, offset=offset
+            )
+            found.update(row.id for row in page)
+            if len(page) < 1000:
+                break
+            offset += 1000
     return found
 
 
@@ -174,17 +179,22 @@ class Batches:
         mine.sort(key=lambda b: b.created, reverse=True)
         return [self.view(b) for b in mine[offset : offset + limit]]
 
-    def cancel(self, tenant: str, batch_id: str) -> BatchView:
+    async def cancel(self, tenant: str, batch_id: str) -> BatchView:
+        """Stop the job and every row of it running in the engine (those it had resumed but
+        not yet waited for too); rows not started are never run, here or after a restart."""
         batch = self.get(tenant, batch_id)
         if batch.state == "running":
             batch.state = "cancelled"
+            _write_meta(batch)
             if batch.task is not None:
                 batch.task.cancel()
-            if batch.job is not None:
-                for run_id in batch.job.running_runs():
+            running = set(batch.job.running_runs()) if batch.job is not None else set()
+            if self.engine.store is not None:
+                running |= await _unfinished(self.engine.store, batch.id)
+            for run_id in running:
+                if self.engine.handle(run_id) is not None:
                     with contextlib.suppress(PlaitError):
                         self.engine.cancel(run_id, "the batch was cancelled")
-            _write_meta(batch)
         return self.view(batch)
 
     def output(self, tenant: str, batch_id: str) -> Path:
