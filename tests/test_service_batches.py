@@ -88,6 +88,7 @@ async def running(
     settings: ServiceSettings | None = None,
     *,
     resume: bool = False,
+    tenants: tuple[Tenant, ...] = (ACME, BETA),
 ) -> AsyncIterator[Api]:
     backend = FunctionLLM(replies)
     async with Engine(backends={"default": backend}, store=store) as engine:
@@ -95,9 +96,7 @@ async def running(
             skip = await batch_runs(store, batch_dir)
             unfinished = [w for w in await store.unfinished() if w not in skip]
             await engine.resume(Registry(imports=False), workflows=unfinished)
-        service = Service(
-            engine, Registry(imports=False), (ACME, BETA), settings, batch_dir=batch_dir
-        )
+        service = Service(engine, Registry(imports=False), tenants, settings, batch_dir=batch_dir)
         server = TestServer(service.app(), host="127.0.0.1")
         await server.start_server()
         try:
@@ -296,5 +295,35 @@ def test_a_cancelled_batch_is_not_run_again_after_a_restart(
             status, again = await api.call("GET", f"/v1/batches/{view['id']}")
         assert status == 200 and again["state"] == "cancelled"
         assert "slow" not in second.asked  # neither the batch nor the service's resume ran it
+
+    run(body())
+
+
+def test_a_tenant_runs_at_most_its_limit_of_batches(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    one_at_a_time = Tenant(
+        "acme", hash_token("acme-token"), 100, rate_per_s=1000, burst=1000, max_batches=1
+    )
+
+    async def post(api: Api, custom_id: str, prompt: str, headers: dict[str, str]) -> Any:
+        body = {"rows": [openai_line(custom_id, prompt)]}
+        async with api.http.post(api.base + "/v1/batches", json=body, headers=headers) as r:
+            return r.status, r.headers.get("Retry-After"), await r.json()
+
+    async def body() -> None:
+        held = Replies(held={"slow"})
+        tenants = (one_at_a_time, BETA)
+        async with make_store() as store, running(store, tmp_path, held, tenants=tenants) as api:
+            status, _, first = await post(api, "s", "slow", A)
+            assert status == 202
+            status, retry, refused = await post(api, "x", "x", A)
+            assert status == 429 and retry == "30" and "limit" in refused["error"]
+            status, _, _ = await post(api, "y", "y", B)
+            assert status == 202  # another tenant's limit is its own
+            held.release()
+            await api.finished(first["id"])
+            status, _, _ = await post(api, "z", "z", A)
+            assert status == 202  # one finished: room again
 
     run(body())

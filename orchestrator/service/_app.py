@@ -203,7 +203,7 @@ class Service:
             return _error(exc.status, exc.error, exc.problems, exc.headers)
         except BatchError as exc:
             api = _batch_error(exc)
-            return _error(api.status, api.error, api.problems)
+            return _error(api.status, api.error, api.problems, exc.headers)
         except web.HTTPRequestEntityTooLarge:
             limit = self.settings.max_body_bytes
             return _error(413, f"the request body is larger than the limit of {limit} bytes")
@@ -664,7 +664,7 @@ class Service:
         tenant = self._tenant(request)
         self._check_open()
         spec = _parse(BatchSpec, await _body(request))
-        view = await self.batches.create(tenant.name, spec.rows)
+        view = await self.batches.create(tenant.name, spec.rows, max_batches=tenant.max_batches)
         return _json(view, 202, {"Location": f"/v1/batches/{view.id}"})
 
     async def _get_batch(self, request: web.Request) -> web.Response:

@@ -65,10 +65,11 @@ async def _unfinished(store: Store, batch_id: str) -> set[str]:
 class BatchError(Exception):
     """A batch request the service refuses: `status` and a message for the caller."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = dict(headers or {})
 
 
 @dataclass
@@ -149,7 +150,19 @@ class Batches:
 
     # --- requests ---------------------------------------------------------------------------
 
-    async def create(self, tenant: str, rows: Sequence[Mapping[str, Any]]) -> BatchView:
+    async def create(
+        self, tenant: str, rows: Sequence[Mapping[str, Any]], *, max_batches: int = 4
+    ) -> BatchView:
+        running = sum(
+            1 for b in self._batches.values() if b.tenant == tenant and b.state == "running"
+        )
+        if running >= max_batches:
+            raise BatchError(
+                429,
+                f"{running} batch jobs of this tenant are running, its limit; wait for one to "
+                "finish (GET /v1/batches?state=running)",
+                {"Retry-After": "30"},
+            )
         if not rows:
             raise BatchError(400, "rows: a batch needs at least one row")
         if len(rows) > self.max_rows:

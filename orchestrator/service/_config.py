@@ -77,6 +77,8 @@ class TenantSettings(ConfigSection):
     """Requests per second, on average..."""
     burst: int = Field(default=200, ge=1)
     """... with up to this many at once."""
+    max_batches: int = Field(default=4, ge=1)
+    """Batch jobs of this tenant running at once; more are refused with 429."""
 
     @model_validator(mode="after")
     def _one_token(self) -> TenantSettings:
@@ -92,6 +94,7 @@ class Tenant:
     max_running: int
     rate_per_s: float
     burst: int
+    max_batches: int = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +159,14 @@ def load_serve_config(path: str | os.PathLike[str]) -> ServeConfig:
             digest = hash_token(token)
         assert digest is not None
         tenants.append(
-            Tenant(settings.name, digest, settings.max_running, settings.rate_per_s, settings.burst)
+            Tenant(
+                settings.name,
+                digest,
+                settings.max_running,
+                settings.rate_per_s,
+                settings.burst,
+                settings.max_batches,
+            )
         )
     names = [t.name for t in tenants]
     for name in {n for n in names if names.count(n) > 1}:
