@@ -14,35 +14,19 @@ declares it (a `Router`'s health checks, an `OpenAIBackend`'s load), so wrapping
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import Protocol, runtime_checkable
 
 from orchestrator import (
-    FailureIsolating,
-    HealthChecked,
     Hints,
     LLMBackend,
     LLMRequest,
     LLMResponse,
-    LoadReport,
-    LoadReporting,
-    ProgramAware,
-    UrgentIsolating,
-    WallClockBackend,
+    WrappedBackend,
 )
 
 from ._prefix import Tokenize, prompt_hashes
-
-
-@runtime_checkable
-class _Described(Protocol):
-    """A backend with a line for people (what `plait run` prints at the end), as `SimServer`."""
-
-    def describe(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +36,7 @@ class GroupingStats:
     """Calls that waited for a sibling to compute their shared prefix first."""
 
 
-class PrefixGrouper(
-    ProgramAware,
-    HealthChecked,
-    LoadReporting,
-    FailureIsolating,
-    UrgentIsolating,
-    WallClockBackend,
-):
+class PrefixGrouper(WrappedBackend):
     """Wraps `backend`, holding calls that share `min_shared_blocks` uncomputed prefix blocks
     with a call in flight until that call returns.
 
@@ -76,7 +53,7 @@ class PrefixGrouper(
         tokenize: Tokenize | None = None,
         remember: int = 1_000_000,
     ) -> None:
-        self.backend = backend
+        super().__init__(backend)
         self.block_tokens = block_tokens
         self.min_shared_blocks = min_shared_blocks
         self._tokenize = tokenize
@@ -85,27 +62,6 @@ class PrefixGrouper(
         self._computed: OrderedDict[int, None] = OrderedDict()
         self._calls = 0
         self._held = 0
-        # What the backend declared, read once.
-        self._program_aware = backend if isinstance(backend, ProgramAware) else None
-        self._checked = backend if isinstance(backend, HealthChecked) else None
-        self._reporting = backend if isinstance(backend, LoadReporting) else None
-        self._isolating = backend if isinstance(backend, FailureIsolating) else None
-        self._wall_clock = backend if isinstance(backend, WallClockBackend) else None
-        self._described = backend if isinstance(backend, _Described) else None
-
-    async def __aenter__(self) -> PrefixGrouper:
-        if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
-            await self.backend.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
-            await self.backend.__aexit__(exc_type, exc, tb)
 
     def _leader(self, hashes: Sequence[int]) -> asyncio.Future[None] | None:
         """The call computing the deepest part of this prompt's prefix, if it shares enough."""
@@ -146,40 +102,11 @@ class PrefixGrouper(
                 self._computed.popitem(last=False)
             done.set_result(None)
 
-    # --- capabilities: as the backend's ----------------------------------------------------
-
-    def isolates_urgent(self) -> bool:
-        """A router with urgent lanes under the grouper keeps them (`UrgentIsolating`)."""
-        inner = self.backend
-        return isinstance(inner, UrgentIsolating) and inner.isolates_urgent()
-
-    def isolates_failures(self) -> bool:
-        """As the backend it wraps (a `Router` does)."""
-        return self._isolating is not None and self._isolating.isolates_failures()
-
-    def needs_wall_clock(self) -> bool:
-        """The grouper waits on whatever its backend waits on."""
-        return self._wall_clock is not None and self._wall_clock.needs_wall_clock()
-
-    async def program_done(self, program_id: str) -> None:
-        if self._program_aware is not None:
-            await self._program_aware.program_done(program_id)
-
-    async def check(self) -> None:
-        """The backend's health check; passes if it has none (nothing here can fail)."""
-        if self._checked is not None:
-            await self._checked.check()
-
-    async def load(self) -> LoadReport:
-        """The backend's load; a report of unknowns if it reports none."""
-        if self._reporting is not None:
-            return await self._reporting.load()
-        return LoadReport()
-
     def stats(self) -> GroupingStats:
         return GroupingStats(self._calls, self._held)
 
     def describe(self) -> str:
         """One line for people: the backend's own line, if it has one, and what was held."""
         text = f"grouping held {self._held} of {self._calls} calls"
-        return f"{self._described.describe()}; {text}" if self._described is not None else text
+        inner = self.inner_description()
+        return f"{inner}; {text}" if inner is not None else text

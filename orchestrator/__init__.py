@@ -85,6 +85,7 @@ from ._llm import (
     UrgentIsolating,
     Usage,
     WallClockBackend,
+    WrappedBackend,
     capabilities,
 )
 from ._registry import Composite, Rebuildable, RebuildError, Registry
@@ -259,6 +260,7 @@ __all__ = [
     "UsageError",
     "VirtualClock",
     "WallClockBackend",
+    "WrappedBackend",
     "Workflow",
     "WorkflowEditor",
     "WorkflowFailedError",

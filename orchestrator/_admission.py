@@ -209,7 +209,7 @@ class Admission:
     def admit(
         self,
         key: Callable[[Any], Any],
-        caps: Callable[[str], tuple[int, int] | None] | None = None,
+        caps: Callable[[str], tuple[int, int | None] | None] | None = None,
         rich: Callable[[Any], bool] | None = None,
     ) -> list[tuple[Any, Queued]]:
         """Take as much waiting work as free slots allow, best program first.
@@ -217,7 +217,8 @@ class Admission:
         `caps` (optional) gives a resource's caps, or None: (for slack-rich, for urgent).
         There, slack-rich programs (`rich` says which) are admitted only while fewer calls
         than the first cap are in flight, so urgent work keeps the headroom; the others
-        while fewer than the second of them are in flight (release them with their item)."""
+        while fewer than the second of them are in flight (release them with their item),
+        or up to the limit where the second is None (and nothing is counted for them)."""
         if not self._pending:
             return []
         self._pending = False
@@ -254,7 +255,7 @@ class Admission:
         free: int,
         admitted: list[tuple[Any, Queued]],
         held: Callable[[Any, str], bool] | None,
-        cap: tuple[int, int] | None,
+        cap: tuple[int, int | None] | None,
         rich: Callable[[Any], bool] | None,
     ) -> None:
         heap = res.heap
@@ -284,12 +285,18 @@ class Admission:
         program: Any,
         free: int,
         admitted: list[tuple[Any, Queued]],
-        cap: tuple[int, int],
+        cap: tuple[int, int | None],
         rich: Callable[[Any], bool],
     ) -> tuple[int, bool]:
         """`_take` within the cap of `program`'s kind; also says whether work of it waits."""
         is_rich = rich(program)
-        room = cap[0] - res.in_flight if is_rich else cap[1] - res.urgent_in_flight
+        for_rich, for_urgent = cap
+        if is_rich:
+            room = for_rich - res.in_flight
+        elif for_urgent is None:  # urgent work without a cap of its own
+            return self._take(res, program, free, admitted), program in res.queues
+        else:
+            room = for_urgent - res.urgent_in_flight
         if room <= 0:
             return free, True
         given = min(room, free)

@@ -55,7 +55,7 @@ from ._events import (
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._knee import DEFAULT_HEADROOM, Headroom, KneeController, KneeStats, slack_rich
-from ._llm import LLMBackend, UrgentIsolating, Usage
+from ._llm import LLMBackend, Usage, capabilities
 from ._registry import Registry
 from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
@@ -219,7 +219,7 @@ class Engine:
             )
             for name, backend in backends.items()
             if merged[name].batch_in_flight is not None
-            or (headroom is not None and not _isolates_urgent(backend))
+            or (headroom is not None and not capabilities(backend).isolates_urgent)
         }  # fmt: skip
         self._watched: set[Run] = set()
         """Runs that may be urgent (interactive, or with a deadline): scanned per round."""
@@ -431,9 +431,12 @@ class Engine:
                 admission.look_again()
             knees = self.knees
 
-            def caps(resource: str) -> tuple[int, int] | None:
+            def caps(resource: str) -> tuple[int, int | None] | None:
                 knee = knees.get(resource)
-                return None if knee is None else (knee.cap(urgent), knee.urgent_cap())
+                if knee is None:
+                    return None
+                capped = knee.headroom.urgent_share is not None
+                return knee.cap(urgent), knee.urgent_cap() if capped else None
 
             rich = functools.partial(self._slack_rich, now=now)
         key = functools.partial(self._key, now=now)
@@ -1045,7 +1048,3 @@ def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     if bad:
         raise UsageError(f"labels must map str to str; {bad[0]!r} does not")
     return dict(labels)
-
-
-def _isolates_urgent(backend: LLMBackend) -> bool:
-    return isinstance(backend, UrgentIsolating) and backend.isolates_urgent()

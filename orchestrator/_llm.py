@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from types import TracebackType
+from typing import Any, Literal, Protocol, Self, runtime_checkable
 
 from ._errors import UsageError
 
@@ -265,6 +267,7 @@ class Capabilities:
     load_reporting: bool = False
     isolates_failures: bool = False
     needs_wall_clock: bool = False
+    isolates_urgent: bool = False
 
 
 def capabilities(backend: object) -> Capabilities:
@@ -276,4 +279,67 @@ def capabilities(backend: object) -> Capabilities:
         load_reporting=isinstance(backend, LoadReporting),
         isolates_failures=isinstance(backend, FailureIsolating) and backend.isolates_failures(),
         needs_wall_clock=isinstance(backend, WallClockBackend) and backend.needs_wall_clock(),
+        isolates_urgent=isinstance(backend, UrgentIsolating) and backend.isolates_urgent(),
     )
+
+
+class WrappedBackend(
+    ProgramAware,
+    HealthChecked,
+    LoadReporting,
+    FailureIsolating,
+    UrgentIsolating,
+    WallClockBackend,
+):
+    """A backend in front of another (a grouper, a deduplicator): it declares every optional
+    capability and answers each as `backend` does (read once), enters and leaves `backend`
+    with itself. A subclass writes `complete` (and `describe`)."""
+
+    def __init__(self, backend: LLMBackend) -> None:
+        self.backend = backend
+        self._inner = capabilities(backend)
+
+    async def __aenter__(self) -> Self:
+        if isinstance(self.backend, AbstractAsyncContextManager):
+            await self.backend.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(self.backend, AbstractAsyncContextManager):
+            await self.backend.__aexit__(exc_type, exc, tb)
+
+    async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
+        raise NotImplementedError
+
+    def isolates_failures(self) -> bool:
+        return self._inner.isolates_failures
+
+    def isolates_urgent(self) -> bool:
+        return self._inner.isolates_urgent
+
+    def needs_wall_clock(self) -> bool:
+        return self._inner.needs_wall_clock
+
+    async def program_done(self, program_id: str) -> None:
+        if isinstance(self.backend, ProgramAware):
+            await self.backend.program_done(program_id)
+
+    async def check(self) -> None:
+        """The backend's health check; passes if it has none."""
+        if isinstance(self.backend, HealthChecked):
+            await self.backend.check()
+
+    async def load(self) -> LoadReport:
+        """The backend's load; a report of unknowns if it reports none."""
+        if isinstance(self.backend, LoadReporting):
+            return await self.backend.load()
+        return LoadReport()
+
+    def inner_description(self) -> str | None:
+        describe = getattr(self.backend, "describe", None)
+        return describe() if callable(describe) else None

@@ -37,7 +37,7 @@ EXPECTED = {
         "Breaker", "CallRetry", "CallRetrying", "CircuitBreaker", "CircuitOpenError",
         "CircuitState",
         "Capabilities", "FailureIsolating", "HealthChecked", "LoadReport", "LoadReporting",
-        "ProgramAware", "UrgentIsolating", "capabilities",
+        "ProgramAware", "UrgentIsolating", "WrappedBackend", "capabilities",
         "ActionKind", "ActionSpec", "CallSite", "Describable", "LLMCalls", "TaskOptions",
         "TaskRun", "WorkflowEditor", "describe", "registered_name",
         "Composite", "Decision", "Rebuildable", "RebuildError", "RecordedFailure", "Registry",

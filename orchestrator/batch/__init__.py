@@ -4,8 +4,8 @@
     job = BatchJob(rows, sink_for("answers.jsonl"))
     summary = await run_batch(job, backends={"default": llm}, store=store)
 
-or, on an engine already running (a service): `await job.run(engine)` with the sink
-opened, and `job.progress()` for a snapshot while it runs.
+or, on an engine already running (a service): `await job.run(engine)` after
+`job.open_sink()`, and `job.progress()` for a snapshot while it runs.
 """
 
 from ._api import run_batch

@@ -11,25 +11,17 @@ waiting copy sends its own (a failure is not shared: it may not happen twice).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from types import TracebackType
 
 from .._errors import UsageError
 from .._llm import (
-    FailureIsolating,
-    HealthChecked,
     Hints,
     LLMBackend,
     LLMRequest,
     LLMResponse,
-    LoadReport,
-    LoadReporting,
-    ProgramAware,
-    UrgentIsolating,
     Usage,
-    WallClockBackend,
+    WrappedBackend,
 )
 from ._plan import call_key, deterministic
 
@@ -42,40 +34,19 @@ class CoalescingStats:
     """Calls answered by another identical call (in flight, or kept)."""
 
 
-class Coalescing(
-    ProgramAware,
-    HealthChecked,
-    LoadReporting,
-    FailureIsolating,
-    UrgentIsolating,
-    WallClockBackend,
-):
-    """Wraps `backend`; identical calls (`call_key`) are sent once. It declares every
-    optional capability and forwards each to `backend` where that declares it."""
+class Coalescing(WrappedBackend):
+    """Wraps `backend`; identical calls (`call_key`) are sent once. Its capabilities are the
+    backend's (`WrappedBackend`)."""
 
     def __init__(self, backend: LLMBackend, *, keep: int = 100_000) -> None:
         if keep < 0:
             raise UsageError(f"Coalescing(keep={keep}) must be 0 or more")
-        self.backend = backend
+        super().__init__(backend)
         self.keep = keep
         self._flying: dict[str, asyncio.Future[LLMResponse]] = {}
         self._kept: OrderedDict[str, LLMResponse] = OrderedDict()
         self._calls = 0
         self._coalesced = 0
-
-    async def __aenter__(self) -> Coalescing:
-        if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
-            await self.backend.__aenter__()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if isinstance(self.backend, contextlib.AbstractAsyncContextManager):
-            await self.backend.__aexit__(exc_type, exc, tb)
 
     def stats(self) -> CoalescingStats:
         return CoalescingStats(self._calls, self._coalesced)
@@ -121,38 +92,11 @@ class Coalescing(
                 self._kept.popitem(last=False)
         return answer
 
-    # --- capabilities: forwarded to the wrapped backend -------------------------------------
-
-    def isolates_urgent(self) -> bool:
-        inner = self.backend
-        return isinstance(inner, UrgentIsolating) and inner.isolates_urgent()
-
-    def isolates_failures(self) -> bool:
-        inner = self.backend
-        return isinstance(inner, FailureIsolating) and inner.isolates_failures()
-
-    def needs_wall_clock(self) -> bool:
-        inner = self.backend
-        return isinstance(inner, WallClockBackend) and inner.needs_wall_clock()
-
-    async def program_done(self, program_id: str) -> None:
-        if isinstance(self.backend, ProgramAware):
-            await self.backend.program_done(program_id)
-
-    async def check(self) -> None:
-        if isinstance(self.backend, HealthChecked):
-            await self.backend.check()
-
-    async def load(self) -> LoadReport:
-        if isinstance(self.backend, LoadReporting):
-            return await self.backend.load()
-        return LoadReport()
-
     def describe(self) -> str:
-        inner = getattr(self.backend, "describe", None)
         s = self.stats()
         text = f"{s.calls} calls sent, {s.coalesced} identical calls answered once"
-        return f"{inner()}; {text}" if callable(inner) else text
+        inner = self.inner_description()
+        return f"{inner}; {text}" if inner is not None else text
 
 
 def _shared(answer: LLMResponse) -> LLMResponse:

@@ -2,7 +2,7 @@
 
     job = BatchJob(read_rows("in.jsonl"), sink_for("out.jsonl"))
     async with Engine(backends=..., store=store) as engine:
-        job.sink.open()
+        job.open_sink()                       # refuses an output it must not write
         summary = await job.run(engine)      # job.progress() meanwhile, from any task
 
 Each row is one workflow run, labelled with the job's id and the row's index, so that a
@@ -301,8 +301,7 @@ class BatchJob:
         caller); returns when each has been written."""
         self._engine = engine
         self._clock_start = engine.clock.monotonic()
-        done = self.sink.done
-        self._check_output(done)
+        done = self.sink.done  # opened by `open_sink`, which checked it is this job's
         todo = [i for i in self.plan.order if self.rows[i].custom_id not in done]
         self._skipped = len(self.rows) - len(todo)
         mine = {row.custom_id for row in self.rows}
