@@ -44,6 +44,9 @@ class Outcome:
     arrival: float
     finished: float
     deadline: float | None
+    dropped: bool = False
+    """Given up before it finished (shed or cancelled at its deadline): a miss, left out of
+    the JCT figures."""
 
     @property
     def jct(self) -> float:
@@ -51,7 +54,7 @@ class Outcome:
 
     @property
     def met_deadline(self) -> bool:
-        return self.deadline is None or self.jct <= self.deadline
+        return not self.dropped and (self.deadline is None or self.jct <= self.deadline)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,7 @@ def ideal_hit_share(records: Sequence[tuple[float, int, list[int]]], block_size:
 def summarise(
     mode: str, outcomes: list[Outcome], stats: SimStats, ideal: float = math.nan
 ) -> Report:
-    jcts = [o.jct for o in outcomes]
+    jcts = [o.jct for o in outcomes if not o.dropped] or [math.nan]
     start = min(o.arrival for o in outcomes)
     end = max(o.finished for o in outcomes)
     return Report(
@@ -331,9 +334,10 @@ async def _replay(
 # --- plait ------------------------------------------------------------------------------------
 
 
-def as_workflow(program: Program) -> Workflow:
-    """A plait workflow doing what `program` describes; LLM calls carry the program's hints."""
-    wf = Workflow(program.id)
+def as_workflow(program: Program, name: str | None = None) -> Workflow:
+    """A plait workflow doing what `program` describes; LLM calls carry the program's hints.
+    Named `name` (the program's id if None; the engine makes run ids unique)."""
+    wf = Workflow(program.id if name is None else name)
     replies: dict[str, str] = {}
     for step in program.steps:
         if isinstance(step, TraceStep):

@@ -61,7 +61,7 @@ from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
 from ._resume import Decision, ResumePlan, decision_for, plan_resume
 from ._retention import Retention, Sweeper
-from ._run import Durations, Run, RunResult, RunServices
+from ._run import Durations, Late, Run, RunResult, RunServices, RunTimes
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, slack_of
 from ._store import Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable
@@ -243,6 +243,9 @@ class Engine:
         self.durations = Durations(default_estimate)
         """What each kind of task has taken lately: the `slack` policy's estimates of what a
         run has left (and so which deadlines are hopeless) for tasks without `estimate=`."""
+        self.run_times = RunTimes()
+        """What recent runs with a deadline took, per workflow name: a `late="cancel"` run
+        whose deadline is shorter than most of them took is shed at once."""
         if threads < 1:
             raise UsageError(f"Engine(threads={threads}) must be at least 1")
         self.threads = threads
@@ -689,9 +692,16 @@ class Engine:
         priority: PriorityClass = "batch",
         tenant: str | None = None,
         labels: Mapping[str, str] | None = None,
+        late: Late = "finish",
         _subscriber: asyncio.Queue[Event] | None = None,
     ) -> RunHandle:
         """Start running `workflow`; `deadline` is seconds from now. Returns at once.
+
+        `late` says what happens to a run that misses its deadline: "finish" (the default)
+        runs it to its end; "cancel" cancels it when the deadline passes, and sheds it at
+        once (cancelled, with a `DeadlineHopeless` event first) when most recent runs of a
+        workflow of the same name took longer than its deadline: under overload, work that
+        will be late anyway gives way to work that can still be on time (docs/admission.md).
 
         `tenant` and `labels` go into the run's row in the store (`Store.workflows` filters
         by them) and stay with it when it is resumed."""
@@ -705,6 +715,8 @@ class Engine:
         if priority not in CLASS_RANK:
             raise UsageError(f"priority must be one of {', '.join(CLASS_RANK)}, got {priority!r}")
         check_seconds(f"workflow {workflow.name!r}", "deadline", deadline)
+        if late not in ("finish", "cancel"):
+            raise UsageError(f"late must be 'finish' or 'cancel', got {late!r}")
         labels = _checked_labels(labels)
         if tenant is not None and not isinstance(tenant, str):
             raise UsageError(f"tenant must be a str or None, got {type(tenant).__name__}")
@@ -714,7 +726,7 @@ class Engine:
             workflow.id = f"{workflow.name}-{secrets.token_hex(6)}"
         elif workflow.id in self._runs:
             workflow.id = f"{workflow.name}#{self._programs + 1}"
-        return self._launch(
+        handle = self._launch(
             workflow,
             priority=priority,
             deadline=deadline,
@@ -722,6 +734,29 @@ class Engine:
             labels=labels,
             subscriber=_subscriber,
         )
+        if late == "cancel" and deadline is not None:
+            self._shed_if_late(handle._run, deadline)
+        return handle
+
+    def _shed_if_late(self, run: Run, deadline: float) -> None:
+        """A `late="cancel"` run: cancelled when its deadline passes, and at once if most
+        recent runs of its workflow's name took longer than the whole deadline."""
+        run.late = "cancel"
+        took = self.run_times.typical(run.workflow.name)
+        if took is None or took <= deadline:
+            return
+        now = self.clock.monotonic()
+        assert run.deadline is not None
+        run.hopeless_at = now
+        self.bus.emit(
+            run.id,
+            DeadlineHopeless(workflow=run.id, deadline=run.deadline, remaining=took, at=now),
+        )
+        run.cancel(
+            f"shed: its deadline ({deadline:.1f} s) is shorter than what most recent runs of "
+            f"{run.workflow.name!r} took ({took:.1f} s)"
+        )
+        self.wake()
 
     def _check_accepting(self) -> None:
         if self.durable is not None and self.durable.error is not None:
@@ -904,11 +939,14 @@ class Engine:
         priority: PriorityClass = "batch",
         tenant: str | None = None,
         labels: Mapping[str, str] | None = None,
+        late: Late = "finish",
     ) -> RunResult:
-        """Run `workflow` to its end and return how it went (see `RunResult.raise_for_status`)."""
+        """Run `workflow` to its end and return how it went (see `RunResult.raise_for_status`;
+        `late` as for `submit`)."""
         handle = self.submit(
-            workflow, deadline=deadline, priority=priority, tenant=tenant, labels=labels
-        )
+            workflow, deadline=deadline, priority=priority, tenant=tenant, labels=labels,
+            late=late,
+        )  # fmt: skip
         return await handle.result()
 
     async def iter(
@@ -993,12 +1031,16 @@ class Engine:
                 run.id,
                 DeadlineMissed(workflow=run.id, deadline=run.deadline, at=self.clock.monotonic()),
             )
+            if run.late == "cancel" and not run.complete:
+                run.cancel("deadline passed")
             self.wake()  # listeners hear it now, not with the next outcome
 
     def _finish(self, run: Run) -> None:
         """The run's last task is final: tell everyone, and let go of the workflow. A
         durable run's result is handed back once its last event is committed."""
         result = run.result()
+        if run.deadline is not None and result.ok:
+            self.run_times.observe(run.workflow.name, result.finished_at - result.started_at)
         if run.deadline_timer is not None:
             run.deadline_timer.cancel()
             run.deadline_timer = None

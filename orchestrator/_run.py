@@ -10,9 +10,10 @@ what it needs (clock, policy, admission queues, the event bus) is handed to it
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ._admission import Admission
 from ._bus import EventBus
@@ -136,6 +137,38 @@ class Durations:
         return self._mean.get(label, self.default)
 
 
+Late = Literal["finish", "cancel"]
+"""What happens to a run that misses its deadline (`Engine.submit(late=...)`)."""
+
+
+class RunTimes:
+    """What recent runs with a deadline took from submission to their end, per workflow
+    name: the last `keep` of each. `typical` answers the `share` quantile of them once
+    `min_seen` were seen (None before): what a run submitted now will likely take under the
+    present load, since the queues and steps its predecessors met are in their times."""
+
+    __slots__ = ("_seen", "keep", "min_seen", "share")
+
+    def __init__(self, keep: int = 20, min_seen: int = 5, share: float = 0.9) -> None:
+        self.keep = keep
+        self.min_seen = min_seen
+        self.share = share
+        self._seen: dict[str, deque[float]] = {}
+
+    def observe(self, name: str, seconds: float) -> None:
+        seen = self._seen.get(name)
+        if seen is None:
+            seen = self._seen[name] = deque(maxlen=self.keep)
+        seen.append(seconds)
+
+    def typical(self, name: str) -> float | None:
+        seen = self._seen.get(name)
+        if seen is None or len(seen) < self.min_seen:
+            return None
+        ordered = sorted(seen)
+        return ordered[min(len(ordered) - 1, int(self.share * len(ordered)))]
+
+
 @dataclass(frozen=True, slots=True)
 class RunServices:
     """What a run needs from whoever runs it, handed down once (the engine builds it)."""
@@ -190,6 +223,8 @@ class Run:
         self._remaining: float | None = None
         self.hopeless_at: float | None = None
         """Set once admission finds the deadline out of reach (see `DeadlineHopeless`)."""
+        self.late: Late = "finish"
+        """"cancel": cancelled when the deadline passes (`Engine.submit(late=...)`)."""
         self.deadline_timer: asyncio.TimerHandle | None = None
 
     def __repr__(self) -> str:

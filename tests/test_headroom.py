@@ -29,6 +29,7 @@ from orchestrator import (
 )
 from orchestrator._admission import Admission
 from orchestrator._knee import slack_rich
+from orchestrator._run import RunTimes
 
 A, B = 0.005, 0.0001
 """Seconds per token = A + B x calls in flight: the synthetic server of these tests."""
@@ -291,3 +292,92 @@ def test_a_router_with_urgent_lanes_gets_no_knee_over_all_its_replicas() -> None
     learned, overridden = VirtualClock().run(main())
     assert learned == ["plain"]  # the lanes keep urgent work apart: no knee over them
     assert overridden == ["lanes"]  # a fixed cap is still applied where it is asked for
+
+
+# --- late="cancel": give up on what will be late ---------------------------------------------
+
+
+def test_a_late_cancel_run_is_cancelled_when_its_deadline_passes() -> None:
+    """3 steps of 3 s, deadline 5 s: with late="cancel" the second step is cancelled at 5 s
+    and the third never starts; with the default the run finishes, late, at 9 s."""
+    clock = VirtualClock()
+
+    async def main(late: str) -> tuple[str, float, dict[str, str]]:
+        async with Engine(clock=clock, policy="slack") as engine:
+            started = clock.monotonic()
+            result = await engine.run(_slow_chain(3), deadline=5, late=late)  # type: ignore[arg-type]
+            return result.status, result.finished_at - started, dict(result.cancelled)
+
+    status, took, cancelled = clock.run(main("cancel"))
+    assert status == "cancelled"
+    assert took == pytest.approx(5.0)
+    assert cancelled["s1"] == "deadline passed"
+    assert "s2" in cancelled and "s0" not in cancelled
+    status, took, _ = clock.run(main("finish"))
+    assert (status, took) == ("succeeded", pytest.approx(9.0))
+
+
+def test_a_late_cancel_run_is_shed_at_once_when_recent_runs_took_longer_than_its_deadline() -> None:
+    """After five 9 s runs of "slow" (each with a deadline, so their times are kept), a
+    late="cancel" run given 5 s is refused at once, told hopeless first, and runs nothing;
+    one given 20 s runs; a default run given 5 s runs (late)."""
+    clock = VirtualClock()
+
+    async def main() -> tuple[list[Event], str, str]:
+        async with Engine(clock=clock, policy="slack") as engine:
+            for _ in range(5):
+                assert (await engine.run(_slow_chain(3), deadline=60)).ok
+            shed_at = clock.monotonic()
+            events = [
+                e async for e in engine.iter(_slow_chain(3), deadline=5, priority="interactive")
+            ]
+            assert events  # iter has no late=: a default run, which finishes
+            handle = engine.submit(_slow_chain(3), deadline=5, late="cancel")
+            shed = await handle.result()
+            assert shed.finished_at == shed_at + 9.0  # after the iter run, at once
+            assert shed.hopeless_at == shed.finished_at
+            assert set(shed.cancelled) == {"s0", "s1", "s2"}
+            reason = shed.cancelled["s0"]
+            roomy = await engine.run(_slow_chain(3), deadline=20, late="cancel")
+            return events, shed.status, reason + " | " + roomy.status
+
+    events, status, reasons = clock.run(main())
+    assert status == "cancelled"
+    assert "shed: its deadline (5.0 s)" in reasons and "'slow' took (9.0 s)" in reasons
+    assert reasons.endswith("| succeeded")
+    assert events[-1].kind == "workflow_finished"
+
+
+def test_too_few_recent_runs_shed_nothing() -> None:
+    clock = VirtualClock()
+
+    async def main() -> str:
+        async with Engine(clock=clock, policy="slack") as engine:
+            for _ in range(4):
+                await engine.run(_slow_chain(3), deadline=60)
+            return (await engine.run(_slow_chain(1), deadline=5, late="cancel")).status
+
+    assert clock.run(main()) == "succeeded"
+
+
+def test_a_bad_late_value_is_refused() -> None:
+    clock = VirtualClock()
+
+    async def main() -> None:
+        async with Engine(clock=clock) as engine:
+            with pytest.raises(UsageError, match="late must be 'finish' or 'cancel'"):
+                engine.submit(_slow_chain(1), deadline=5, late="drop")  # type: ignore[arg-type]
+
+    clock.run(main())
+
+
+def test_run_times_answer_a_high_quantile_of_the_last_runs() -> None:
+    times = RunTimes(keep=10, min_seen=3, share=0.9)
+    times.observe("q", 1.0)
+    times.observe("q", 2.0)
+    assert times.typical("q") is None and times.typical("other") is None
+    for seconds in range(3, 30):
+        times.observe("q", float(seconds))
+    assert times.typical("q") == 29.0  # the last 10 are 20..29; the 0.9 quantile is the top
+    times.observe("q", 0.5)
+    assert times.typical("q") == 29.0

@@ -217,6 +217,7 @@ def test_one_task_with_wait_answers_with_its_result(make_store: StoreFactory) ->
         ({"labels": {"plait.mine": "x"}}, "labels", "service's own"),
         ({"name": "has space"}, "name", "pattern"),
         ({"priority": "urgent"}, "priority", "interactive"),
+        ({"late": "drop"}, "late", "'finish' or 'cancel'"),
         ({"surprise": 1}, "surprise", "Extra"),
     ],
 )  # fmt: skip
@@ -378,6 +379,19 @@ def test_cancel_a_running_workflow_and_not_a_finished_one(make_store: StoreFacto
         assert status == 409 and "finished already (cancelled)" in error["error"]
         status, error, _ = await api.call("DELETE", "/v1/workflows/nope-1")
         assert status == 404
+
+    on_stores(make_store, body)
+
+
+def test_a_late_cancel_workflow_is_given_up_when_its_deadline_passes(
+    make_store: StoreFactory,
+) -> None:
+    async def body(api: Api) -> None:
+        spec = {**GATED, "deadline_s": 0.01, "late": "cancel"}
+        _, accepted, _ = await api.call("POST", "/v1/workflows", spec)
+        _, result, _ = await api.call("GET", f"/v1/workflows/{accepted['id']}/result?wait=30")
+        assert result["status"] == "cancelled"
+        assert result["failures"]["wait"] == "deadline passed"
 
     on_stores(make_store, body)
 

@@ -393,6 +393,7 @@ class Service:
                 workflow,
                 deadline=spec.deadline_s,
                 priority=spec.priority,
+                late=spec.late,
                 tenant=tenant.name,
                 labels=labels,
             )

@@ -138,6 +138,9 @@ class _Run(_Request):
     """`interactive` runs before `batch` when both wait (program-first scheduling)."""
     deadline_s: float | None = Field(default=None, gt=0, le=30 * 86_400)
     """Seconds from submission: urgency for the scheduler, met or missed in the result."""
+    late: Literal["finish", "cancel"] = "finish"
+    """With a deadline, "cancel" gives the run up when its deadline passes, or at once when
+    most recent runs of the same name took longer than its deadline (docs/admission.md)."""
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
     """Free key/value pairs to filter the list by."""
     inputs: dict[Name, Any] = Field(default_factory=dict, max_length=MAX_INPUTS)
@@ -177,6 +180,7 @@ class SingleTask(_Run, _Action):
             tasks=[task],
             priority=self.priority,
             deadline_s=self.deadline_s,
+            late=self.late,
             labels=self.labels,
             inputs=self.inputs,
         )
