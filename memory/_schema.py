@@ -9,11 +9,12 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TSVECTOR
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """1: workflows, events, payloads and their references. 2: call results; tenant and labels.
 3: a finished workflow's `compacted` mark (its log keeps only what rebuilds it).
 4: agent memory. 5: peer messages. 6: the blackboard. 7: memory search by id ranges on
-PostgreSQL (its index only)."""
+PostgreSQL (its index only). 8: several engines on one store: a workflow's owner and lease,
+each engine's share of a backend's shared in-flight limit."""
 
 metadata = sa.MetaData()
 
@@ -39,7 +40,12 @@ workflows = sa.Table(
     sa.Column("labels", sa.JSON, nullable=True),
     # Set by compaction, never by an append (the upsert leaves it as it is).
     sa.Column("compacted", sa.Boolean, nullable=False, server_default=sa.false()),
+    # The engine running it and until when its lease holds (the database's clock), with
+    # several engines on the store (v8); NULL: no engine has leased it.
+    sa.Column("owner", sa.String(200), nullable=True),
+    sa.Column("lease_until", sa.Double, nullable=True),
     sa.Index("plait_workflows_status", "status", "created"),
+    sa.Index("plait_workflows_owner", "owner"),
     sa.Index("plait_workflows_tenant", "tenant", "created"),
     sa.Index("plait_workflows_finished", "finished"),
 )
@@ -70,6 +76,20 @@ payload_refs = sa.Table(
     sa.Column("workflow_id", sa.String(200), primary_key=True),
     sa.Column("digest", sa.String(64), primary_key=True),
     sa.Index("plait_payload_refs_digest", "digest"),
+)
+
+# Each engine's share of a backend's in-flight limit when several engines share it (v8):
+# `held` slots it may fill, what it wants for urgent and other calls, and until when the row
+# counts (an engine that stops renewing it gives its slots back by expiry).
+slots = sa.Table(
+    "plait_slots",
+    metadata,
+    sa.Column("backend", sa.String(200), primary_key=True),
+    sa.Column("engine", sa.String(200), primary_key=True),
+    sa.Column("held", sa.Integer, nullable=False),
+    sa.Column("want_urgent", sa.Integer, nullable=False),
+    sa.Column("want_batch", sa.Integer, nullable=False),
+    sa.Column("lease_until", sa.Double, nullable=False),
 )
 
 calls = sa.Table(

@@ -30,6 +30,7 @@ import itertools
 import json
 import re
 import sqlite3
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -46,7 +47,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from orchestrator import (
     CallRecord,
+    Claimed,
     EventRecord,
+    LeaseLostError,
     Store,
     StoreBatch,
     StoreError,
@@ -518,6 +521,51 @@ class SQLStore(Store):
 
     # --- inside -----------------------------------------------------------------------------
 
+    # --- leases --------------------------------------------------------------------------------
+
+    async def claim(self, owner: str, lease_s: float, limit: int) -> list[Claimed]:
+        if limit < 1:
+            return []
+        async with self._write() as conn:
+            if self._sqlite:
+                now = time.time()
+                params = {"owner": owner, "now": now, "limit": limit}
+                rows = (await conn.execute(sa.text(_SQLITE_CLAIMABLE), params)).all()
+                ids = [r[0] for r in rows]
+                for chunk in _chunks(ids):
+                    await conn.execute(
+                        t.workflows.update()
+                        .where(t.workflows.c.id.in_(chunk))
+                        .values(owner=owner, lease_until=now + lease_s)
+                    )
+            else:
+                params = {"owner": owner, "lease": lease_s, "limit": limit}
+                rows = (await conn.execute(sa.text(_PG_CLAIM), params)).all()
+        return [Claimed(r[0], r[1]) for r in rows]
+
+    async def renew(self, owner: str, lease_s: float) -> int:
+        until = f"{self._now_sql()} + :lease"
+        sql = f"UPDATE plait_workflows SET lease_until = {until} WHERE owner = :owner{_LIVE}"
+        async with self._write() as conn:
+            result = await conn.execute(sa.text(sql), {"owner": owner, "lease": lease_s})
+        return int(result.rowcount)
+
+    async def release(self, owner: str, workflows: Sequence[str] | None = None) -> int:
+        w = t.workflows.c
+        mine = (w.owner == owner) & w.status.in_(_UNFINISHED)
+        released = 0
+        async with self._write() as conn:
+            for chunk in [None] if workflows is None else list(_chunks(sorted(set(workflows)))):
+                where = mine if chunk is None else mine & w.id.in_(chunk)
+                query = t.workflows.update().where(where).values(owner=None, lease_until=None)
+                released += (await conn.execute(query)).rowcount
+        return released
+
+    def _now_sql(self) -> str:
+        """Now, on the database's clock (PostgreSQL: the server's, so engines on machines
+        whose clocks differ agree on whose lease ran out; SQLite: this machine's)."""
+        return _SQLITE_NOW if self._sqlite else _PG_NOW
+
     @contextmanager
     def _translate(self, action: str) -> Iterator[None]:
         """Turn driver and SQLAlchemy errors into a `StoreError` naming the store."""
@@ -668,6 +716,8 @@ def _workflow_from(row: sa.RowMapping) -> WorkflowRow:
         tenant=row["tenant"],
         labels=row["labels"] or {},
         compacted=bool(row["compacted"]),
+        owner=row["owner"],
+        lease_until=row["lease_until"],
     )
 
 
@@ -713,6 +763,29 @@ def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
 # once and in order, so numbering and position agree.
 
 _EVENT_COLUMNS = ("workflow_id", "seq", "kind", "at", "data", "refs")
+
+# Leases (several engines on one store). Each engine's lease times come from the database's
+# clock on PostgreSQL, so engines need not agree on the time.
+_PG_NOW = "extract(epoch from clock_timestamp())::double precision"
+_SQLITE_NOW = "(julianday('now') - 2440587.5) * 86400.0"
+_LIVE = " AND status IN ('pending', 'running')"
+_PG_CLAIM = (
+    "WITH free AS (SELECT id, owner FROM plait_workflows "
+    f"WHERE status IN ('pending', 'running') AND (owner IS NULL OR lease_until < {_PG_NOW}) "
+    "ORDER BY created, id LIMIT :limit FOR UPDATE SKIP LOCKED) "
+    f"UPDATE plait_workflows AS w SET owner = :owner, lease_until = {_PG_NOW} + :lease "
+    "FROM free WHERE w.id = free.id RETURNING w.id, free.owner"
+)
+_SQLITE_CLAIMABLE = (
+    "SELECT id, owner FROM plait_workflows WHERE status IN ('pending', 'running') "
+    "AND (owner IS NULL OR lease_until < :now) ORDER BY created, id LIMIT :limit"
+)
+# The fence: which of the batch's workflows exist with another owner (or none: released).
+_PG_OWNERS = "SELECT id, owner FROM plait_workflows WHERE id = ANY($1::varchar[]) FOR UPDATE"
+_PG_LEASE_NEW = (
+    f"UPDATE plait_workflows SET owner = $1, lease_until = {_PG_NOW} + $2 "
+    "WHERE id = ANY($3::varchar[]) AND owner IS NULL"
+)
 _MAX_SEQ = "SELECT max(seq) FROM plait_events WHERE workflow_id = $1"
 # One max() per workflow, not GROUP BY: each is answered from the primary key's index in
 # O(log n), where a grouped max reads every event of the workflow.
@@ -806,6 +879,14 @@ class _SQLiteAppender:
         assert conn is not None
         conn.execute("BEGIN IMMEDIATE")
         try:
+            owner = batch.owner
+            if owner is not None:
+                stored: list[tuple[str, str | None]] = []
+                for chunk in _chunks(_touched(batch)):
+                    marks = ", ".join("?" * len(chunk))
+                    sql = f"SELECT id, owner FROM plait_workflows WHERE id IN ({marks})"
+                    stored.extend(conn.execute(sql, list(chunk)).fetchall())
+                _fence(owner, stored)
             if batch.payloads:
                 conn.executemany(_SQLITE_INSERT_PAYLOAD, batch.payloads.items())
             if batch.events:
@@ -813,6 +894,12 @@ class _SQLiteAppender:
             if batch.workflows:
                 rows = [_workflow_values(w) for w in batch.workflows]
                 conn.executemany(_SQLITE_UPSERT_WORKFLOW, rows)
+                if owner is not None:
+                    lease = (
+                        f"UPDATE plait_workflows SET owner = ?, lease_until = {_SQLITE_NOW} + ? "
+                        "WHERE id = ? AND owner IS NULL"
+                    )
+                    conn.executemany(lease, [(owner, batch.lease_s, w.id) for w in batch.workflows])
             if batch.calls:
                 conn.executemany(_SQLITE_INSERT_CALL, [_call_values(c) for c in batch.calls])
             conn.execute("COMMIT")
@@ -841,6 +928,10 @@ class _SQLiteAppender:
 
 async def _write_postgres(conn: asyncpg.Connection, batch: StoreBatch) -> None:
     """The batch, inside the caller's transaction on `conn`."""
+    owner = batch.owner
+    if owner is not None:
+        rows = await conn.fetch(_PG_OWNERS, _touched(batch))
+        _fence(owner, [(r[0], r[1]) for r in rows])
     if batch.payloads:
         await conn.execute(_PG_GC_SHARED)
         await conn.executemany(_INSERT_PAYLOAD, list(batch.payloads.items()))
@@ -857,8 +948,26 @@ async def _write_postgres(conn: asyncpg.Connection, batch: StoreBatch) -> None:
             await conn.executemany(_INSERT_REF, refs)
     if batch.workflows:
         await conn.executemany(_UPSERT_WORKFLOW, [_workflow_values(w) for w in batch.workflows])
+        if owner is not None:
+            await conn.execute(_PG_LEASE_NEW, owner, batch.lease_s, [w.id for w in batch.workflows])
     if batch.calls:
         await conn.executemany(_INSERT_CALL, [_call_values(c) for c in batch.calls])
+
+
+def _touched(batch: StoreBatch) -> list[str]:
+    """Every workflow a batch writes to, sorted (rows are locked in one order)."""
+    ids = {e.workflow for e in batch.events}
+    ids.update(w.id for w in batch.workflows)
+    ids.update(c.workflow for c in batch.calls if c.workflow is not None)
+    return sorted(ids)
+
+
+def _fence(owner: str, stored: Sequence[tuple[str, str | None]]) -> None:
+    """Refuse a batch that writes to a workflow leased to another engine (or released): it
+    was taken over after `owner`'s lease ran out. Workflows not stored yet are new."""
+    lost = [workflow for workflow, holder in stored if holder != owner]
+    if lost:
+        raise LeaseLostError(owner, sorted(lost))
 
 
 def _first_seqs(records: Sequence[EventRecord]) -> dict[str, int]:

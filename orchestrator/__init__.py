@@ -7,6 +7,7 @@ This package owns the loop and the protocols (LLM backend, clock, actions); `exe
 from ._admission import Limits, ResourceStats
 from ._calls import CallSite, LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
+from ._cluster import Cluster, LeaseStats
 from ._config import BackendKind, Config, ConfigSection, load_config
 from ._context import TaskContext, WorkflowEditor
 from ._engine import Engine, EngineStats, ResumeReport, RunHandle
@@ -117,7 +118,9 @@ from ._scheduler import (
 )
 from ._store import (
     CallRecord,
+    Claimed,
     EventRecord,
+    LeaseLostError,
     Store,
     StoreBatch,
     StoreError,
@@ -285,6 +288,10 @@ __all__ = [
     "JournalStats",
     "Store",
     "StoreBatch",
+    "Claimed",
+    "Cluster",
+    "LeaseStats",
+    "LeaseLostError",
     "StoreError",
     "StoreSize",
     "StoreVersionError",

@@ -11,7 +11,7 @@ calls it; it never calls the engine back, except through `wake`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from ._clock import Clock
 from ._events import Event, WorkflowFinished, WorkflowStatus
@@ -19,7 +19,7 @@ from ._journal import Journal
 from ._resume import StoredCalls
 from ._retention import Retention, Sweeper
 from ._run import Run, RunResult
-from ._store import Store, StoreError, WorkflowRow
+from ._store import LeaseLostError, Store, StoreError, WorkflowRow
 from ._task import TaskRun
 
 JOURNAL_MAX_PENDING = 2_000_000
@@ -42,9 +42,20 @@ class Durability:
         *,
         patience_s: float,
         retention: Retention | None,
+        owner: str | None = None,
+        lease_s: float = 0.0,
+        on_lost: Callable[[Sequence[str]], None] | None = None,
     ) -> None:
         self.store = store
-        self.journal = Journal(store, max_pending=JOURNAL_MAX_PENDING, patience_s=patience_s)
+        self.owner = owner
+        self.journal = Journal(
+            store,
+            max_pending=JOURNAL_MAX_PENDING,
+            patience_s=patience_s,
+            owner=owner,
+            lease_s=lease_s,
+            on_lost=on_lost,
+        )
         self.memo = StoredCalls(store, self.journal)
         self.sweeper = None if retention is None else Sweeper(store, retention, clock)
         self.error: StoreError | None = None
@@ -123,13 +134,17 @@ class Durability:
             await self.journal.durable(mark)
 
     async def hand_back(self, run: Run, result: RunResult) -> None:
-        """Give the run's awaiters its result once its last event is committed."""
+        """Give the run's awaiters its result once its last event is committed (or the
+        error saying another engine runs it now)."""
         try:
             await self.journal.durable()
         except StoreError as exc:
             fail(run.done, exc)
         else:
-            run.done.set_result(result)
+            if self.journal.lost(run.id):
+                fail(run.done, LeaseLostError(self.owner or "this engine", [run.id]))
+            else:
+                run.done.set_result(result)
 
     # --- inside ----------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
 from ._bus import EventBus
 from ._calls import LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
+from ._cluster import Cluster, Leases
 from ._context import TaskContext
 from ._durable import Durability, fail
 from ._errors import (
@@ -200,6 +201,7 @@ class Engine:
         store_patience: float = 60.0,
         retention: Retention | None = None,
         headroom: Headroom | None = DEFAULT_HEADROOM,
+        cluster: Cluster | None = None,
     ) -> None:
         backends = dict(backends or {})
         self.policy = get_policy(policy)
@@ -275,6 +277,15 @@ class Engine:
                 "too, or leave retention out"
             )
         self.retention = retention
+        if cluster is not None and store is None:
+            raise UsageError(
+                "Engine(cluster=...) shares a store's runs between engines: pass "
+                "store=SQLStore(...) (PostgreSQL for engines on several machines) too"
+            )
+        self.cluster = cluster
+        self.leases: Leases | None = None
+        """The cluster side while the engine runs with `cluster` (heartbeat, take-over)."""
+        self._lease_task: asyncio.Task[None] | None = None
         self.durable: Durability | None = None
         """The store's side of the engine while it runs with one (journal, memo, sweeper)."""
 
@@ -327,6 +338,15 @@ class Engine:
                     "database driver's thread or socket), which virtual time would jump over "
                     "to its timeouts; use clock=SystemClock(), or no store for simulations"
                 )
+            if self.cluster is not None:
+                self.leases = Leases(
+                    self.cluster,
+                    self.store,
+                    self._clock,
+                    room=lambda: self.max_workflows - len(self._runs),
+                    resume=self._resume_claimed,
+                    let_go=self._let_go,
+                )
             self.durable = Durability(
                 self.store,
                 self._clock,
@@ -334,6 +354,9 @@ class Engine:
                 self.wake,
                 patience_s=self.store_patience,
                 retention=self.retention,
+                owner=None if self.leases is None else self.leases.owner,
+                lease_s=0.0 if self.cluster is None else self.cluster.lease_s,
+                on_lost=None if self.leases is None else self.leases.lost,
             )
             self.calls.memo = self.durable.memo
             self.bus.recorder = self.durable.record
@@ -346,6 +369,8 @@ class Engine:
         if self.durable is not None:
             self.durable.start(tg)
         self._tg.create_task(self._loop(), name="plait-engine")
+        if self.leases is not None:
+            self._lease_task = tg.create_task(self.leases.run(), name="plait-leases")
         return self
 
     async def __aexit__(
@@ -356,6 +381,9 @@ class Engine:
     ) -> bool | None:
         assert self._tg is not None
         self._closing = True
+        if self._lease_task is not None:
+            self._lease_task.cancel()
+            self._lease_task = None
         if self.durable is not None:
             self.durable.suspend()
         for run in list(self._runs.values()):
@@ -372,6 +400,8 @@ class Engine:
             return None
         finally:
             self._group = None
+            if self.leases is not None and self.durable is not None and not self.durable.error:
+                await self.leases.release()  # the runs left go to other engines at once
             self._abandon_runs()
             self.calls.stop()
             self.calls.memo = None
@@ -840,6 +870,31 @@ class Engine:
             raise
         self.wake()
         return RunHandle(self, run)
+
+    # --- cluster -----------------------------------------------------------------------------
+
+    def _let_go(self, workflow: str) -> None:
+        """Stop a run without writing anything more of it: another engine runs it now (or
+        will: "*", every run, when this engine could not renew its leases in time)."""
+        durable = self.durable
+        assert durable is not None
+        runs = list(self._runs.values()) if workflow == "*" else [self._runs.get(workflow)]
+        for run in runs:
+            if run is None:
+                continue
+            durable.journal.let_go(run.id)
+            run.cancel("another engine runs this workflow now")
+            if workflow == "*" and self.leases is not None:
+                self.leases.stats.given_up += 1
+        self.wake()
+
+    async def _resume_claimed(self, workflows: Sequence[str]) -> list[str]:
+        """Resume runs this engine claimed; return those it started."""
+        if self._tg is None or self._closing:
+            return []
+        registry = None if self.cluster is None else self.cluster.registry
+        report = await self.resume(registry, workflows=workflows)
+        return [handle.id for handle in report.runs]
 
     # --- resume ------------------------------------------------------------------------------
 

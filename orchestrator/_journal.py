@@ -27,7 +27,8 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 from pydantic import TypeAdapter
@@ -39,6 +40,7 @@ from ._store import (
     NO_REFS,
     CallRecord,
     EventRecord,
+    LeaseLostError,
     Store,
     StoreBatch,
     StoreError,
@@ -104,6 +106,9 @@ class Journal:
         patience_s: float = 60.0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         now: Callable[[], float] = time.monotonic,
+        owner: str | None = None,
+        lease_s: float = 0.0,
+        on_lost: Callable[[Sequence[str]], None] | None = None,
     ):
         if max_pending < 1:
             raise UsageError(f"max_pending must be at least 1, not {max_pending}")
@@ -135,12 +140,29 @@ class Journal:
         self._closing = False
         self._stopped = False
         self._error: BaseException | None = None
+        self._owner = owner
+        self._lease_s = lease_s
+        self._on_lost = on_lost
+        self._lost: set[str] = set()
+        """Workflows another engine took over (`LeaseLostError`): nothing more is written."""
 
     # --- the engine's side: synchronous, no I/O ------------------------------------------------
 
     def start_at(self, workflow: str, last_seq: int) -> None:
         """Continue a stored workflow: its next event gets `last_seq + 1`."""
+        self._lost.discard(workflow)  # taken back after it was lost: this engine's again
         self._seqs[workflow] = last_seq
+
+    def let_go(self, workflow: str) -> None:
+        """Append nothing more of this workflow (another engine runs it, or will). What is
+        pending of it still goes to the store, fenced: written while this engine holds the
+        lease (the log stays whole), dropped if another engine took the workflow over."""
+        self._lost.add(workflow)
+        self._seqs.pop(workflow, None)
+
+    def lost(self, workflow: str) -> bool:
+        """Whether this engine let the workflow go (`let_go`, or taken over)."""
+        return workflow in self._lost
 
     def forget(self, workflow: str) -> None:
         """Drop a finished workflow's sequence counter (appending to it again starts at 1)."""
@@ -167,6 +189,8 @@ class Journal:
         return self._add(workflow, kind, at, text, NO_REFS)
 
     def _add(self, workflow: str, kind: str, at: float, text: str, refs: Mapping[str, str]) -> int:
+        if workflow in self._lost:
+            return 0  # another engine runs it now: what this one still says is dropped
         seq = self._seqs.get(workflow, 0) + 1
         self._seqs[workflow] = seq
         self._events.append(EventRecord(workflow, seq, kind, at, text, refs))
@@ -175,6 +199,8 @@ class Journal:
 
     def upsert(self, row: WorkflowRow) -> None:
         """Accept a workflow row; of several for one id in a batch, the last is written."""
+        if row.id in self._lost:
+            return
         self._accept()
         self._rows[row.id] = row
         self._accepted()
@@ -244,11 +270,16 @@ class Journal:
                     await self._wake.wait()
                     continue
                 batch, upto = self._take()
-                try:
-                    await self._store.append(batch)
-                except Exception as exc:
-                    if not await self._ride_out(batch, exc):
-                        return
+                while True:
+                    try:
+                        await self._store.append(batch)
+                    except LeaseLostError as exc:
+                        batch = self._let_go(batch, exc.workflows)
+                        continue  # the rest of the batch is this engine's: write it
+                    except Exception as exc:
+                        if not await self._ride_out(batch, exc):
+                            return
+                    break
                 self._committed = upto
                 self._commits += 1
                 self._release()
@@ -345,9 +376,27 @@ class Journal:
             workflows=list(self._rows.values()),
             payloads=self._payloads,
             calls=self._calls,
+            owner=self._owner,
+            lease_s=self._lease_s,
         )
         self._events, self._rows, self._payloads, self._calls = [], {}, {}, []
         return batch, self._appended
+
+    def _let_go(self, batch: StoreBatch, workflows: Sequence[str]) -> StoreBatch:
+        """Another engine took these workflows over: drop what this batch and later appends
+        say of them, tell the engine, and keep the rest."""
+        lost = set(workflows)
+        for workflow in lost:
+            self.let_go(workflow)
+        _log.warning("lost the lease of %d workflow(s); another engine runs them now", len(lost))
+        if self._on_lost is not None:
+            self._on_lost(sorted(lost))
+        return replace(
+            batch,
+            events=[e for e in batch.events if e.workflow not in lost],
+            workflows=[w for w in batch.workflows if w.id not in lost],
+            calls=[c for c in batch.calls if c.workflow not in lost],
+        )
 
     def _release(self) -> None:
         if self._appended - self._committed < self._max_pending:

@@ -55,6 +55,30 @@ class StoreVersionError(StoreError):
         self.known = known
 
 
+class LeaseLostError(StoreError):
+    """An engine wrote to workflows whose lease another engine holds now (it took them over
+    after this engine's lease ran out): nothing of the batch was written. `workflows` names
+    them; the engine lets them go, the rest of its work goes on."""
+
+    def __init__(self, owner: str, workflows: Sequence[str]) -> None:
+        shown = ", ".join(list(workflows)[:5]) + (" ..." if len(workflows) > 5 else "")
+        super().__init__(
+            f"engine {owner!r} no longer holds the lease of {len(workflows)} workflow(s) "
+            f"({shown}): another engine took them over after this one's lease ran out"
+        )
+        self.owner = owner
+        self.workflows = tuple(workflows)
+
+
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    """A workflow an engine claimed (`Store.claim`): `previous` is the engine whose lease ran
+    out, None for a workflow nobody held."""
+
+    workflow: str
+    previous: str | None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkflowRow:
     """A workflow's current summary. Times are wall-clock epoch seconds."""
@@ -71,6 +95,11 @@ class WorkflowRow:
     labels: Mapping[str, str] = field(default_factory=dict)
     compacted: bool = False
     """Set by `Store.compact`, read back from the store; an appended row never changes it."""
+    owner: str | None = None
+    """The engine holding the run's lease, with several engines on the store (read back;
+    an appended row never changes it: `StoreBatch.owner` does)."""
+    lease_until: float | None = None
+    """Until when the owner's lease holds (epoch seconds on the store's clock; read back)."""
 
 
 class _NoRefs(Mapping[str, str]):
@@ -135,6 +164,11 @@ class StoreBatch:
     workflows: Sequence[WorkflowRow] = ()
     payloads: Mapping[str, bytes] = field(default_factory=dict)
     calls: Sequence[CallRecord] = ()
+    owner: str | None = None
+    """With several engines on the store: the engine writing. The batch is written only if
+    every workflow it touches is new or leased to `owner` (else `LeaseLostError`, nothing
+    written); new workflows are leased to it for `lease_s` seconds."""
+    lease_s: float = 0.0
 
     def __len__(self) -> int:
         return len(self.events) + len(self.workflows) + len(self.payloads) + len(self.calls)
@@ -277,6 +311,24 @@ class Store(ABC):
     @abstractmethod
     async def size(self) -> StoreSize:
         """Row counts and stored bytes."""
+
+    # --- leases (several engines on one store) -------------------------------------------------
+
+    async def claim(self, owner: str, lease_s: float, limit: int) -> list[Claimed]:
+        """Lease to `owner`, for `lease_s` seconds, up to `limit` unfinished workflows that
+        nobody holds or whose lease has run out, oldest first; rows another engine is
+        claiming at the same moment are skipped, not waited for. Returns what it took."""
+        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
+
+    async def renew(self, owner: str, lease_s: float) -> int:
+        """Extend the leases of every unfinished workflow `owner` holds to `lease_s` seconds
+        from now; return how many."""
+        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
+
+    async def release(self, owner: str, workflows: Sequence[str] | None = None) -> int:
+        """Give up `owner`'s leases (of these workflows, or all): another engine may claim
+        them at once instead of waiting for them to run out. Returns how many."""
+        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
 
 
 def payload_digest(data: bytes) -> str:

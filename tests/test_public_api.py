@@ -34,6 +34,7 @@ EXPECTED = {
         "BackendKind", "Config", "ConfigSection", "load_config",
         "KeepAlive", "PausePredictor", "CacheBudget",
         "DEFAULT_HEADROOM", "Headroom", "KneeController", "KneeStats",
+        "Claimed", "Cluster", "LeaseLostError", "LeaseStats",
         "Breaker", "CallRetry", "CallRetrying", "CircuitBreaker", "CircuitOpenError",
         "CircuitState",
         "Capabilities", "FailureIsolating", "HealthChecked", "LoadReport", "LoadReporting",

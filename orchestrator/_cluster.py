@@ -1,0 +1,199 @@
+"""Several engines on one store: leases, heartbeats and take-over (docs/scaling.md).
+
+Each engine in a cluster has an id (its *owner* name in the store). A run it starts is leased
+to it in the same transaction that first writes the run; a heartbeat extends the leases of
+all its runs every `lease_s / 4`. An engine that dies stops renewing; once a run's lease has
+run out, another engine claims it (`Store.claim`: a row lock taken with `SKIP LOCKED`, so
+engines claiming at once split the work instead of waiting on each other) and resumes it from
+its log: finished tasks keep their results, recorded LLM calls are not paid for again.
+
+Exactly once: every batch an engine writes is fenced (`StoreBatch.owner`): it is written only
+if the engine still holds the lease of every workflow it touches. An engine that stalled past
+its lease and comes back finds the runs taken over on its next write (`LeaseLostError`); it
+lets them go without writing anything more of them. An engine that cannot renew its leases
+for most of `lease_s` (the store unreachable) lets every run go on its own, before another
+engine may take them, so two engines never run one workflow's tasks for long.
+
+A clean shutdown releases the engine's leases, so others take its runs over at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from ._clock import Clock
+from ._errors import UsageError
+from ._registry import Registry
+from ._store import Store, StoreError
+
+_log = logging.getLogger("plait.cluster")
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """Run this engine as one of several sharing its store (`Engine(cluster=...)`).
+
+    `lease_s`: how long a run stays with an engine that stopped renewing it; take-over
+    happens between `lease_s` and 1.25 x `lease_s` after an engine dies. `engine_id`: this
+    engine's name in the store (default: host, process id and a random suffix; it must be
+    unique among live engines). `registry`: finds the code of runs taken over (as for
+    `Engine.resume`; default: found by import). `take_over`: claim runs whose lease ran out
+    (False: this engine only runs what it was given). `claim_batch`: runs claimed at a time.
+    """
+
+    lease_s: float = 10.0
+    engine_id: str | None = None
+    registry: Registry | None = None
+    take_over: bool = True
+    claim_batch: int = 100
+
+    def __post_init__(self) -> None:
+        if not self.lease_s > 0:
+            raise UsageError(f"Cluster(lease_s={self.lease_s}) must be positive")
+        if self.claim_batch < 1:
+            raise UsageError(f"Cluster(claim_batch={self.claim_batch}) must be at least 1")
+        if self.engine_id is not None and not (0 < len(self.engine_id) <= 200):
+            raise UsageError("Cluster(engine_id=...) must be 1 to 200 characters")
+
+    def owner(self) -> str:
+        """This engine's name in the store."""
+        if self.engine_id is not None:
+            return self.engine_id
+        return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+@dataclass(slots=True)
+class LeaseStats:
+    """What an engine's leases did since it started."""
+
+    owner: str
+    renewals: int = 0
+    renewal_failures: int = 0
+    claimed: int = 0
+    """Runs this engine took over (or picked up unowned)."""
+    resumed: int = 0
+    lost: int = 0
+    """Runs another engine took from this one (it had stalled past its lease)."""
+    given_up: int = 0
+    """Runs this engine let go because it could not renew their leases in time."""
+
+
+class Leases:
+    """The engine's side of a cluster: heartbeat, take-over, and letting go. Run `run()` as a
+    task of the engine; the engine tells it how many more runs it can take (`room`) and how
+    to resume runs (`resume`), and it tells the engine which runs to let go (`let_go`)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        store: Store,
+        clock: Clock,
+        *,
+        room: Callable[[], int],
+        resume: Callable[[Sequence[str]], Awaitable[list[str]]],
+        let_go: Callable[[str], None],
+    ) -> None:
+        self.cluster = cluster
+        self.owner = cluster.owner()
+        self.store = store
+        self._clock = clock
+        self._room = room
+        self._resume = resume
+        self._let_go = let_go
+        self.stats = LeaseStats(self.owner)
+        self._renewed_at = clock.monotonic()
+        self._refused: set[str] = set()
+        """Runs claimed that this engine could not resume: told once, released each time."""
+        self.claimed = asyncio.Event()
+        """Set after each round that claimed something (tests and benchmarks wait on it)."""
+
+    @property
+    def interval(self) -> float:
+        return self.cluster.lease_s / 4
+
+    async def run(self) -> None:
+        """Renew, then claim, every `interval` seconds, until cancelled."""
+        while True:
+            await self.beat()
+            await self._clock.sleep(self.interval)
+
+    async def beat(self) -> None:
+        """One round: renew this engine's leases, then take over what ran out."""
+        lease_s = self.cluster.lease_s
+        now = self._clock.monotonic()
+        try:
+            await self.store.renew(self.owner, lease_s)
+        except StoreError as exc:
+            self.stats.renewal_failures += 1
+            if now - self._renewed_at > 0.75 * lease_s:
+                _log.error(
+                    "engine %s could not renew its leases for %.1f s (%s): letting every run "
+                    "go before another engine takes them over",
+                    self.owner,
+                    now - self._renewed_at,
+                    exc,
+                )
+                self._let_go("*")
+            return
+        self._renewed_at = now
+        self.stats.renewals += 1
+        if self.cluster.take_over:
+            await self.take_over()
+
+    async def take_over(self) -> list[str]:
+        """Claim runs nobody holds (their lease ran out, or they were released) up to this
+        engine's room, and resume them; return the ids resumed."""
+        room = min(self._room(), self.cluster.claim_batch)
+        if room < 1:
+            return []
+        try:
+            claimed = await self.store.claim(self.owner, self.cluster.lease_s, room)
+        except StoreError as exc:
+            _log.warning("engine %s could not claim runs: %s", self.owner, exc)
+            return []
+        if not claimed:
+            return []
+        self.stats.claimed += len(claimed)
+        for c in claimed:
+            if c.previous is not None:
+                _log.info("engine %s takes over %s from %s", self.owner, c.workflow, c.previous)
+        ids = [c.workflow for c in claimed]
+        resumed = await self._resume(ids)
+        self.stats.resumed += len(resumed)
+        refused = sorted(set(ids) - set(resumed))
+        if refused:
+            new = [w for w in refused if w not in self._refused]
+            self._refused.update(new)
+            if new:
+                _log.error(
+                    "engine %s claimed %d run(s) it cannot resume (%s); released for others",
+                    self.owner,
+                    len(new),
+                    ", ".join(new[:5]),
+                )
+            with contextlib.suppress(StoreError):  # else the lease runs out by itself
+                await self.store.release(self.owner, refused)
+        self.claimed.set()
+        return resumed
+
+    def lost(self, workflows: Sequence[str]) -> None:
+        """The journal found these runs taken over by another engine."""
+        self.stats.lost += len(workflows)
+        for workflow in workflows:
+            self._let_go(workflow)
+
+    async def release(self) -> None:
+        """A clean shutdown: the runs left go to other engines at once."""
+        try:
+            await self.store.release(self.owner)
+        except StoreError as exc:
+            _log.warning(
+                "engine %s could not release its leases (%s): they run out", self.owner, exc
+            )

@@ -1,0 +1,248 @@
+"""Several engines on one store: leases, the fence on every write, claiming with SKIP LOCKED,
+and take-over by a live engine, on SQLite and PostgreSQL. (Three engine processes and a
+SIGKILL: tests/test_cluster.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import ClassVar
+
+import pytest
+from conftest import StoreFactory
+
+from orchestrator import (
+    Cluster,
+    Engine,
+    EventRecord,
+    LeaseLostError,
+    Registry,
+    StoreBatch,
+    UsageError,
+    Workflow,
+    WorkflowRow,
+)
+
+
+def ev(workflow: str, seq: int, kind: str = "k") -> EventRecord:
+    return EventRecord(workflow=workflow, seq=seq, kind=kind, at=float(seq), data="{}")
+
+
+def row(id: str, status: str = "running", created: float = 1.0) -> WorkflowRow:
+    return WorkflowRow(
+        id=id,
+        name="w",
+        status=status,  # type: ignore[arg-type]
+        created=created,
+        updated=created,
+        finished=None if status == "running" else created,
+    )
+
+
+def start(owner: str, *ids: str, lease_s: float = 60.0, created: float = 1.0) -> StoreBatch:
+    """What an engine's first commit of new runs looks like: their first event and row."""
+    return StoreBatch(
+        events=[ev(i, 1) for i in ids],
+        workflows=[row(i, created=created + n) for n, i in enumerate(ids)],
+        owner=owner,
+        lease_s=lease_s,
+    )
+
+
+def test_a_new_run_is_leased_to_the_engine_that_wrote_it(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with make_store() as store:
+            before = time.time()
+            await store.append(start("a", "w1"))
+            stored = await store.workflow("w1")
+            assert stored is not None and stored.owner == "a"
+            assert stored.lease_until is not None and stored.lease_until > before + 50
+            # Its later writes are the owner's: they go in, and the lease stays.
+            await store.append(StoreBatch(events=[ev("w1", 2)], owner="a", lease_s=60.0))
+            assert await store.last_seq("w1") == 2
+
+    asyncio.run(main())
+
+
+def test_nothing_is_claimed_while_its_lease_holds_and_renewing_keeps_it(
+    make_store: StoreFactory,
+) -> None:
+    async def main() -> None:
+        async with make_store() as store:
+            await store.append(start("a", "w1", "w2"))
+            assert await store.claim("b", 60.0, 10) == []
+            assert await store.renew("a", 60.0) == 2
+            assert await store.renew("nobody", 60.0) == 0
+            assert await store.claim("b", 60.0, 10) == []
+
+    asyncio.run(main())
+
+
+def test_a_run_whose_lease_ran_out_is_claimed_and_its_old_owner_is_fenced_out(
+    make_store: StoreFactory,
+) -> None:
+    async def main() -> None:
+        async with make_store() as store:
+            # A lease of -1 s has run out already: what an engine that died leaves.
+            await store.append(start("a", "w1", lease_s=-1.0))
+            await store.append(start("a", "w2", lease_s=60.0, created=5.0))
+            claimed = await store.claim("b", 60.0, 10)
+            assert [(c.workflow, c.previous) for c in claimed] == [("w1", "a")]
+            stored = await store.workflow("w1")
+            assert stored is not None and stored.owner == "b"
+            # "a" comes back and writes to both: the whole batch is refused, naming w1.
+            batch = StoreBatch(events=[ev("w1", 2), ev("w2", 2)], owner="a", lease_s=60.0)
+            with pytest.raises(LeaseLostError, match="1 workflow") as caught:
+                await store.append(batch)
+            assert caught.value.workflows == ("w1",)
+            assert await store.last_seq("w1") == 1 and await store.last_seq("w2") == 1
+            # The new owner writes; renewing is per owner.
+            await store.append(StoreBatch(events=[ev("w1", 2)], owner="b", lease_s=60.0))
+            assert await store.renew("a", 60.0) == 1 and await store.renew("b", 60.0) == 1
+
+    asyncio.run(main())
+
+
+def test_finished_runs_are_never_claimed_and_released_ones_are_at_once(
+    make_store: StoreFactory,
+) -> None:
+    async def main() -> None:
+        async with make_store() as store:
+            await store.append(start("a", "w1", "w2", "w3"))
+            done = row("w3", "succeeded")
+            await store.append(
+                StoreBatch(events=[ev("w3", 2)], workflows=[done], owner="a", lease_s=60.0)
+            )
+            assert await store.release("a", ["w1"]) == 1
+            claimed = await store.claim("b", 60.0, 10)
+            assert [(c.workflow, c.previous) for c in claimed] == [("w1", None)]
+            assert await store.release("a") == 1  # w2; w3 is finished
+            assert [c.workflow for c in await store.claim("b", 60.0, 10)] == ["w2"]
+            assert await store.claim("c", 60.0, 10) == []
+
+    asyncio.run(main())
+
+
+def test_engines_claiming_at_once_split_the_runs_without_overlap(
+    make_store: StoreFactory,
+) -> None:
+    async def main() -> None:
+        async with make_store() as store:
+            ids = [f"w{i:03d}" for i in range(90)]
+            await store.append(start("dead", *ids, lease_s=-1.0))
+            async with make_store() as other, make_store() as third:
+                stores = ((store, "a"), (other, "b"), (third, "c"))
+                got = await asyncio.gather(*(s.claim(o, 60.0, 40) for s, o in stores))
+            taken = [c.workflow for batch in got for c in batch]
+            assert len(taken) == len(set(taken)) == 90
+            for owner, batch in zip("abc", got, strict=True):
+                for c in batch:
+                    stored = await store.workflow(c.workflow)
+                    assert stored is not None and stored.owner == owner
+
+    asyncio.run(main())
+
+
+# --- engines ---------------------------------------------------------------------------------
+
+
+class Gate:
+    """Where the first engine's task waits; counts how often each step ran."""
+
+    opened: ClassVar[asyncio.Event]
+    reached: ClassVar[asyncio.Event]
+    ran: ClassVar[dict[str, int]]
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.opened, cls.reached, cls.ran = asyncio.Event(), asyncio.Event(), {}
+
+
+def first() -> str:
+    Gate.ran["first"] = Gate.ran.get("first", 0) + 1
+    return "one"
+
+
+async def held(ctx: object) -> str:
+    Gate.ran["held"] = Gate.ran.get("held", 0) + 1
+    Gate.reached.set()
+    await Gate.opened.wait()
+    return "two"
+
+
+def flow() -> Workflow:
+    wf = Workflow("leased")
+    wf.add("first", first)
+    wf.add("held", held, after=["first"])
+    return wf
+
+
+def test_an_engine_that_stops_renewing_loses_its_run_to_another_that_finishes_it_once(
+    make_store: StoreFactory,
+) -> None:
+    """Engine a runs a workflow to its second task and stops renewing (as a stalled
+    process would); engine b claims it once the lease ran out and resumes it; a then wakes
+    up and finishes its task: its write is refused, its caller told, and the store holds one
+    finish, b's."""
+
+    async def main() -> None:
+        Gate.reset()
+        async with make_store() as sa_, make_store() as sb:
+            a = Engine(store=sa_, cluster=Cluster(lease_s=0.4, engine_id="a", take_over=False))
+            b = Engine(store=sb, cluster=Cluster(lease_s=0.4, engine_id="b", registry=Registry()))
+            async with a, b:
+                handle = a.submit(flow())
+                await Gate.reached.wait()
+                assert a._lease_task is not None
+                a._lease_task.cancel()  # a stalls: no more heartbeats
+                assert b.leases is not None
+                await asyncio.wait_for(b.leases.claimed.wait(), 20)
+                resumed = b.handle(handle.id)
+                assert resumed is not None
+                Gate.opened.set()
+                with pytest.raises(LeaseLostError, match="another engine took them over"):
+                    await asyncio.wait_for(handle.result(), 20)
+                result = await asyncio.wait_for(resumed.result(), 20)
+                assert result.ok and result.results["held"] == "two"
+                assert b.leases.stats.claimed == 1
+                assert a.leases is not None and a.leases.stats.lost == 1
+            finished = [e for e in await sb.events(handle.id) if e.kind == "workflow_finished"]
+            assert len(finished) == 1
+            stored = await sb.workflow(handle.id)
+            assert stored is not None and stored.status == "succeeded" and stored.owner == "b"
+            assert Gate.ran == {"first": 1, "held": 2}  # the held task ran again, first did not
+
+    asyncio.run(main())
+
+
+def test_a_clean_shutdown_hands_the_runs_left_to_another_engine_at_once(
+    make_store: StoreFactory,
+) -> None:
+    async def main() -> None:
+        Gate.reset()
+        async with make_store() as sa_, make_store() as sb:
+            async with Engine(store=sa_, cluster=Cluster(lease_s=60, engine_id="a")) as a:
+                handle = a.submit(flow())
+                await Gate.reached.wait()
+            stored = await sb.workflow(handle.id)
+            assert stored is not None and stored.owner is None and stored.status == "running"
+            Gate.reset()
+            Gate.opened.set()
+            b = Engine(store=sb, cluster=Cluster(lease_s=60, engine_id="b"))
+            async with b:
+                assert b.leases is not None
+                await asyncio.wait_for(b.leases.claimed.wait(), 20)
+                resumed = b.handle(handle.id)
+                assert resumed is not None and (await resumed.result()).ok
+                assert b.leases.stats.claimed == 1
+
+    asyncio.run(main())
+
+
+def test_a_cluster_needs_a_store_and_sane_settings() -> None:
+    with pytest.raises(UsageError, match="store="):
+        Engine(cluster=Cluster())
+    with pytest.raises(UsageError, match="lease_s"):
+        Cluster(lease_s=0)
+    with pytest.raises(UsageError, match="claim_batch"):
+        Cluster(claim_batch=0)
