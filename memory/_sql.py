@@ -85,7 +85,8 @@ def store_url(target: str) -> str:
 
 
 class SQLStore(Store):
-    """The SQL store; see the module docstring. `target` is a URL or a SQLite file path."""
+    """The SQL store; see the module docstring. `target` is a URL or a SQLite file path; a
+    PostgreSQL URL may name the schema to use as `?schema=NAME` (as `schema=` does)."""
 
     def __init__(
         self,
@@ -97,6 +98,19 @@ class SQLStore(Store):
         connect_timeout: float = 10.0,
     ) -> None:
         self.url = sa.make_url(store_url(str(target)))
+        in_url = self.url.query.get("schema")
+        if in_url is not None:
+            if isinstance(in_url, tuple) or not re.fullmatch(
+                r"[A-Za-z_][A-Za-z0-9_]{0,62}", in_url
+            ):
+                raise StoreError(
+                    f"store URL's schema={in_url!r}: one name of letters, digits and _ "
+                    "(not starting with a digit), at most 63 characters"
+                )
+            if schema is not None and schema != in_url:
+                raise StoreError(f"two schemas given: {schema!r} and the URL's {in_url!r}")
+            schema = in_url
+            self.url = self.url.difference_update_query(["schema"])
         self._sqlite = self.url.get_backend_name() == "sqlite"
         if not self._sqlite and self.url.get_backend_name() != "postgresql":
             raise StoreError(

@@ -62,6 +62,12 @@ class ServiceSettings(ConfigSection):
     """Where batch jobs keep their input, output and state (relative to the config file)."""
     max_batch_rows: int = Field(default=MAX_BATCH_ROWS, ge=1, le=MAX_BATCH_ROWS)
     """Rows in one `POST /v1/batches` (its body is also bounded by `max_body_bytes`)."""
+    lease_s: float | None = Field(default=None, gt=0, le=3600)
+    """Set: this service is one of several engines sharing the store (docs/scaling.md):
+    its runs are leased for this many seconds and renewed by heartbeat, and it takes over
+    the runs of an engine that stopped renewing. None (the default): the only engine."""
+    engine_id: str | None = Field(default=None, min_length=1, max_length=200)
+    """This engine's name in the store with `lease_s` (default: host, pid and a suffix)."""
 
 
 class TenantSettings(ConfigSection):

@@ -19,6 +19,7 @@ from typing import TextIO
 from aiohttp import web
 
 from .._clock import SystemClock
+from .._cluster import Cluster
 from .._engine import Engine
 from .._events import Event
 from ._app import Service
@@ -46,23 +47,33 @@ async def serve(
                 await stack.enter_async_context(backend)
         store = await stack.enter_async_context(open_store(config.store))
         stack.enter_context(_long_lived())
+        settings = config.service
+        cluster = None
+        if settings.lease_s is not None:
+            cluster = Cluster(
+                lease_s=settings.lease_s, engine_id=settings.engine_id, registry=registry
+            )
         engine = Engine(
             backends=backends,
             clock=clock,
             policy=config.engine.engine.policy,
             limits=config.engine.limits,
             store=store,
+            cluster=cluster,
         )
         async with engine:
-            # Each batch job resumes its own rows (Service's start): the others, here.
-            skip = await batch_runs(store, config.batch_dir)
-            unfinished = [w for w in await store.unfinished() if w not in skip]
-            report = await engine.resume(registry, workflows=unfinished)
-            for plan in report.plans:
-                if plan.error is not None:
-                    print(f"plait serve: not resumed: {plan.workflow}: {plan.error}", file=out)
-            if report.runs:
-                print(f"plait serve: resumed {len(report.runs)} workflow(s)", file=out)
+            if cluster is None:
+                # Each batch job resumes its own rows (Service's start): the others, here.
+                skip = await batch_runs(store, config.batch_dir)
+                unfinished = [w for w in await store.unfinished() if w not in skip]
+                report = await engine.resume(registry, workflows=unfinished)
+                for plan in report.plans:
+                    if plan.error is not None:
+                        print(f"plait serve: not resumed: {plan.workflow}: {plan.error}", file=out)
+                if report.runs:
+                    print(f"plait serve: resumed {len(report.runs)} workflow(s)", file=out)
+            # In a cluster, the engine's leases claim what no live engine holds, as they
+            # run out: the runs left by an earlier process included.
             service = Service(
                 engine,
                 registry,
@@ -81,7 +92,9 @@ async def serve(
             names = registry.names()
             print(
                 f"plait serve: listening on http://{config.service.host}:{_port(runner)}/ "
-                f"(store {config.store}; {len(names['agents'])} agents, "
+                f"(store {config.store}; "
+                + ("" if engine.leases is None else f"engine {engine.leases.owner}; ")
+                + f"{len(names['agents'])} agents, "
                 f"{len(names['tools'])} tools, {len(names['functions'])} functions; "
                 f"{len(config.tenants)} tenant(s))",
                 file=out,
