@@ -50,6 +50,7 @@ from orchestrator import (
     Claimed,
     EventRecord,
     LeaseLostError,
+    SlotRow,
     Store,
     StoreBatch,
     StoreError,
@@ -57,6 +58,7 @@ from orchestrator import (
     StoreVersionError,
     WorkflowRow,
     WorkflowStatus,
+    allot,
     compactable,
 )
 
@@ -574,6 +576,61 @@ class SQLStore(Store):
                 query = t.workflows.update().where(where).values(owner=None, lease_until=None)
                 released += (await conn.execute(query)).rowcount
         return released
+
+    # --- shared limits (orchestrator.SlotBroker) ------------------------------------------------
+
+    async def share(
+        self,
+        backend: str,
+        engine: str,
+        *,
+        limit: int,
+        in_flight: int,
+        want_urgent: int,
+        want_batch: int,
+        lease_s: float,
+    ) -> int:
+        """This engine's share of `backend`'s limit among the live engines (the slots
+        table, one transaction; see `orchestrator.SharedLimits`)."""
+        c = t.slots.c
+        async with self._write() as conn:
+            if self._sqlite:
+                now = time.time()
+            else:  # one engine at a time per backend; engines on other backends go on
+                lock = sa.text("SELECT pg_advisory_xact_lock(hashtext(:key))")
+                await conn.execute(lock, {"key": f"plait_slots:{backend}"})
+                now = float((await conn.execute(sa.text(f"SELECT {_PG_NOW}"))).scalar_one())
+            found = (await conn.execute(sa.select(t.slots).where(c.backend == backend))).all()
+            live = {
+                r.engine: SlotRow(r.held, r.want_urgent, r.want_batch)
+                for r in found
+                if r.lease_until >= now and r.engine != engine
+            }
+            live[engine] = SlotRow(0, want_urgent, want_batch)
+            held, given = allot(limit, engine, in_flight, live)
+            expired = [r.engine for r in found if r.lease_until < now]
+            if expired:
+                await conn.execute(
+                    t.slots.delete().where(c.backend == backend, c.engine.in_(expired))
+                )
+            values = {
+                "held": held,
+                "want_urgent": want_urgent,
+                "want_batch": want_batch,
+                "lease_until": now + lease_s,
+            }
+            updated = await conn.execute(
+                t.slots.update().where(c.backend == backend, c.engine == engine).values(values)
+            )
+            if not updated.rowcount:
+                await conn.execute(
+                    t.slots.insert().values(backend=backend, engine=engine, **values)
+                )
+        return given
+
+    async def leave(self, engine: str) -> None:
+        async with self._write() as conn:
+            await conn.execute(t.slots.delete().where(t.slots.c.engine == engine))
 
     def _now_sql(self) -> str:
         """Now, on the database's clock (PostgreSQL: the server's, so engines on machines

@@ -116,6 +116,7 @@ from ._scheduler import (
     remaining_critical_path,
     urgency,
 )
+from ._slots import LocalSlots, SharedLimits, SlotBroker, SlotRow, allot
 from ._store import (
     CallRecord,
     Claimed,
@@ -291,6 +292,11 @@ __all__ = [
     "Claimed",
     "Cluster",
     "LeaseStats",
+    "LocalSlots",
+    "SharedLimits",
+    "SlotBroker",
+    "SlotRow",
+    "allot",
     "LeaseLostError",
     "StoreError",
     "StoreSize",

@@ -116,6 +116,8 @@ class _Resource:
         "peak",
         "queues",
         "rejected",
+        "share",
+        "shared_urgent",
         "urgent",
         "urgent_in_flight",
         "waiting",
@@ -136,6 +138,16 @@ class _Resource:
         self.urgent: set[int] = set()
         """Ids of the admitted items counted against an urgent cap, until released."""
         self.urgent_in_flight = 0
+        self.share: int | None = None
+        """With a limit shared by several engines: the slots this engine holds (None: the
+        whole `max_in_flight` is this engine's)."""
+        self.shared_urgent: set[int] = set()
+        """With a shared limit: ids of the admitted items of urgent programs, until released
+        (what the engine reports as urgent demand in flight)."""
+
+    @property
+    def limit(self) -> int:
+        return self.limits.max_in_flight if self.share is None else self.share
 
 
 class Admission:
@@ -154,6 +166,9 @@ class Admission:
         self._static_key = static_key
         self._held = held
         self._pending = False  # some resource may have both free slots and waiting work
+        self.urgent: Callable[[Any], bool] | None = None
+        """Set with shared limits: whether a program is urgent (its demand is reported
+        apart, `demand`)."""
 
     def knows(self, resource: str) -> bool:
         return resource in self._resources
@@ -193,10 +208,39 @@ class Admission:
     def in_flight(self, resource: str) -> int:
         return self._resources[resource].in_flight
 
+    def set_share(self, resource: str, slots: int) -> None:
+        """This engine may have `slots` calls in flight on `resource` (a limit shared with
+        other engines; `SharedLimits`)."""
+        res = self._resources[resource]
+        res.share = min(slots, res.limits.max_in_flight)
+        self._pending = True
+
+    def share(self, resource: str) -> int | None:
+        return self._resources[resource].share
+
+    def demand(self, resource: str) -> tuple[int, int, int]:
+        """(in flight, urgent calls wanted, other calls wanted) on `resource`: waiting or in
+        flight, urgent as `urgent` says of their program (all "other" without it)."""
+        res = self._resources[resource]
+        urgent = self.urgent
+        waiting_urgent = 0
+        if urgent is not None:
+            for program, queue in res.queues.items():
+                if urgent(program):
+                    waiting_urgent += len(queue)
+        urgent_flying = len(res.shared_urgent)
+        return (
+            res.in_flight,
+            waiting_urgent + urgent_flying,
+            max(0, res.waiting - waiting_urgent) + res.in_flight - urgent_flying,
+        )
+
     def release(self, resource: str, item: Queued | None = None) -> None:
         """`item` (what was admitted) is needed where admission was given caps."""
         res = self._resources[resource]
         res.in_flight -= 1
+        if res.shared_urgent and item is not None:
+            res.shared_urgent.discard(id(item))
         if res.urgent and item is not None and id(item) in res.urgent:
             res.urgent.discard(id(item))
             res.urgent_in_flight -= 1
@@ -224,7 +268,7 @@ class Admission:
         self._pending = False
         admitted: list[tuple[Any, Queued]] = []
         for res in self._resources.values():
-            free = res.limits.max_in_flight - res.in_flight
+            free = res.limit - res.in_flight
             if free <= 0 or res.waiting == 0:
                 continue
             held = self._held if res.limits.kv_tokens is not None else None
@@ -308,10 +352,12 @@ class Admission:
             res.urgent_in_flight += len(admitted) - start
         return free - given + left, program in res.queues
 
-    @staticmethod
-    def _take(res: _Resource, program: Any, free: int, admitted: list[tuple[Any, Queued]]) -> int:
+    def _take(
+        self, res: _Resource, program: Any, free: int, admitted: list[tuple[Any, Queued]]
+    ) -> int:
         """Admit up to `free` of `program`'s queued tasks; drop its queue once empty."""
         queue = res.queues[program]
+        start = len(admitted)
         while queue and free > 0:
             seq, task = queue.popleft()
             if task.state != "ready" or task.ready_seq != seq:
@@ -323,6 +369,8 @@ class Admission:
             admitted.append((program, task))
         if not queue:
             del res.queues[program]
+        if res.share is not None and self.urgent is not None and self.urgent(program):
+            res.shared_urgent.update(id(item) for _, item in admitted[start:])
         return free
 
     def forget(self, program: Hashable) -> None:

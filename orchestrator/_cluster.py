@@ -53,6 +53,11 @@ class Cluster:
     registry: Registry | None = None
     take_over: bool = True
     claim_batch: int = 100
+    share_limits: bool = True
+    """Each LLM backend's `Limits.max_in_flight` bounds all engines together (the store
+    keeps each engine's share; give every engine the same limits). False: per engine."""
+    share_every_s: float = 0.25
+    """How often an engine reports its demand and takes its new share."""
 
     def __post_init__(self) -> None:
         if not self.lease_s > 0:
@@ -61,12 +66,20 @@ class Cluster:
             raise UsageError(f"Cluster(claim_batch={self.claim_batch}) must be at least 1")
         if self.engine_id is not None and not (0 < len(self.engine_id) <= 200):
             raise UsageError("Cluster(engine_id=...) must be 1 to 200 characters")
+        if not 0 < self.share_every_s < self.lease_s:
+            raise UsageError(
+                f"Cluster(share_every_s={self.share_every_s}) must be positive and below "
+                f"lease_s ({self.lease_s})"
+            )
 
     def owner(self) -> str:
         """This engine's name in the store."""
-        if self.engine_id is not None:
-            return self.engine_id
-        return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        return self.engine_id if self.engine_id is not None else engine_name()
+
+
+def engine_name() -> str:
+    """A name for this engine unique among live ones: host, process id, a random suffix."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 @dataclass(slots=True)

@@ -34,7 +34,7 @@ from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
 from ._bus import EventBus
 from ._calls import LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
-from ._cluster import Cluster, Leases
+from ._cluster import Cluster, Leases, engine_name
 from ._context import TaskContext
 from ._durable import Durability, fail
 from ._errors import (
@@ -64,6 +64,7 @@ from ._resume import Decision, ResumePlan, decision_for, plan_resume
 from ._retention import Retention, Sweeper
 from ._run import Durations, Late, Run, RunResult, RunServices, RunTimes
 from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, slack_of
+from ._slots import SharedLimits, SlotBroker
 from ._store import Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable
 from ._workflow import Workflow
@@ -202,6 +203,7 @@ class Engine:
         retention: Retention | None = None,
         headroom: Headroom | None = DEFAULT_HEADROOM,
         cluster: Cluster | None = None,
+        slots: SlotBroker | None = None,
     ) -> None:
         backends = dict(backends or {})
         self.policy = get_policy(policy)
@@ -283,6 +285,19 @@ class Engine:
                 "store=SQLStore(...) (PostgreSQL for engines on several machines) too"
             )
         self.cluster = cluster
+        if slots is None and cluster is not None and cluster.share_limits:
+            if not isinstance(store, SlotBroker):
+                raise UsageError(
+                    f"Cluster(share_limits=True) needs a store that shares limits "
+                    f"({type(store).__name__} does not); pass share_limits=False"
+                )
+            slots = store
+        self._broker = slots
+        self._llm_limits = {name: merged[name].max_in_flight for name in backends}
+        self.shared: SharedLimits | None = None
+        """With a broker: this engine's share of each LLM backend's in-flight limit, which
+        all engines on the broker hold together (docs/scaling.md)."""
+        self._shared_task: asyncio.Task[None] | None = None
         self.leases: Leases | None = None
         """The cluster side while the engine runs with `cluster` (heartbeat, take-over)."""
         self._lease_task: asyncio.Task[None] | None = None
@@ -371,6 +386,22 @@ class Engine:
         self._tg.create_task(self._loop(), name="plait-engine")
         if self.leases is not None:
             self._lease_task = tg.create_task(self.leases.run(), name="plait-leases")
+        if self._broker is not None and self._llm_limits:
+            clock = self._clock
+            self.admission.urgent = lambda run: not self._slack_rich(run, clock.monotonic())
+            cluster = self.cluster
+            self.shared = SharedLimits(
+                self._broker,
+                self.leases.owner if self.leases is not None else engine_name(),
+                self._llm_limits,
+                clock,
+                demand=self.admission.demand,
+                set_share=self._set_share,
+                every_s=cluster.share_every_s if cluster is not None else 0.25,
+                lease_s=cluster.lease_s if cluster is not None else 10.0,
+            )
+            await self.shared.round()  # a first share before any call is admitted
+            self._shared_task = tg.create_task(self.shared.run(), name="plait-shared-limits")
         return self
 
     async def __aexit__(
@@ -381,9 +412,10 @@ class Engine:
     ) -> bool | None:
         assert self._tg is not None
         self._closing = True
-        if self._lease_task is not None:
-            self._lease_task.cancel()
-            self._lease_task = None
+        for task in (self._lease_task, self._shared_task):
+            if task is not None:
+                task.cancel()
+        self._lease_task = self._shared_task = None
         if self.durable is not None:
             self.durable.suspend()
         for run in list(self._runs.values()):
@@ -402,6 +434,8 @@ class Engine:
             self._group = None
             if self.leases is not None and self.durable is not None and not self.durable.error:
                 await self.leases.release()  # the runs left go to other engines at once
+            if self.shared is not None:
+                await self.shared.leave()  # and its slots
             self._abandon_runs()
             self.calls.stop()
             self.calls.memo = None
@@ -872,6 +906,11 @@ class Engine:
         return RunHandle(self, run)
 
     # --- cluster -----------------------------------------------------------------------------
+
+    def _set_share(self, backend: str, slots: int) -> None:
+        if slots != self.admission.share(backend):
+            self.admission.set_share(backend, slots)
+            self.wake()  # more room: what waits may go now
 
     def _let_go(self, workflow: str) -> None:
         """Stop a run without writing anything more of it: another engine runs it now (or

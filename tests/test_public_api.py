@@ -35,6 +35,7 @@ EXPECTED = {
         "KeepAlive", "PausePredictor", "CacheBudget",
         "DEFAULT_HEADROOM", "Headroom", "KneeController", "KneeStats",
         "Claimed", "Cluster", "LeaseLostError", "LeaseStats",
+        "LocalSlots", "SharedLimits", "SlotBroker", "SlotRow", "allot",
         "Breaker", "CallRetry", "CallRetrying", "CircuitBreaker", "CircuitOpenError",
         "CircuitState",
         "Capabilities", "FailureIsolating", "HealthChecked", "LoadReport", "LoadReporting",
