@@ -30,13 +30,14 @@ from __future__ import annotations
 import asyncio
 import heapq
 import json
+import logging
 import math
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import Clock, TaskContext, UsageError, running_clock
+from orchestrator import Clock, Notifier, StoreError, TaskContext, UsageError, running_clock
 
 from ._board_model import (
     Answer,
@@ -56,6 +57,10 @@ from ._board_model import (
     tags,
 )
 from ._board_store import POST_FIELDS, BoardRecord, BoardStore, BoardWrite, MemoryBoardStore
+
+_log = logging.getLogger("plait.board")
+BOARD_CHANNEL = "plait_board"
+"""The notification channel of board writes (a hint: boards sweep the store)."""
 
 
 @dataclass(slots=True)
@@ -98,7 +103,9 @@ class Board:
     `lease`: seconds a claim may take before the post goes back on the board (`renew`
     extends it). `max_attempts`: claims one post may have before it fails. `poll`: seconds
     between reads of the store for other processes' posts and expired leases (None: only
-    when this board has something due)."""
+    when this board has something due). `notifier` (`memory.PgNotifier`,
+    `memory.RedisNotifier`): every board on it, in any process, looks at the store as soon
+    as another writes to it (posts, claims, answers), instead of at its next poll."""
 
     def __init__(
         self,
@@ -108,6 +115,7 @@ class Board:
         lease: float = 60.0,
         max_attempts: int = 3,
         poll: float | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         if store is not None and not isinstance(store, BoardStore):
             raise UsageError(
@@ -145,6 +153,9 @@ class Board:
         """When the timers wake unless woken: an earlier due time wakes them (-inf: awake)."""
         self._sweep_wanted = True
         self._last_sweep = -math.inf
+        self.notifier = notifier
+        self._name = secrets.token_hex(8)
+        """This board's name in its notifications (it does not wake for its own)."""
 
     @property
     def clock(self) -> Clock:
@@ -157,10 +168,18 @@ class Board:
     async def __aenter__(self) -> Board:
         if self._tg is not None:
             raise UsageError("this Board is already running; enter it once")
+        if self.notifier is not None:
+            await self.notifier.listen(BOARD_CHANNEL, self._written_elsewhere)
         self._tg = asyncio.TaskGroup()
         await self._tg.__aenter__()
         self._spawn(self._timers(), "plait-board")
         return self
+
+    def _written_elsewhere(self, payload: str) -> None:
+        """Another board wrote to the store (maybe in another process): sweep it now."""
+        if payload != self._name:
+            self._sweep_wanted = True
+            self._wake.set()
 
     def _spawn(self, coro: Any, name: str) -> None:
         assert self._tg is not None
@@ -174,6 +193,8 @@ class Board:
         for task in list(self._running):
             task.cancel()  # claims in flight stay live in the store: their leases run out
         await tg.__aexit__(None, None, None)
+        if self.notifier is not None:
+            self.notifier.unlisten(BOARD_CHANNEL, self._written_elsewhere)
 
     async def _timers(self) -> None:
         # A sweep reads the store (expiries, every open post, the log): it runs when
@@ -620,6 +641,11 @@ class Board:
                         raise
                     self.stats.commits += 1
                     _settle(batch, results)
+                    if self.notifier is not None:
+                        try:
+                            await self.notifier.notify(BOARD_CHANNEL, self._name)
+                        except StoreError as exc:  # the other boards' polls find it
+                            _log.warning("board write kept but not notified: %s", exc)
                     if self._subscribers:
                         await self._refresh_outcomes()
             finally:

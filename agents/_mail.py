@@ -24,14 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import Clock, TaskContext, UsageError, running_clock
+from orchestrator import Clock, Notifier, StoreError, TaskContext, UsageError, running_clock
 
 from ._mailstore import Box, InProcessMailStore, MailStore, StoredMessage, TopicKey
 
+_log = logging.getLogger("plait.mail")
+MAIL_CHANNEL = "plait_mail"
+"""The notification channel of peer messages (a hint: receivers read their mailbox)."""
 DEFAULT_TENANT = "default"
 MAX_NAME = 200
 """Longest tenant, workflow id, agent or topic name (the SQL store's column width)."""
@@ -141,7 +145,10 @@ class PostOffice:
     running loop's clock by default). `max_bytes`: the largest body, as UTF-8 JSON.
     `poll_s`: how often a waiting `receive` reads the store again for messages sent by
     other processes; 1 s when a store is given, never for the office's own in-process store
-    (nothing else can write to it: a send through this office wakes waiting receivers)."""
+    (nothing else can write to it: a send through this office wakes waiting receivers).
+    `notifier` (`memory.PgNotifier`, `memory.RedisNotifier`): a send through any office on
+    the same notifier wakes waiting receivers in every process at once (the poll stays as
+    a fallback: a notification is a hint, the store the truth)."""
 
     def __init__(
         self,
@@ -150,6 +157,7 @@ class PostOffice:
         clock: Clock | None = None,
         max_bytes: int = DEFAULT_MAX_BYTES,
         poll_s: float | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         if store is not None and not isinstance(store, MailStore):
             raise UsageError(
@@ -166,6 +174,8 @@ class PostOffice:
         self.stats = MailStats()
         self._clock = clock
         self._arrival: asyncio.Event | None = None
+        self.notifier = notifier
+        self._listening = False
 
     @property
     def clock(self) -> Clock:
@@ -203,7 +213,7 @@ class PostOffice:
             sender.box, target.box, kind=kind, body=text, at=self.clock.now()
         )
         self.stats.sent += 1
-        self._wake()
+        await self._posted()
         return MessageId(sender, seq)
 
     async def publish(
@@ -219,7 +229,7 @@ class PostOffice:
         )
         self.stats.published += 1
         self.stats.copies += copies
-        self._wake()
+        await self._posted()
         return MessageId(sender, seq)
 
     async def subscribe(self, agent: Address, topic: str, *, shared: bool = False) -> None:
@@ -256,6 +266,7 @@ class PostOffice:
         if wait_s is not None and wait_s < 0:
             raise UsageError(f"receive(wait_s={wait_s}) must be 0 or more (or None)")
         clock = self.clock
+        await self._listen()
         deadline = None if wait_s is None else clock.monotonic() + wait_s
         while True:
             # Taken before reading the store, so a send in between still wakes this wait.
@@ -338,6 +349,20 @@ class PostOffice:
             leased_until=message.leased_until,
             receipt=message.receipt,
         )
+
+    async def _posted(self) -> None:
+        """A message was kept: wake this office's receivers, and every process's."""
+        self._wake()
+        if self.notifier is not None:
+            try:
+                await self.notifier.notify(MAIL_CHANNEL)
+            except StoreError as exc:  # the receivers' poll finds it
+                _log.warning("peer message kept but not notified: %s", exc)
+
+    async def _listen(self) -> None:
+        if self.notifier is not None and not self._listening:
+            self._listening = True
+            await self.notifier.listen(MAIL_CHANNEL, lambda _payload: self._wake())
 
     def _arrival_event(self) -> asyncio.Event:
         if self._arrival is None:

@@ -22,6 +22,7 @@ from ._memory_types import (
     Scope,
     Turn,
 )
+from ._notify import PgNotifier, RedisNotifier
 from ._sql import SQLStore, store_url
 
 __all__ = [
@@ -33,6 +34,8 @@ __all__ = [
     "MemoryQueryError",
     "MemoryValueError",
     "Note",
+    "PgNotifier",
+    "RedisNotifier",
     "SQLBoardStore",
     "SQLMailStore",
     "SQLStore",

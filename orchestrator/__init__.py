@@ -89,6 +89,7 @@ from ._llm import (
     WrappedBackend,
     capabilities,
 )
+from ._notify import LocalNotifier, Notifier
 from ._registry import Composite, Rebuildable, RebuildError, Registry
 from ._replay import RunImage, TaskImage, rebuild
 from ._resilience import Breaker, CallRetry, CircuitBreaker, CircuitState
@@ -293,6 +294,8 @@ __all__ = [
     "Cluster",
     "LeaseStats",
     "LocalSlots",
+    "LocalNotifier",
+    "Notifier",
     "SharedLimits",
     "SlotBroker",
     "SlotRow",

@@ -36,6 +36,7 @@ EXPECTED = {
         "DEFAULT_HEADROOM", "Headroom", "KneeController", "KneeStats",
         "Claimed", "Cluster", "LeaseLostError", "LeaseStats",
         "LocalSlots", "SharedLimits", "SlotBroker", "SlotRow", "allot",
+        "LocalNotifier", "Notifier",
         "Breaker", "CallRetry", "CallRetrying", "CircuitBreaker", "CircuitOpenError",
         "CircuitState",
         "Capabilities", "FailureIsolating", "HealthChecked", "LoadReport", "LoadReporting",
@@ -75,7 +76,7 @@ EXPECTED = {
     "memory": {
         "SQLStore", "store_url", "SQLBoardStore", "SQLMailStore",
         "Embedder", "EmbedderError", "Fact", "Hit", "Memory", "MemoryQueryError",
-        "MemoryValueError", "Note", "Scope", "Turn",
+        "MemoryValueError", "Note", "Scope", "Turn", "PgNotifier", "RedisNotifier",
     },
 }  # fmt: skip
 

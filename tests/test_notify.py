@@ -1,0 +1,135 @@
+"""Wake-ups between processes: PostgreSQL LISTEN/NOTIFY and Redis pub/sub carry a hint
+from one notifier to another, and peer messages and blackboard posts written through one
+store connection reach a receiver waiting on another at once, with polling turned off
+(every "process" here has its own connections and notifier)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from conftest import PG_HOST
+
+from agents import Address, Board, Helper, PostOffice
+from memory import PgNotifier, RedisNotifier, SQLBoardStore, SQLMailStore, SQLStore
+from orchestrator import Notifier, StoreError
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def pg_url(pg_user: str) -> AsyncIterator[str]:
+    schema = f"plait_notify_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    yield f"postgresql+asyncpg://{pg_user}@{PG_HOST}/test?schema={schema}"
+
+    async def drop() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(f"postgresql://{pg_user}@{PG_HOST}/test")
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+
+    asyncio.run(drop())
+
+
+def redis_up() -> bool:
+    async def ping() -> bool:
+        try:
+            async with RedisNotifier(REDIS_URL):
+                return True
+        except StoreError:
+            return False
+
+    return asyncio.run(ping())
+
+
+def notifiers(kind: str, pg_url: str) -> Callable[[], Any]:
+    if kind == "redis":
+        if not redis_up():
+            pytest.skip(f"no Redis at {REDIS_URL}")
+        return lambda: RedisNotifier(REDIS_URL)
+    return lambda: PgNotifier(pg_url)
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "redis"])
+def test_a_notification_reaches_a_listener_on_another_connection(kind: str, pg_url: str) -> None:
+    make = notifiers(kind, pg_url)
+    channel = f"plait_test_{uuid.uuid4().hex[:8]}"
+
+    async def main() -> None:
+        got: asyncio.Queue[str] = asyncio.Queue()
+        async with make() as listener, make() as sender:
+            assert isinstance(listener, Notifier)
+            await listener.listen(channel, got.put_nowait)
+            await sender.notify(channel, "hello")
+            assert await asyncio.wait_for(got.get(), 10) == "hello"
+            await sender.notify("another-channel", "not for it")
+            await sender.notify(channel, "again")
+            assert await asyncio.wait_for(got.get(), 10) == "again"
+
+    asyncio.run(main())
+
+
+class Watched(SQLMailStore):
+    """The SQL mail store, saying when a receiver has looked at its mailbox."""
+
+    def __init__(self, store: SQLStore) -> None:
+        super().__init__(store)
+        self.looked = asyncio.Event()
+
+    async def lease(self, *args: Any, **kw: Any) -> Any:
+        found = await super().lease(*args, **kw)
+        self.looked.set()
+        return found
+
+
+@contextlib.asynccontextmanager
+async def process(url: str, make: Callable[[], Any]) -> AsyncIterator[tuple[SQLStore, Any]]:
+    """What one process has: its own store connections and its own notifier."""
+    async with SQLStore(url) as store, make() as notifier:
+        yield store, notifier
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "redis"])
+def test_a_peer_message_wakes_a_receiver_in_another_process_without_polling(
+    kind: str, pg_url: str
+) -> None:
+    make = notifiers(kind, pg_url)
+    alice, bob = Address("acme", "wf-1", "alice"), Address("acme", "wf-1", "bob")
+
+    async def main() -> None:
+        async with process(pg_url, make) as (s1, n1), process(pg_url, make) as (s2, n2):
+            # poll_s of an hour: only the notification can wake the receiver in time.
+            mailbox = Watched(s1)
+            receiver = PostOffice(mailbox, poll_s=3600, notifier=n1)
+            sender = PostOffice(SQLMailStore(s2), poll_s=3600, notifier=n2)
+            waiting = asyncio.ensure_future(receiver.receive(bob, wait_s=30))
+            await mailbox.looked.wait()  # it found its mailbox empty: now it waits
+            await sender.send(alice, bob, {"q": 1})
+            got = await asyncio.wait_for(waiting, 20)
+            assert [d.body for d in got] == [{"q": 1}]
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "redis"])
+def test_a_post_on_one_board_reaches_a_volunteer_of_another_board_without_polling(
+    kind: str, pg_url: str
+) -> None:
+    make = notifiers(kind, pg_url)
+
+    async def main() -> None:
+        async with process(pg_url, make) as (s1, n1), process(pg_url, make) as (s2, n2):
+            worker_board = Board(SQLBoardStore(s1), notifier=n1)  # poll None: never
+            poster_board = Board(SQLBoardStore(s2), notifier=n2)
+            async with worker_board, poster_board:
+                worker_board.join(Helper("sql", frozenset({"sql"}), lambda post, ctx: "done"))
+                post = await poster_board.post("count rows", capabilities={"sql"})
+                assert await asyncio.wait_for(poster_board.answer_of(post), 20) == "done"
+
+    asyncio.run(main())
