@@ -158,11 +158,15 @@ class Leases:
         self._renewed_at = now
         self.stats.renewals += 1
         if self.cluster.take_over:
-            await self.take_over()
+            # A full batch resumed means more may be waiting: claim again (while there is
+            # room) rather than leave them to the next round. (Runs it could not resume are
+            # released, and would be claimed again: those end the round.)
+            while len(await self.take_over()) >= self.cluster.claim_batch:
+                pass
 
     async def take_over(self) -> list[str]:
         """Claim runs nobody holds (their lease ran out, or they were released) up to this
-        engine's room, and resume them; return the ids resumed."""
+        engine's room and `claim_batch`, and resume them; return the ids resumed."""
         room = min(self._room(), self.cluster.claim_batch)
         if room < 1:
             return []
