@@ -14,3 +14,12 @@ async def nap(ctx: TaskContext) -> str:
     base = float(os.environ.get("PLAIT_TEST_NAP", "0.3"))
     await asyncio.sleep(base * (1 + int(ctx.workflow.id[-2:], 16) % 4))
     return f"{ctx.task_id} after {sorted(ctx.inputs)}"
+
+
+async def hold(ctx: TaskContext) -> str:
+    """Waits until the file PLAIT_TEST_GATE exists (the test opens the gate)."""
+    gate = os.environ["PLAIT_TEST_GATE"]
+    # The gate is a file another process writes: polled, as a task waits on outside work.
+    while not os.path.exists(gate):  # noqa: ASYNC110, ASYNC240
+        await asyncio.sleep(0.05)
+    return "through"

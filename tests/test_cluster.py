@@ -64,7 +64,12 @@ class Engine:
 
 
 async def launch(tmp_path: Path, name: str, store_url: str) -> Engine:
-    env = {**os.environ, "PLAIT_TEST_NAP": "0.3", "PYTHONPATH": str(HERE)}
+    env = {
+        **os.environ,
+        "PLAIT_TEST_NAP": "0.3",
+        "PLAIT_TEST_GATE": str(tmp_path / "gate"),
+        "PYTHONPATH": str(HERE),
+    }
     process = await asyncio.create_subprocess_exec(
         str(PLAIT), "serve", "--config", str(config(tmp_path, name, store_url)),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
@@ -164,6 +169,50 @@ def test_three_engines_share_300_workflows_and_survive_one_killed(
                 await engine.process.wait()
             for reader in readers:
                 reader.cancel()
+            await pg.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            await pg.close()
+
+    asyncio.run(main())
+
+
+def test_any_engine_answers_for_a_workflow_another_runs(tmp_path: Path, pg_user: str) -> None:
+    """A load balancer may send any request to any engine: a cancel and a `?wait=` sent to
+    e2 for workflows e1 runs reach them (the cancel through LISTEN/NOTIFY)."""
+    schema = f"plait_cluster_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    store_url = f"postgresql+asyncpg://{pg_user}@{PG_HOST}/test?schema={schema}"
+    held = {"name": "held", "tasks": [{"id": "h", "function": "hold"}]}
+
+    async def main() -> None:
+        e1 = await launch(tmp_path, "e1", store_url)
+        e2 = await launch(tmp_path, "e2", store_url)
+        readers = [asyncio.create_task(drain(e)) for e in (e1, e2)]
+        try:
+            headers = {"Authorization": f"Bearer {TOKEN}"}
+            async with aiohttp.ClientSession(headers=headers) as http:
+                ids = []
+                for _ in range(2):
+                    async with http.post(e1.url + "v1/workflows", json=held) as r:
+                        assert r.status == 202
+                        ids.append((await r.json())["id"])
+                async with http.delete(e2.url + f"v1/workflows/{ids[0]}") as r:
+                    assert r.status == 202, await r.text()
+                async with http.get(e2.url + f"v1/workflows/{ids[0]}/result?wait=30") as r:
+                    result = await r.json()
+                assert result["status"] == "cancelled", result
+                assert result["failures"]["h"] == "cancelled through the API"
+                (tmp_path / "gate").write_text("")
+                async with http.get(e2.url + f"v1/workflows/{ids[1]}/result?wait=30") as r:
+                    result = await r.json()
+                assert result["status"] == "succeeded" and result["results"] == {"h": "through"}
+                async with http.delete(e2.url + f"v1/workflows/{ids[1]}") as r:
+                    assert r.status == 409 and "finished already" in (await r.json())["error"]
+        finally:
+            for engine in (e1, e2):
+                engine.process.send_signal(signal.SIGTERM)
+                await engine.process.wait()
+            for reader in readers:
+                reader.cancel()
+            pg = await asyncpg.connect(f"postgresql://{pg_user}@{PG_HOST}/test")
             await pg.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
             await pg.close()
 

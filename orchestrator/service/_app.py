@@ -25,9 +25,10 @@ from .._clock import Clock, SystemClock
 from .._engine import Engine
 from .._errors import PlaitError, UsageError
 from .._journal import read_log, read_records, restore
+from .._notify import Notifier
 from .._registry import Registry
 from .._replay import RunImage, rebuild
-from .._store import Store, WorkflowRow
+from .._store import LeaseLostError, Store, WorkflowRow
 from ._batches import BatchError, Batches
 from ._build import SpecError, add_tasks, build
 from ._config import ServiceSettings, Tenant, hash_token
@@ -100,6 +101,12 @@ class _Bucket:
         return (1 - self.tokens) / self.rate
 
 
+CANCEL_CHANNEL = "plait_cancel"
+"""With several engines: a workflow id whose cancel one engine's API was asked for."""
+_FOLLOW_S = 0.2
+"""How often a `?wait=` on a workflow another engine runs reads the store."""
+
+
 class Service:
     """The API over `engine` (which must have a store): see docs/rest.md."""
 
@@ -112,9 +119,11 @@ class Service:
         *,
         clock: Clock | None = None,
         batch_dir: Path | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         """`batch_dir`: where batch jobs keep their files (default: the settings'
-        `batch_dir`, relative to the working directory)."""
+        `batch_dir`, relative to the working directory). `notifier`: with several engines
+        on the store, how a cancel reaches the engine that runs the workflow."""
         if engine.store is None:
             raise UsageError("the service needs an engine with a store: Engine(store=...)")
         self.engine = engine
@@ -137,6 +146,7 @@ class Service:
             clock=self.clock,
         )
         self.metrics = Metrics(engine, self.batches.running, self.batches.counts)
+        self.notifier = notifier
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -165,6 +175,8 @@ class Service:
         return app
 
     async def _started(self, app: web.Application) -> None:
+        if self.notifier is not None:
+            await self.notifier.listen(CANCEL_CHANNEL, self._cancel_asked)
         await self._load_keys()
         again = await self.batches.start()
         if again:
@@ -516,16 +528,32 @@ class Service:
         return _json(await self._result_of(row.id))
 
     async def _finished_within(self, run_id: str, seconds: float) -> bool:
-        """Wait up to `seconds` for the run to finish here; False if it is still running."""
+        """Wait up to `seconds` for the run to finish; False if it is still running. A run
+        of this engine is awaited; with several engines, one that runs elsewhere (or was
+        taken over from this one) is followed in the store."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
         handle = self.engine.handle(run_id)
-        if handle is None:
+        if handle is not None:
+            try:
+                async with asyncio.timeout(seconds):
+                    await handle.result()
+            except TimeoutError:
+                return False
+            except LeaseLostError:
+                pass  # another engine runs it now: follow it in the store
+            else:
+                return True
+        if self.engine.leases is None:
             return True  # not running in this engine: the store has its story
-        try:
-            async with asyncio.timeout(seconds):
-                await handle.result()
-        except TimeoutError:
-            return False
-        return True
+        while True:
+            row = await self.store.workflow(run_id)
+            if row is None or row.status in _FINISHED:
+                return True
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await asyncio.sleep(min(_FOLLOW_S, left))
 
     async def _result_of(self, run_id: str) -> ResultView:
         await self._committed()  # a run that has just finished: its end is in the store
@@ -553,11 +581,26 @@ class Service:
         if handle is None:
             if row.status in _FINISHED:
                 raise ApiError(409, f"workflow {row.id!r} has finished already ({row.status})")
+            leases = self.engine.leases
+            if leases is not None and self.notifier is not None and row.owner is not None:
+                # Another engine runs it: it cancels it when it hears this.
+                await self.notifier.notify(CANCEL_CHANNEL, row.id)
+                return _json(_accepted(row.id, "running"), 202)
+            where = "any engine" if leases is not None else "this service"
             raise ApiError(
-                409, f"workflow {row.id!r} is not running in this service (it waits to be resumed)"
+                409,
+                f"workflow {row.id!r} is not running in {where} (it waits to be resumed or "
+                "taken over); cancel it again once it runs",
+                headers={"Retry-After": "5"},
             )
         handle.cancel("cancelled through the API")
         return _json(_accepted(row.id, "running"), 202)
+
+    def _cancel_asked(self, run_id: str) -> None:
+        """An engine's API was asked to cancel a workflow; it runs here, maybe."""
+        handle = self.engine.handle(run_id)
+        if handle is not None:
+            handle.cancel("cancelled through the API")
 
     async def _add_tasks(self, request: web.Request) -> web.Response:
         tenant = self._tenant(request)

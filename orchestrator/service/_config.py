@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .._config import Config, ConfigSection, _problem, _report, load_config, read_config_file
 from .._errors import UsageError
@@ -68,6 +68,17 @@ class ServiceSettings(ConfigSection):
     the runs of an engine that stopped renewing. None (the default): the only engine."""
     engine_id: str | None = Field(default=None, min_length=1, max_length=200)
     """This engine's name in the store with `lease_s` (default: host, pid and a suffix)."""
+    notify: str | None = None
+    """With `lease_s`: how engines wake each other (a cancel asked of one engine for a
+    workflow another runs): "postgresql" (LISTEN/NOTIFY on the store's database, the
+    default with a PostgreSQL store), a Redis URL ("redis://host:6379/0"), or "none"."""
+
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, value: str | None) -> str | None:
+        if value is None or value in ("postgresql", "none") or value.startswith("redis://"):
+            return value
+        raise ValueError("use 'postgresql', a redis:// URL, or 'none'")
 
 
 class TenantSettings(ConfigSection):

@@ -13,7 +13,8 @@ import contextlib
 import gc
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from importlib.metadata import entry_points
 from typing import TextIO
 
 from aiohttp import web
@@ -21,7 +22,9 @@ from aiohttp import web
 from .._clock import SystemClock
 from .._cluster import Cluster
 from .._engine import Engine
+from .._errors import UsageError
 from .._events import Event
+from .._notify import Notifier
 from ._app import Service
 from ._batches import batch_runs
 from ._config import ServeConfig, load_registry
@@ -74,6 +77,9 @@ async def serve(
                     print(f"plait serve: resumed {len(report.runs)} workflow(s)", file=out)
             # In a cluster, the engine's leases claim what no live engine holds, as they
             # run out: the runs left by an earlier process included.
+            notifier = None
+            if cluster is not None:
+                notifier = await stack.enter_async_context(_notifier(settings.notify, config.store))
             service = Service(
                 engine,
                 registry,
@@ -81,6 +87,7 @@ async def serve(
                 config.service,
                 clock=clock,
                 batch_dir=config.batch_dir,
+                notifier=notifier,
             )
             runner = web.AppRunner(service.app(), handle_signals=False)
             await runner.setup()  # its start goes on with the batch jobs left running
@@ -116,6 +123,27 @@ async def serve(
                         file=out,
                     )
     print("plait serve: stopped", file=out, flush=True)
+
+
+@contextlib.asynccontextmanager
+async def _notifier(notify: str | None, store: str) -> AsyncIterator[Notifier | None]:
+    """The notifier `[service] notify` names (opened), or None."""
+    if notify == "none" or (notify is None and not store.startswith("postgresql")):
+        yield None
+        return
+    kind, url = (
+        ("redis", notify) if notify and notify.startswith("redis") else ("postgresql", store)
+    )
+    if notify not in (None, "postgresql") and kind != "redis":
+        raise UsageError(
+            f"[service] notify = {notify!r}: use 'postgresql', a redis:// URL or 'none'"
+        )
+    found = entry_points(group="plait.notifiers", name=kind)
+    if not found:
+        raise UsageError(f"no {kind} notifier is installed (the memory package registers them)")
+    opened = next(iter(found)).load()(url)
+    async with opened as notifier:
+        yield notifier
 
 
 @contextlib.contextmanager
