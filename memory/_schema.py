@@ -92,6 +92,18 @@ slots = sa.Table(
     sa.Column("lease_until", sa.Double, nullable=False),
 )
 
+# Idempotency keys of REST submissions, one row per (tenant, key) (v8): whichever engine
+# a request reaches, the first to insert the key starts the workflow and names it here.
+keys = sa.Table(
+    "plait_keys",
+    metadata,
+    sa.Column("tenant", sa.String(200), primary_key=True),
+    sa.Column("key", sa.String(200), primary_key=True),
+    sa.Column("digest", sa.String(64), nullable=False),
+    sa.Column("workflow_id", sa.String(200), nullable=True),
+    sa.Column("created", sa.Double, nullable=False),
+)
+
 calls = sa.Table(
     "plait_calls",
     metadata,

@@ -577,6 +577,50 @@ class SQLStore(Store):
                 released += (await conn.execute(query)).rowcount
         return released
 
+    # --- idempotency keys ------------------------------------------------------------------------
+
+    async def reserve_key(
+        self, tenant: str, key: str, digest: str, *, stale_s: float
+    ) -> tuple[bool, str, str | None]:
+        c = t.keys.c
+        now = time.time()
+        async with self._write() as conn:
+            found = (
+                await conn.execute(
+                    sa.select(c.digest, c.workflow_id, c.created)
+                    .where(c.tenant == tenant, c.key == key)
+                    .with_for_update()
+                )
+            ).first()
+            if found is None:
+                row = {"tenant": tenant, "key": key, "digest": digest, "created": now}
+                inserted = await conn.execute(_insert_ignore(conn, t.keys, row, ("tenant", "key")))
+                if inserted.rowcount == 1:
+                    return True, digest, None
+                found = (
+                    await conn.execute(
+                        sa.select(c.digest, c.workflow_id, c.created).where(
+                            c.tenant == tenant, c.key == key
+                        )
+                    )
+                ).one()
+            first, workflow, created = found
+            if workflow is None and first == digest and now - created > stale_s:
+                await conn.execute(
+                    t.keys.update().where(c.tenant == tenant, c.key == key).values(created=now)
+                )
+                return True, digest, None
+            return False, first, workflow
+
+    async def name_key(self, tenant: str, key: str, workflow: str | None) -> None:
+        c = t.keys.c
+        mine = (c.tenant == tenant) & (c.key == key)
+        async with self._write() as conn:
+            if workflow is None:
+                await conn.execute(t.keys.delete().where(mine, c.workflow_id.is_(None)))
+            else:
+                await conn.execute(t.keys.update().where(mine).values(workflow_id=workflow))
+
     # --- shared limits (orchestrator.SlotBroker) ------------------------------------------------
 
     async def share(
@@ -822,6 +866,19 @@ def _gap(record: EventRecord, expected: int) -> StoreError:
         f"duplicate (the next is {expected}); one journal per workflow assigns seqs: do not "
         "append to a workflow from two journals"
     )
+
+
+def _insert_ignore(
+    conn: AsyncConnection, table: sa.Table, row: Mapping[str, Any], keys: Sequence[str]
+) -> Any:
+    """INSERT ... ON CONFLICT DO NOTHING in the connection's dialect."""
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table).values(row).on_conflict_do_nothing(index_elements=list(keys))
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table).values(row).on_conflict_do_nothing(index_elements=list(keys))
 
 
 def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:

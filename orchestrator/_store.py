@@ -325,6 +325,20 @@ class Store(ABC):
         from now; return how many."""
         raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
 
+    async def reserve_key(
+        self, tenant: str, key: str, digest: str, *, stale_s: float
+    ) -> tuple[bool, str, str | None]:
+        """Take an idempotency key for a request whose body hashes to `digest`: (True,
+        digest, None) if this caller has it now (a new key, or one taken `stale_s` ago by a
+        request that never named its workflow); else (False, the first request's digest, its
+        workflow id, None while that request is still starting it)."""
+        raise StoreError(f"{type(self).__name__} does not keep idempotency keys")
+
+    async def name_key(self, tenant: str, key: str, workflow: str | None) -> None:
+        """The workflow a reserved key's request started; None: it started none (refused),
+        and the key is free again."""
+        raise StoreError(f"{type(self).__name__} does not keep idempotency keys")
+
     async def release(self, owner: str, workflows: Sequence[str] | None = None) -> int:
         """Give up `owner`'s leases (of these workflows, or all): another engine may claim
         them at once instead of waiting for them to run out. Returns how many."""

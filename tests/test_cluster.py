@@ -177,7 +177,8 @@ def test_three_engines_share_300_workflows_and_survive_one_killed(
 
 def test_any_engine_answers_for_a_workflow_another_runs(tmp_path: Path, pg_user: str) -> None:
     """A load balancer may send any request to any engine: a cancel and a `?wait=` sent to
-    e2 for workflows e1 runs reach them (the cancel through LISTEN/NOTIFY)."""
+    e2 for workflows e1 runs reach them (the cancel through LISTEN/NOTIFY), and a retry with
+    the same Idempotency-Key finds the workflow the first request made on e1."""
     schema = f"plait_cluster_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     store_url = f"postgresql+asyncpg://{pg_user}@{PG_HOST}/test?schema={schema}"
     held = {"name": "held", "tasks": [{"id": "h", "function": "hold"}]}
@@ -206,6 +207,16 @@ def test_any_engine_answers_for_a_workflow_another_runs(tmp_path: Path, pg_user:
                 assert result["status"] == "succeeded" and result["results"] == {"h": "through"}
                 async with http.delete(e2.url + f"v1/workflows/{ids[1]}") as r:
                     assert r.status == 409 and "finished already" in (await r.json())["error"]
+                # A retry sent to another engine finds the workflow the first request made.
+                key = {"Idempotency-Key": "once"}
+                async with http.post(e1.url + "v1/workflows", json=held, headers=key) as r:
+                    assert r.status == 202
+                    first = (await r.json())["id"]
+                async with http.post(e2.url + "v1/workflows", json=held, headers=key) as r:
+                    assert r.status == 200 and (await r.json())["id"] == first
+                other = {**held, "name": "other"}
+                async with http.post(e2.url + "v1/workflows", json=other, headers=key) as r:
+                    assert r.status == 422, await r.text()
         finally:
             for engine in (e1, e2):
                 engine.process.send_signal(signal.SIGTERM)

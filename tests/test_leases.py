@@ -246,3 +246,22 @@ def test_a_cluster_needs_a_store_and_sane_settings() -> None:
         Cluster(lease_s=0)
     with pytest.raises(UsageError, match="claim_batch"):
         Cluster(claim_batch=0)
+
+
+def test_an_idempotency_key_is_taken_once_across_engines(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with make_store() as one, make_store() as two:
+            assert await one.reserve_key("t", "k", "d1", stale_s=60) == (True, "d1", None)
+            # Another engine, while the first is starting its workflow: not yet named.
+            assert await two.reserve_key("t", "k", "d1", stale_s=60) == (False, "d1", None)
+            await one.name_key("t", "k", "wf-1")
+            assert await two.reserve_key("t", "k", "d1", stale_s=60) == (False, "d1", "wf-1")
+            assert await two.reserve_key("t", "k", "d2", stale_s=60) == (False, "d1", "wf-1")
+            assert await two.reserve_key("u", "k", "d2", stale_s=60) == (True, "d2", None)
+            # A request refused after taking its key frees it; one whose engine died
+            # before naming its workflow frees it after stale_s.
+            await two.name_key("u", "k", None)
+            assert await one.reserve_key("u", "k", "d3", stale_s=60) == (True, "d3", None)
+            assert await two.reserve_key("u", "k", "d3", stale_s=-1) == (True, "d3", None)
+
+    asyncio.run(main())

@@ -28,7 +28,7 @@ from .._journal import read_log, read_records, restore
 from .._notify import Notifier
 from .._registry import Registry
 from .._replay import RunImage, rebuild
-from .._store import LeaseLostError, Store, WorkflowRow
+from .._store import LeaseLostError, Store, StoreError, WorkflowRow
 from ._batches import BatchError, Batches
 from ._build import SpecError, add_tasks, build
 from ._config import ServiceSettings, Tenant, hash_token
@@ -103,6 +103,9 @@ class _Bucket:
 
 CANCEL_CHANNEL = "plait_cancel"
 """With several engines: a workflow id whose cancel one engine's API was asked for."""
+_KEY_STALE_S = 60.0
+"""A key taken by a request that never named its workflow (its engine died meanwhile) is
+free again after this long."""
 _FOLLOW_S = 0.2
 """How often a `?wait=` on a workflow another engine runs reads the store."""
 
@@ -344,7 +347,11 @@ class Service:
         self._keys[slot] = (digest, pending)
         try:
             earlier = await self._earlier(tenant, key, digest)
-            run_id = earlier or await self._start(tenant, spec, key, digest)
+            if earlier is None and self.engine.leases is not None:
+                earlier = await self._shared_key(tenant, spec, key, digest)
+                run_id = earlier or self._known[tenant.name, key][0]
+            else:
+                run_id = earlier or await self._start(tenant, spec, key, digest)
         except BaseException as exc:
             pending.set_exception(exc)
             pending.exception()  # retrieved: a racing retry tries again itself
@@ -369,6 +376,36 @@ class Service:
         if first != digest:
             raise _reused()
         return run_id
+
+    async def _shared_key(
+        self, tenant: Tenant, spec: WorkflowSpec, key: str, digest: str
+    ) -> str | None:
+        """With several engines: the key is taken in the store, where every engine sees it.
+        The workflow an earlier request made (from any engine), or None once this request
+        has started its own."""
+        store = self.store
+        mine, first, workflow = await store.reserve_key(
+            tenant.name, key, digest, stale_s=_KEY_STALE_S
+        )
+        if not mine:
+            if first != digest:
+                raise _reused()
+            if workflow is None:
+                raise ApiError(
+                    409,
+                    "a request with this Idempotency-Key is being accepted by another engine; "
+                    "send it again in a moment",
+                    headers={"Retry-After": "1"},
+                )
+            return workflow
+        try:
+            run_id = await self._start(tenant, spec, key, digest)
+        except BaseException:
+            with contextlib.suppress(StoreError):
+                await store.name_key(tenant.name, key, None)  # refused: the key is free again
+            raise
+        await store.name_key(tenant.name, key, run_id)
+        return None
 
     async def _load_keys(self) -> None:
         """Every idempotency key in the store, read once at start (the store has no index
