@@ -101,6 +101,7 @@ from ._retention import (
     sweep_once,
 )
 from ._run import RunResult
+from ._runner import Runner
 from ._scheduler import (
     Fcfs,
     Las,
@@ -228,6 +229,7 @@ __all__ = [
     "RunError",
     "RunHandle",
     "RunResult",
+    "Runner",
     "Sampling",
     "Slack",
     "SystemClock",
