@@ -58,6 +58,7 @@ EXPECTED = {
         "GroupingStats", "PrefixGrouper",
         "LoadReport",
         "Faults",
+        "RayCluster", "RayError", "RayRunner", "RayWorkerLostError", "ray_task",
     },
     "agents": {
         "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",
