@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import importlib.util
 import math
 import os
 import shutil
@@ -388,6 +389,17 @@ def test_a_timed_out_task_cancels_its_ray_task_and_frees_its_worker(
     assert len(marks) == 1, "the Ray task had not started within the timeout; nothing to see"
     # ray.cancel(force=True) killed the worker that ran it.
     _poll(lambda: _gone(marks[0]), 30, "the worker running the task did not stop")
+
+
+def test_the_example_counts_primes_on_the_cluster(head: Head) -> None:
+    path = Path(__file__).resolve().parent.parent / "examples" / "ray_tools.py"
+    spec = importlib.util.spec_from_file_location("example_ray_tools", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # not in sys.modules: Ray pickles its functions by value
+    result = asyncio.run(example.main(head.address, limit=50_000, slices=4))
+    assert result.ok and result["total"] == 5133  # the primes below 50,000
+    assert [result[f"slice{i}"] for i in range(4)] == [1492, 1270, 1206, 1165]
 
 
 # --- mistakes --------------------------------------------------------------------------------
