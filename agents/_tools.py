@@ -41,7 +41,7 @@ class Tool:
     derived from `fn`'s signature and docstring when not given (see `tool`).
 
     `runner` (optional) runs every call of the tool elsewhere than the engine's threads, on
-    a Ray cluster say (`executors.Ray(num_cpus=2)`); `fn` must then be a plain function."""
+    a Ray cluster say (`executors.RayRunner(num_cpus=2)`); `fn` must then be a plain function."""
 
     name: str
     fn: Callable[..., Any]
@@ -61,7 +61,7 @@ class Tool:
         if self.runner is not None:
             if not isinstance(self.runner, Runner):
                 raise UsageError(
-                    f"tool {self.name!r}: runner must be a Runner (executors.Ray(...), say), "
+                    f"tool {self.name!r}: runner must be a Runner (executors.RayRunner(...), say), "
                     f"got {type(self.runner).__name__} {self.runner!r}"
                 )
             if inspect.iscoroutinefunction(self.fn):
@@ -182,7 +182,7 @@ def tool(
     """Make a `Tool` of a typed function, as a call or a decorator (`@tool` or
     `@tool(name=...)`). The schema comes from the annotations and defaults; the description
     from the docstring's first paragraph, and each argument's from an `Args:` section.
-    `runner` runs its calls elsewhere (`@tool(runner=executors.Ray(num_cpus=2))`)."""
+    `runner` runs its calls elsewhere (`@tool(runner=executors.RayRunner(num_cpus=2))`)."""
 
     def make(f: Callable[..., Any]) -> Tool:
         return Tool(name or f.__name__, f, description or "", runner=runner)

@@ -1,7 +1,7 @@
 """Runners: where a task's synchronous function runs when not in the engine's threads.
 
 A function or tool task runs its function in the engine's worker threads unless it names a
-`Runner`, which runs it somewhere else (a Ray cluster: `executors.Ray`). There the function
+`Runner`, which runs it somewhere else (a Ray cluster: `executors.RayRunner`). There the function
 cannot reach the engine, so it receives plain arguments, never the `TaskContext`, and its
 result or exception comes back as a local one would.
 

@@ -130,6 +130,11 @@ class FunctionAction:
             self._is_async, self._takes_ctx = _shape(fn)
         except TypeError:  # an unhashable callable object: inspect it without the cache
             self._is_async, self._takes_ctx = _shape.__wrapped__(fn)
+        if runner is not None and not isinstance(runner, Runner):
+            raise UsageError(
+                f"task function {_name(fn)!r}: runner must be a Runner "
+                f"(executors.RayRunner(...), say), got {type(runner).__name__} {runner!r}"
+            )
         if runner is not None and self._is_async:
             raise UsageError(
                 f"task function {_name(fn)!r} is async, and the {runner.kind!r} runner runs "

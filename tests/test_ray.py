@@ -513,6 +513,13 @@ def test_async_functions_cannot_run_on_ray() -> None:
         Tool("lookup", lookup, runner=RayRunner())
 
 
+def test_a_runner_must_be_a_runner() -> None:
+    with pytest.raises(UsageError, match="runner must be a Runner .* got str 'ray'"):
+        FunctionAction(total, runner="ray")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="tool 'total': runner must be a Runner"):
+        Tool("total", total, runner="ray")  # type: ignore[arg-type]
+
+
 # --- the run's log ---------------------------------------------------------------------------
 
 
