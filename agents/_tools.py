@@ -21,6 +21,7 @@ from orchestrator import (
     ActionSpec,
     RebuildError,
     Registry,
+    Runner,
     TaskContext,
     ToolSpec,
     UsageError,
@@ -37,12 +38,16 @@ class ToolArgumentsError(UsageError):
 @dataclass(frozen=True, slots=True)
 class Tool:
     """A function an agent can use. `parameters` is the JSON schema shown to the model:
-    derived from `fn`'s signature and docstring when not given (see `tool`)."""
+    derived from `fn`'s signature and docstring when not given (see `tool`).
+
+    `runner` (optional) runs every call of the tool elsewhere than the engine's threads, on
+    a Ray cluster say (`executors.RayRunner(num_cpus=2)`); `fn` must then be a plain function."""
 
     name: str
     fn: Callable[..., Any]
     description: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    runner: Runner | None = None
     _model: type[pydantic.BaseModel] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -53,6 +58,18 @@ class Tool:
             )
         if not callable(self.fn):
             raise UsageError(f"tool {self.name!r}: fn must be callable, got {self.fn!r}")
+        if self.runner is not None:
+            if not isinstance(self.runner, Runner):
+                raise UsageError(
+                    f"tool {self.name!r}: runner must be a Runner (executors.RayRunner(...), say), "
+                    f"got {type(self.runner).__name__} {self.runner!r}"
+                )
+            if inspect.iscoroutinefunction(self.fn):
+                raise UsageError(
+                    f"tool {self.name!r}: its function is async, and the "
+                    f"{self.runner.kind!r} runner runs plain functions in another process; "
+                    "make it a plain def (or leave runner out)"
+                )
         if self._model is None:
             model = _arguments_model(self.name, self.fn)
             object.__setattr__(self, "_model", model)
@@ -138,7 +155,9 @@ class ToolAction:
                 f"tool {self.tool.name!r} needs its arguments as a mapping, "
                 f"got {type(args).__name__}"
             )
-        fn = self.tool.fn
+        fn, runner = self.tool.fn, self.tool.runner
+        if runner is not None:
+            return await runner.call(ctx, fn, **args)
         if inspect.iscoroutinefunction(fn):
             return await fn(**args)
         return await ctx.to_thread(fn, **args)
@@ -154,14 +173,19 @@ def problems(exc: pydantic.ValidationError, whole: str, *, limit: int | None = N
 
 
 def tool(
-    fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None
+    fn: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    runner: Runner | None = None,
 ) -> Any:
     """Make a `Tool` of a typed function, as a call or a decorator (`@tool` or
     `@tool(name=...)`). The schema comes from the annotations and defaults; the description
-    from the docstring's first paragraph, and each argument's from an `Args:` section."""
+    from the docstring's first paragraph, and each argument's from an `Args:` section.
+    `runner` runs its calls elsewhere (`@tool(runner=executors.RayRunner(num_cpus=2))`)."""
 
     def make(f: Callable[..., Any]) -> Tool:
-        return Tool(name or f.__name__, f, description or "")
+        return Tool(name or f.__name__, f, description or "", runner=runner)
 
     return make(fn) if fn is not None else make
 

@@ -6,6 +6,8 @@
   it over an OpenAI-compatible API with vLLM's metrics (`plait sim serve`).
 - `OpenAIBackend`: any OpenAI-compatible server, hints spelled in its dialect; its health
   (`check()`) and load (`load()`, a `LoadReport`) from the server's own endpoints.
+- `ray_task`, `RayRunner`, `RayCluster`: function and tool tasks that run as Ray tasks on a
+  cluster, with the resources they declare (Ray is imported only when they are used).
 """
 
 from orchestrator import LoadReport
@@ -15,6 +17,7 @@ from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._grouping import GroupingStats, PrefixGrouper
 from ._openai import OpenAIBackend
+from ._ray import RayCluster, RayError, RayRunner, RayWorkerLostError, ray_task
 from ._router import ReplicaStats, Router
 from ._routing import Choice, PrefixRouter
 from ._sim import RequestTooLongError, SimServer, SimStats
@@ -33,6 +36,10 @@ __all__ = [
     "PrefixGrouper",
     "PrefixRouter",
     "Profile",
+    "RayCluster",
+    "RayError",
+    "RayRunner",
+    "RayWorkerLostError",
     "RecordedCall",
     "ReplicaStats",
     "RequestTooLongError",
@@ -44,4 +51,5 @@ __all__ = [
     "backends_from_config",
     "echo",
     "get_profile",
+    "ray_task",
 ]

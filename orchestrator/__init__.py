@@ -103,6 +103,7 @@ from ._retention import (
     sweep_once,
 )
 from ._run import RunResult
+from ._runner import Runner
 from ._scheduler import (
     Fcfs,
     Las,
@@ -233,6 +234,7 @@ __all__ = [
     "RunError",
     "RunHandle",
     "RunResult",
+    "Runner",
     "Sampling",
     "Slack",
     "SystemClock",

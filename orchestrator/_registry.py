@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 from ._errors import UsageError
 from ._events import ActionSpec, TaskOptions
 from ._llm import DEFAULT_BACKEND
+from ._runner import Runner, make_runner
 from ._task import Action, FunctionAction, LLMCall, Retry, Task, registered_name
 
 
@@ -158,7 +159,10 @@ class Registry:
         if builder is not None:
             return builder.rebuild(spec, self)
         if spec.kind == "function":
-            return FunctionAction(self.function(spec.name))
+            runner = spec.args.get("runner")
+            return FunctionAction(
+                self.function(spec.name), runner=None if runner is None else self.runner(runner)
+            )
         if spec.kind == "llm" and ":" in spec.name:
             build = self.function(spec.name, "LLM request builder")
             return LLMCall(build, backend=spec.args.get("backend", DEFAULT_BACKEND))
@@ -167,6 +171,14 @@ class Registry:
             f"no {what} named {spec.name!r} is registered; pass it to the Registry "
             f"(Registry(..., {spec.name if what != 'action' else 'a Rebuildable'}))"
         )
+
+    def runner(self, spec: Mapping[str, Any]) -> Runner:
+        """The runner a stored function task ran on (`{"kind": "ray", ...settings}`), made
+        by the factory installed packages register for its kind (`plait.runners`)."""
+        try:
+            return make_runner(spec)
+        except UsageError as exc:
+            raise RebuildError(str(exc)) from exc
 
     def task(self, task_id: str, spec: ActionSpec, options: TaskOptions) -> Task:
         """The task as its `task_added` event describes it."""

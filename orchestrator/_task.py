@@ -19,6 +19,7 @@ from ._admission import DEFAULT_FUNCTION_RESOURCE, DEFAULT_TOOL_RESOURCE
 from ._errors import ResultNotSerializableError, UsageError
 from ._events import ActionSpec, TaskOptions, TaskState
 from ._llm import DEFAULT_BACKEND, LLMRequest
+from ._runner import Runner, runner_spec
 
 if TYPE_CHECKING:
     from ._context import TaskContext
@@ -108,12 +109,20 @@ def _shape(fn: Callable[..., Any]) -> tuple[bool, bool]:
 class FunctionAction:
     """Runs a Python function, sync or async, taking the `TaskContext` or nothing.
 
-    Sync functions run in a worker thread so a slow one cannot stall the loop.
+    Sync functions run in a worker thread so a slow one cannot stall the loop. With a
+    `runner` (a Ray cluster, say) a sync function runs there instead, where it cannot
+    reach the engine: it takes the dependency results (`ctx.inputs`, as a dict) or nothing.
     """
 
-    __slots__ = ("_fn", "_is_async", "_takes_ctx", "_resource", "_spec")
+    __slots__ = ("_fn", "_is_async", "_takes_ctx", "_resource", "_runner", "_spec")
 
-    def __init__(self, fn: Callable[..., Any], *, resource: str = DEFAULT_FUNCTION_RESOURCE):
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        resource: str = DEFAULT_FUNCTION_RESOURCE,
+        runner: Runner | None = None,
+    ):
         if not callable(fn):
             raise UsageError(f"a task needs a callable or an Action, got {type(fn).__name__}")
         self._fn = fn
@@ -121,7 +130,19 @@ class FunctionAction:
             self._is_async, self._takes_ctx = _shape(fn)
         except TypeError:  # an unhashable callable object: inspect it without the cache
             self._is_async, self._takes_ctx = _shape.__wrapped__(fn)
+        if runner is not None and not isinstance(runner, Runner):
+            raise UsageError(
+                f"task function {_name(fn)!r}: runner must be a Runner "
+                f"(executors.RayRunner(...), say), got {type(runner).__name__} {runner!r}"
+            )
+        if runner is not None and self._is_async:
+            raise UsageError(
+                f"task function {_name(fn)!r} is async, and the {runner.kind!r} runner runs "
+                "plain functions in another process; make it a plain def (or run it without "
+                "a runner)"
+            )
         self._resource = resource
+        self._runner = runner
         self._spec: ActionSpec | None = None
 
     @property
@@ -129,22 +150,37 @@ class FunctionAction:
         return self._resource
 
     @property
+    def runner(self) -> Runner | None:
+        """Where the function runs, when not in the engine's threads."""
+        return self._runner
+
+    @property
     def label(self) -> str:
-        return f"function {getattr(self._fn, '__qualname__', type(self._fn).__name__)}"
+        where = "" if self._runner is None else f" on {self._runner.kind}"
+        return f"function {_name(self._fn)}{where}"
 
     @property
     def spec(self) -> ActionSpec:
         if self._spec is None:
-            self._spec = ActionSpec("function", registered_name(self._fn))
+            args = {} if self._runner is None else {"runner": runner_spec(self._runner)}
+            self._spec = ActionSpec("function", registered_name(self._fn), args)
         return self._spec
 
     async def run(self, ctx: TaskContext) -> Any:
         fn = self._fn
+        if self._runner is not None:
+            if self._takes_ctx:
+                return await self._runner.call(ctx, fn, dict(ctx.inputs))
+            return await self._runner.call(ctx, fn)
         if self._is_async:
             return await (fn(ctx) if self._takes_ctx else fn())
         if self._takes_ctx:
             return await ctx.to_thread(fn, ctx)
         return await ctx.to_thread(fn)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)
 
 
 @dataclass(frozen=True, slots=True)

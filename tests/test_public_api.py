@@ -22,7 +22,8 @@ EXPECTED = {
         "Las", "Limits", "Message", "OutputSchema", "OverloadedError", "PlaitError", "Policy",
         "PriorityClass",
         "ProgramView", "ReadyTask", "ResourceStats", "ResultNotSerializableError", "Retry",
-        "Role", "RunError", "RunHandle", "RunResult", "Sampling", "Slack", "SystemClock", "Task",
+        "Role", "RunError", "RunHandle", "RunResult", "Runner", "Sampling", "Slack", "SystemClock",
+        "Task",
         "TaskAdded", "TaskCancelled", "TaskCancelledError", "TaskContext", "TaskFailed", "Template",
         "TaskReady", "TaskRemoved", "TaskReplaced", "TaskRetrying", "TaskSkipped", "TaskStarted",
         "TaskStartedError", "TaskState", "TaskSucceeded", "TaskTimeoutError", "ToolCall",
@@ -60,6 +61,7 @@ EXPECTED = {
         "GroupingStats", "PrefixGrouper",
         "LoadReport",
         "Faults",
+        "RayCluster", "RayError", "RayRunner", "RayWorkerLostError", "ray_task",
     },
     "agents": {
         "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",
