@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import importlib.machinery
 import inspect
 import math
 import pickle
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -336,6 +338,7 @@ def _remote(fn: Callable[..., Any]) -> Any:
     """`fn` as a Ray remote function, made once per function: Ray exports each remote
     function to the cluster on its first call, not again on every task."""
     ray = import_ray("a Ray task")
+    _by_value_if_unimportable(ray, fn)
     if inspect.isfunction(fn):
         return ray.remote(fn)
     # ray.remote takes functions (and classes, as actors) only: a callable object or a
@@ -345,6 +348,24 @@ def _remote(fn: Callable[..., Any]) -> Any:
         return fn(*args, **kwargs)
 
     return ray.remote(call)
+
+
+def _by_value_if_unimportable(ray: Any, fn: Callable[..., Any]) -> None:
+    """A function of a module the workers cannot import by its name (a registry file that
+    `plait serve` loaded from a path, a script run by path) travels by value, with its
+    module's globals, instead of as "module:name" that a worker would fail to import."""
+    name = getattr(fn, "__module__", None)
+    if not isinstance(name, str) or name == "__main__":
+        return  # __main__ goes by value anyway
+    module = sys.modules.get(name)
+    if module is None:
+        return
+    top = name.partition(".")[0]
+    if (
+        importlib.machinery.PathFinder.find_spec(top) is None
+        and top not in sys.builtin_module_names
+    ):
+        ray.cloudpickle.register_pickle_by_value(module)
 
 
 def _submit(remote: Any, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -181,11 +181,13 @@ class SQLStore(Store):
         """Bring the schema to `revision` ("head" in use; tests also build older states)."""
         async with self._write() as conn:
             if not self._sqlite:
+                # Two processes opening one fresh database must not both create the schema
+                # or the tables (CREATE SCHEMA IF NOT EXISTS is not safe against a race:
+                # engines of a cluster started together failed on it).
+                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_GC_LOCK + 1)))
                 if self._schema:
                     quoted = conn.dialect.identifier_preparer.quote_identifier(self._schema)
                     await conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {quoted}")
-                # Two processes opening one fresh database must not both create the tables.
-                await conn.execute(sa.select(sa.func.pg_advisory_xact_lock(_PG_GC_LOCK + 1)))
             found = await conn.run_sync(_schema_version)
             if found is not None and found > t.SCHEMA_VERSION:
                 raise StoreVersionError(self.where, found, t.SCHEMA_VERSION)

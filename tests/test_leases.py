@@ -265,3 +265,22 @@ def test_an_idempotency_key_is_taken_once_across_engines(make_store: StoreFactor
             assert await two.reserve_key("u", "k", "d3", stale_s=-1) == (True, "d3", None)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("make_store", ["postgresql"], indirect=True)  # a cluster's store
+def test_engines_opening_a_fresh_store_together_do_not_trip_on_each_other(
+    make_store: StoreFactory,
+) -> None:
+    """A cluster's engines start at once: each creates the schema and tables if missing
+    (before the migration lock came first, CREATE SCHEMA IF NOT EXISTS failed in one)."""
+
+    async def main() -> None:
+        stores = [make_store() for _ in range(4)]
+        await asyncio.gather(*(s.open() for s in stores))
+        try:
+            assert await stores[0].unfinished() == []
+        finally:
+            for s in stores:
+                await s.close()
+
+    asyncio.run(main())

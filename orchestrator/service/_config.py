@@ -68,6 +68,9 @@ class ServiceSettings(ConfigSection):
     the runs of an engine that stopped renewing. None (the default): the only engine."""
     engine_id: str | None = Field(default=None, min_length=1, max_length=200)
     """This engine's name in the store with `lease_s` (default: host, pid and a suffix)."""
+    ray_address: str | None = Field(default=None, min_length=1)
+    """Connect to this Ray cluster at start ("host:port" of its head node, "ray://...",
+    "auto"), for the tasks marked for Ray (docs/ray.md)."""
     notify: str | None = None
     """With `lease_s`: how engines wake each other (a cancel asked of one engine for a
     workflow another runs): "postgresql" (LISTEN/NOTIFY on the store's database, the

@@ -44,13 +44,15 @@ async def serve(
     clock = SystemClock()
     stop = stop or _on_signals()
     async with contextlib.AsyncExitStack() as stack:
+        settings = config.service
         backends = config.engine.build_backends(clock)
         for backend in backends.values():
             if isinstance(backend, contextlib.AbstractAsyncContextManager):
                 await stack.enter_async_context(backend)
         store = await stack.enter_async_context(open_store(config.store))
+        if settings.ray_address is not None:
+            await stack.enter_async_context(_ray(settings.ray_address))
         stack.enter_context(_long_lived())
-        settings = config.service
         cluster = None
         if settings.lease_s is not None:
             cluster = Cluster(
@@ -123,6 +125,16 @@ async def serve(
                         file=out,
                     )
     print("plait serve: stopped", file=out, flush=True)
+
+
+def _ray(address: str) -> contextlib.AbstractAsyncContextManager[object]:
+    """The Ray connection `[service] ray_address` names (executors.RayCluster, found by
+    entry point so the core does not import it)."""
+    found = entry_points(group="plait.clusters", name="ray")
+    if not found:
+        raise UsageError("[service] ray_address needs executors' Ray support: pip install -e .")
+    cluster: contextlib.AbstractAsyncContextManager[object] = next(iter(found)).load()(address)
+    return cluster
 
 
 @contextlib.asynccontextmanager
