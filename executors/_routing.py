@@ -16,13 +16,20 @@ routed request, so balance is kept in prompt tokens computed rather than in requ
 (Dynamo's KV router and SGLang's cache-aware policy weigh the same two things). Matching
 the longest prefix rather than the first block matters: when every prompt starts with the
 same system prompt, every replica holds that block and the next blocks decide.
+
+Routers of several engines in front of the same replicas keep one model between them:
+`record` returns a `Placement`, a small value that the others apply with `observe`, so each
+one's model of every replica's cache and recent work covers every engine's requests.
+
+Cost: an index from each block hash to the replicas believed to hold it finds the longest
+held prefix over all replicas with one bisection, instead of one per replica.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -51,6 +58,47 @@ def two_candidates(key: int, replicas: Sequence[int]) -> tuple[int, int]:
     return ranked[0], ranked[1]
 
 
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """One request a router placed, for the routers of other engines to apply (`observe`).
+
+    Block hashes are chained, so the request's leading blocks are named by an earlier
+    request that it extends: `base` is that request's last hash and stands for its
+    `base_blocks` blocks, and `tail` holds the hashes after them. A conversation's turn
+    then carries only the blocks that the turn added. With `base_blocks` 0, `tail` is the
+    whole request. `computed`: of its blocks, those the replica had to compute (by the
+    placing router's model), which is the work it adds there."""
+
+    replica: int
+    tail: tuple[int, ...]
+    computed: int
+    base: int = 0
+    base_blocks: int = 0
+    prefix_key: str | None = None
+
+    @property
+    def blocks(self) -> int:
+        return self.base_blocks + len(self.tail)
+
+
+# The positions of the set bits of each byte, to list the replicas in a mask quickly.
+_BITS = tuple(tuple(i for i in range(8) if byte >> i & 1) for byte in range(256))
+_consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
+
+
+def _members(mask: int) -> list[int]:
+    """The replicas in `mask`, in ascending order."""
+    out: list[int] = []
+    offset = 0
+    while mask:
+        byte = mask & 255
+        if byte:
+            out.extend(offset + i for i in _BITS[byte])
+        mask >>= 8
+        offset += 8
+    return out
+
+
 class PrefixRouter:
     """Models each replica's prefix cache and chooses a replica for each request.
 
@@ -65,6 +113,8 @@ class PrefixRouter:
     everything up to `capacity`). `capacity`: prefix hashes remembered over all replicas.
     `half_life`: after this many routed requests, a replica's past work counts half.
     `keys`: prefix keys remembered (each names the replica its latest request went to).
+    `chain_blocks`: block hashes of recent requests kept to expand peers' placements
+    (`Placement.base`) and to name this router's own by what they extend.
     """
 
     def __init__(
@@ -78,6 +128,7 @@ class PrefixRouter:
         max_work_imbalance: float = 1.25,
         half_life: float = 1000.0,
         keys: int = 100_000,
+        chain_blocks: int = 1_000_000,
     ) -> None:
         if replicas < 1:
             raise ValueError("a router needs at least one replica")
@@ -87,6 +138,8 @@ class PrefixRouter:
             raise ValueError(f"half_life must be positive, got {half_life}")
         if keys < 1:
             raise ValueError(f"keys must be positive, got {keys}")
+        if chain_blocks < 0:
+            raise ValueError(f"chain_blocks must not be negative, got {chain_blocks}")
         self.replicas = replicas
         self.max_imbalance = max_imbalance
         self.capacity = capacity
@@ -96,11 +149,22 @@ class PrefixRouter:
         self._decay = 0.5 ** (1.0 / half_life)
         # Per replica, the prefix hashes believed cached there, least recently used first.
         self._held: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
+        # Each hash believed cached somewhere -> a mask of the replicas holding it. Every
+        # replica's set is prefix-closed (see held_prefix), so along a request's hashes the
+        # masks only lose replicas: the longest prefix any replica holds is one bisection.
+        self._where: dict[int, int] = {}
+        self._all = (1 << replicas) - 1
         self._remembered = 0
         self._work = [0.0] * replicas
         self.keys = keys
         # Prefix key -> the replica its latest request went to, least recently used first.
         self._placed: OrderedDict[str, int] = OrderedDict()
+        # A recent request's last hash -> all its hashes, least recently used first.
+        self.chain_blocks = chain_blocks
+        self._chains: OrderedDict[int, tuple[int, ...]] = OrderedDict()
+        self._chained = 0
+        self.unresolved = 0
+        """Peers' placements whose `base` was not known here (their blocks were not applied)."""
 
     def held_prefix(self, hashes: Sequence[int], replica: int) -> int:
         """How many leading blocks of `hashes` `replica` is believed to hold."""
@@ -128,11 +192,12 @@ class PrefixRouter:
         healthy: Sequence[bool],
         prefix_key: str | None = None,
     ) -> Choice:
-        alive = [r for r in range(self.replicas) if healthy[r]]
+        every = all(healthy)
+        alive = range(self.replicas) if every else [r for r in range(self.replicas) if healthy[r]]
         if not alive:
             raise LookupError("no healthy replica to route to")
         work = self._work
-        mean_load = sum(loads[r] for r in alive) / len(alive)
+        mean_load = sum([loads[r] for r in alive]) / len(alive)
         load_limit = self.max_imbalance * mean_load + self.load_slack
         placed = self._placed.get(prefix_key) if prefix_key is not None else None
         if placed is not None and healthy[placed] and loads[placed] <= load_limit:
@@ -140,62 +205,211 @@ class PrefixRouter:
         # Against the least worked replica, so that one just (re)admitted, with an empty
         # cache, draws work even when every other replica holds the prefix. Plus the request
         # itself, so that the first requests of a run do not count as imbalance.
-        work_limit = self.max_work_imbalance * min(work[r] for r in alive) + len(hashes)
+        n = len(hashes)
+        work_limit = self.max_work_imbalance * min([work[r] for r in alive]) + n
         key = hashes[-1] if hashes else 0
-
-        def rank(r: int) -> tuple[float, int]:
-            # Least work first; on a tie (an idle cluster) rendezvous hashing spreads new
-            # prefixes over replicas and keeps each where it went.
-            return work[r], -_score(key, r, 0)
-
-        matched = {r: self.held_prefix(hashes, r) for r in alive}
-        best = max(matched.values())
+        alive_mask = self._all if every else sum(1 << r for r in alive)
+        best = self._longest(hashes, alive_mask)
         if best > 0:
             holders = [
                 r
-                for r in alive
-                if matched[r] == best and loads[r] <= load_limit and work[r] <= work_limit
+                for r in _members(self._where[hashes[best - 1]] & alive_mask)
+                if loads[r] <= load_limit and work[r] <= work_limit
             ]
             if holders:
-                pick = min(holders, key=rank)
-                return Choice(pick, best, "prefix")
-        spare = [r for r in alive if loads[r] <= load_limit] or alive
+                # Least work first; on a tie (an idle cluster) rendezvous hashing spreads
+                # new prefixes over replicas and keeps each where it went.
+                return Choice(_least(holders, work, work, key), best, "prefix")
+        spare = [r for r in alive if loads[r] <= load_limit] or list(alive)
+        matched = self._matched(hashes, best, alive_mask) if best > 0 else {}
         # What each would have after taking this request: a partial holder computes less.
-        pick = min(spare, key=lambda r: (work[r] + len(hashes) - matched[r], rank(r)))
-        return Choice(pick, matched[pick], "least-loaded")
+        after = {r: work[r] + n - matched.get(r, 0) for r in spare}
+        pick = _least(spare, after, work, key)
+        return Choice(pick, matched.get(pick, 0), "least-loaded")
 
-    def record(self, hashes: Sequence[int], replica: int, prefix_key: str | None = None) -> None:
+    def _longest(self, hashes: Sequence[int], mask: int) -> int:
+        """The most leading blocks of `hashes` any replica in `mask` holds."""
+        get = self._where.get
+        lo, hi = 0, len(hashes)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if get(hashes[mid - 1], 0) & mask:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _matched(self, hashes: Sequence[int], best: int, mask: int) -> dict[int, int]:
+        """`held_prefix` of every replica in `mask` (absent: 0), from the masks at a few
+        positions: each replica leaves the mask once along the hashes, found by bisection."""
+        get = self._where.get
+        matched: dict[int, int] = {}
+        top = get(hashes[best - 1], 0) & mask
+        for r in _members(top):
+            matched[r] = best
+        stack = [(0, mask, best, top)]
+        while stack:
+            lo, at_lo, hi, at_hi = stack.pop()
+            if at_lo == at_hi:
+                continue
+            if hi - lo == 1:
+                for r in _members(at_lo & ~at_hi):
+                    matched[r] = lo
+                continue
+            mid = (lo + hi) // 2
+            at_mid = get(hashes[mid - 1], 0) & mask
+            stack.append((lo, at_lo, mid, at_mid))
+            stack.append((mid, at_mid, hi, at_hi))
+        return matched
+
+    def record(
+        self, hashes: Sequence[int], replica: int, prefix_key: str | None = None
+    ) -> Placement:
         """`replica` was sent this request: it will hold every prefix of it (and the
-        requests with its `prefix_key` go there next)."""
+        requests with its `prefix_key` go there next). Returns the placement, for the
+        routers of other engines to `observe`."""
         if prefix_key is not None:
-            self._placed[prefix_key] = replica
-            self._placed.move_to_end(prefix_key)
-            if len(self._placed) > self.keys:
-                self._placed.popitem(last=False)
-        computed = len(hashes) - self.held_prefix(hashes, replica)
+            self._place_key(prefix_key, replica)
+        chain = hashes if isinstance(hashes, tuple) else tuple(hashes)
+        held = self.held_prefix(chain, replica)
+        computed = len(chain) - held
+        self._add_work(replica, computed)
+        base = self._base(chain, held)
+        self._touch(replica, chain, held)
+        self._remember(chain)
+        if base:
+            return Placement(replica, chain[base:], computed, chain[base - 1], base, prefix_key)
+        return Placement(replica, chain, computed, prefix_key=prefix_key)
+
+    def observe(self, placement: Placement) -> bool:
+        """Apply a peer's `placement` as `record` applied it there (nothing is returned to
+        send on: each router publishes only its own). False when its `base` is not known
+        here (lost or late, or forgotten since): its key and work are still applied, its
+        blocks are not, as they cannot be named."""
+        replica = placement.replica
+        if not 0 <= replica < self.replicas:
+            raise ValueError(f"a placement on replica {replica} of {self.replicas}")
+        if placement.prefix_key is not None:
+            self._place_key(placement.prefix_key, replica)
+        self._add_work(replica, placement.computed)
+        if placement.base_blocks:
+            head = self._chains.get(placement.base)
+            if head is None or len(head) != placement.base_blocks:
+                self.unresolved += 1
+                return False
+            chain = head + placement.tail
+        else:
+            chain = placement.tail
+        self._touch(replica, chain, self.held_prefix(chain, replica))
+        self._remember(chain)
+        return True
+
+    def _place_key(self, prefix_key: str, replica: int) -> None:
+        self._placed[prefix_key] = replica
+        self._placed.move_to_end(prefix_key)
+        if len(self._placed) > self.keys:
+            self._placed.popitem(last=False)
+
+    def _add_work(self, replica: int, computed: int) -> None:
         decay = self._decay
         self._work = [w * decay for w in self._work]
         self._work[replica] += computed
+
+    def _touch(self, replica: int, hashes: tuple[int, ...], held_blocks: int) -> None:
+        """Make every prefix of `hashes` the most recently used at `replica`, the head most
+        recent (as a server frees a request's blocks tail first, so the shared prefix
+        outlives the request's own suffix); then evict what its cache could not keep."""
         held = self._held[replica]
+        bit = 1 << replica
+        where = self._where
         before = len(held)
-        # Tail first, so the head is the most recently used, as a server frees a request's
-        # blocks: the shared prefix outlives the request's own suffix.
-        for h in reversed(hashes):
-            held[h] = None
-            held.move_to_end(h)
+        new = hashes[held_blocks:]
+        # By prefix-closure the first `held_blocks` are held and the others are not: add the
+        # new ones tail first, then move the held ones behind them, head last.
+        held.update(dict.fromkeys(reversed(new)))
+        try:
+            if len(held) - before != len(new):
+                raise KeyError  # some were held after all: not a closed set; do it plainly
+            _consume(map(held.move_to_end, reversed(hashes[:held_blocks])))
+        except KeyError:
+            for h in reversed(hashes):
+                held[h] = None
+                held.move_to_end(h)
+            new = hashes
+        for h in new:
+            where[h] = where.get(h, 0) | bit
         self._remembered += len(held) - before
-        if self.blocks_per_replica is not None:
-            while len(held) > self.blocks_per_replica:
-                held.popitem(last=False)
+        if self.blocks_per_replica is not None and len(held) > self.blocks_per_replica:
+            evict = held.popitem
+            for _ in range(len(held) - self.blocks_per_replica):
+                h = evict(last=False)[0]
+                left = where[h] & ~bit
+                if left:
+                    where[h] = left
+                else:
+                    del where[h]
                 self._remembered -= 1
         while self._remembered > self.capacity:
-            largest = max(self._held, key=len)
-            largest.popitem(last=False)
+            largest = max(range(self.replicas), key=lambda r: len(self._held[r]))
+            self._drop(self._held[largest].popitem(last=False)[0], 1 << largest)
             self._remembered -= 1
+
+    def _drop(self, h: int, bit: int) -> None:
+        left = self._where.get(h, 0) & ~bit
+        if left:
+            self._where[h] = left
+        else:
+            self._where.pop(h, None)
+
+    def _base(self, chain: tuple[int, ...], held_blocks: int) -> int:
+        """How many leading blocks of `chain` an earlier request covers (its last hash is
+        then the placement's base); 0 if none is remembered. A conversation's turn usually
+        extends what its replica was found to hold, or else what some replica holds: the
+        previous turn."""
+        chains = self._chains
+        for end in (held_blocks, self._longest(chain, self._all)):
+            if end and len(chains.get(chain[end - 1], ())) == end:
+                return end
+        return 0
+
+    def _remember(self, chain: tuple[int, ...]) -> None:
+        if not chain or not self.chain_blocks:
+            return
+        chains = self._chains
+        tip = chain[-1]
+        old = chains.pop(tip, None)
+        if old is not None:
+            self._chained -= len(old)
+        chains[tip] = chain
+        self._chained += len(chain)
+        while self._chained > self.chain_blocks:
+            self._chained -= len(chains.popitem(last=False)[1])
 
     def forget_replica(self, replica: int) -> None:
         """A replica restarted or was ejected: it holds nothing any more."""
-        self._remembered -= len(self._held[replica])
+        held = self._held[replica]
+        bit = 1 << replica
+        for h in held:
+            self._drop(h, bit)
+        self._remembered -= len(held)
         self._held[replica] = OrderedDict()
         for key in [k for k, r in self._placed.items() if r == replica]:
             del self._placed[key]
+
+
+def _least(
+    candidates: list[int],
+    cost: Sequence[float] | dict[int, float],
+    work: Sequence[float],
+    key: int,
+) -> int:
+    """The candidate of least `cost`, then of least `work`; of several, the one rendezvous
+    hashing ranks first for `key` (hashed only on a tie: it is the costly part)."""
+    low = min([cost[r] for r in candidates])
+    tied = [r for r in candidates if cost[r] == low]
+    if len(tied) > 1:
+        low = min([work[r] for r in tied])
+        tied = [r for r in tied if work[r] == low]
+    if len(tied) == 1:
+        return tied[0]
+    return max(tied, key=lambda r: _score(key, r, 0))

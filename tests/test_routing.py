@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
+from routing_support import decisions
 
 from executors._routing import PrefixRouter, two_candidates
 
@@ -183,3 +188,50 @@ def test_keys_are_bounded_and_forgotten_with_their_replica() -> None:
     assert router.choose([], IDLE[:2], ALL[:2], "c").reason != "key"
     with pytest.raises(ValueError, match="keys"):
         PrefixRouter(2, keys=0)
+
+
+def test_the_router_decides_as_it_did_on_a_recorded_sequence() -> None:
+    """Agent-like calls over 4 to 64 replicas, with keys, loads, outages and restarts: every
+    decision and the final work are those recorded before the policy was made faster."""
+    golden = json.loads((Path(__file__).parent / "golden" / "routing_decisions.json").read_text())
+    assert decisions() == golden
+
+
+def test_a_peer_that_observes_every_placement_decides_as_the_router_that_made_them() -> None:
+    from routing_support import calls
+
+    maker, peer = PrefixRouter(16, blocks_per_replica=300), PrefixRouter(16, blocks_per_replica=300)
+    sequence = list(calls(16, 1200, seed=5))
+    for call in sequence[:1000]:
+        choice = maker.choose(call.hashes, call.loads, call.healthy, call.key)
+        assert peer.observe(maker.record(call.hashes, choice.replica, call.key))
+    assert peer.work() == maker.work() and peer.unresolved == 0
+    for call in sequence[1000:]:
+        assert peer.choose(call.hashes, call.loads, call.healthy, call.key) == maker.choose(
+            call.hashes, call.loads, call.healthy, call.key
+        )
+
+
+def test_a_conversations_turn_is_placed_as_the_blocks_it_added() -> None:
+    router = PrefixRouter(4)
+    first = router.record([1, 2, 3], 2, "p")
+    assert (first.base_blocks, first.tail, first.computed) == (0, (1, 2, 3), 3)
+    turn = router.record([1, 2, 3, 4, 5], 2, "p")
+    assert (turn.base, turn.base_blocks, turn.tail, turn.computed) == (3, 3, (4, 5), 2)
+    assert turn.blocks == 5 and turn.prefix_key == "p"
+
+
+def test_a_placement_extending_an_unknown_request_moves_its_key_and_work_only() -> None:
+    router = PrefixRouter(4, half_life=1e9)
+    late = PrefixRouter(4, half_life=1e9)
+    late.observe(router.record([1, 2, 3], 1))
+    turn = router.record([1, 2, 3, 4], 1, "p")
+    assert PrefixRouter(4).observe(turn) is False  # never saw [1, 2, 3]
+    fresh = PrefixRouter(4, half_life=1e9)
+    fresh.observe(turn)
+    assert fresh.unresolved == 1 and fresh.held_prefix([1, 2, 3, 4], 1) == 0
+    assert fresh.work() == [0.0, 1.0, 0.0, 0.0]
+    assert fresh.choose([9], IDLE, ALL, "p").reason == "key"
+    assert late.observe(turn) and late.held_prefix([1, 2, 3, 4], 1) == 4
+    with pytest.raises(ValueError, match="replica 7"):
+        late.observe(dataclasses.replace(turn, replica=7))
