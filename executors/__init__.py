@@ -6,6 +6,9 @@
   it over an OpenAI-compatible API with vLLM's metrics (`plait sim serve`).
 - `OpenAIBackend`: any OpenAI-compatible server, hints spelled in its dialect; its health
   (`check()`) and load (`load()`, a `LoadReport`) from the server's own endpoints.
+- `Router`: replicas of one model as one backend, routed by prompt prefix and load; the
+  routers of several engines share what they place over a `RouterLink` (`LocalRouterHub`
+  in one process).
 """
 
 from orchestrator import LoadReport
@@ -15,8 +18,9 @@ from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._grouping import GroupingStats, PrefixGrouper
 from ._openai import OpenAIBackend
+from ._peers import LocalRouterHub, PeerStats, Placed, RouterLink
 from ._router import ReplicaStats, Router
-from ._routing import Choice, PrefixRouter
+from ._routing import Choice, Placement, PrefixRouter
 from ._sim import RequestTooLongError, SimServer, SimStats
 from ._simhttp import Faults, SimHTTP
 from ._simprofile import PROFILES, Profile, get_profile
@@ -29,7 +33,11 @@ __all__ = [
     "FunctionLLM",
     "GroupingStats",
     "LoadReport",
+    "LocalRouterHub",
     "OpenAIBackend",
+    "PeerStats",
+    "Placed",
+    "Placement",
     "PrefixGrouper",
     "PrefixRouter",
     "Profile",
@@ -37,6 +45,7 @@ __all__ = [
     "ReplicaStats",
     "RequestTooLongError",
     "Router",
+    "RouterLink",
     "SimHTTP",
     "SimServer",
     "SimStats",

@@ -8,6 +8,8 @@ this request goes elsewhere. Backends that are `HealthChecked` are probed every
 `health_interval_s`: a failed probe ejects, a passing one re-admits. Backends without a
 check are tried again after `readmit_after_s`. Calls whose hints carry the same
 `prefix_key` go to the replica that key was placed on, while it is healthy and not overloaded.
+Routers of several engines in front of the same replicas share what they place over a
+`RouterLink` (`peers`), so that each one's model covers every engine's calls (`_peers`).
 
 The router declares every optional capability and answers for its replicas, which it sorts
 by capability once, when it is built.
@@ -17,6 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
+import os
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -41,8 +46,12 @@ from orchestrator import (
     running_clock,
 )
 
+from ._peers import PeerStats, Placed, RouterLink
 from ._prefix import Tokenize, prompt_hashes
-from ._routing import PrefixRouter
+from ._routing import Placement, PrefixRouter
+
+HEARD = 65_536
+"""Peers' messages remembered (by origin and number), to drop one delivered twice."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +93,10 @@ class Router(
     what it sent somewhere stays there. `urgent_lanes` (default 0: none): that many replicas
     are kept for urgent (interactive) calls while there are any, with at most
     `lane_batch_in_flight` batch calls on each (see `_lanes`; docs/admission.md, "Urgent
-    lanes").
+    lanes"). `peers`: a link to the routers of other engines in front of the same replicas
+    (by the same names): each publishes where it placed every call and applies the others'
+    placements, so a program's calls stay on one replica whichever engine sends them, and
+    each router's picture of the caches and of recent work covers every engine's calls.
     """
 
     def __init__(
@@ -102,6 +114,7 @@ class Router(
         urgent_lanes: int = 0,
         lane_batch_in_flight: int = 2,
         lane_quiet_s: float = 5.0,
+        peers: RouterLink | None = None,
     ) -> None:
         if not backends:
             raise UsageError("a Router needs at least one backend")
@@ -119,8 +132,14 @@ class Router(
         self.tokenize = tokenize
         if cache_blocks is not None and cache_blocks < 1:
             raise UsageError(f"Router(cache_blocks={cache_blocks}) must be positive or None")
+        # With the caches' size known the model holds at most that much; beyond about 40
+        # H100s the default bound on remembered prefixes would forget what they still hold.
+        capacity = max(1_000_000, len(self.backends) * (cache_blocks or 0))
         self.policy = PrefixRouter(
-            len(self.backends), max_imbalance=max_imbalance, blocks_per_replica=cache_blocks
+            len(self.backends),
+            max_imbalance=max_imbalance,
+            blocks_per_replica=cache_blocks,
+            capacity=capacity,
         )
         self._clock = clock
         n = len(self.backends)
@@ -156,6 +175,15 @@ class Router(
         self._stack: contextlib.AsyncExitStack | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._health: asyncio.Task[None] | None = None
+        self.peers = peers
+        self._index = {name: i for i, name in enumerate(self.names)}
+        self._origin = os.urandom(8)
+        self._seq = itertools.count()
+        self._heard: OrderedDict[tuple[bytes, int], None] = OrderedDict()
+        self._published = self._received = self._applied = 0
+        self._unresolved = self._repeated = self._dropped = 0
+        if peers is not None:
+            peers.subscribe(self._receive)
 
     @property
     def _probing(self) -> bool:
@@ -169,6 +197,8 @@ class Router(
             for backend in self.backends:
                 if isinstance(backend, contextlib.AbstractAsyncContextManager):
                     await stack.enter_async_context(backend)
+            if isinstance(self.peers, contextlib.AbstractAsyncContextManager):
+                await stack.enter_async_context(self.peers)
         except BaseException as exc:
             await stack.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -282,7 +312,9 @@ class Router(
                 break
             i = choice.replica
             tried[i] = True
-            self.policy.record(hashes, i, hints.prefix_key)
+            placement = self.policy.record(hashes, i, hints.prefix_key)
+            if self.peers is not None:
+                self._publish(placement)
             self._in_flight[i] += 1
             self._requests[i] += 1
             self._batch_in_flight[i] += not urgent
@@ -314,6 +346,52 @@ class Router(
             f"no backend of this router could serve the call ({n} tried or ejected); "
             f"last error: {unavailable}",
         ) from unavailable
+
+    # --- peers -------------------------------------------------------------------------------
+
+    def _publish(self, placement: Placement) -> None:
+        assert self.peers is not None
+        name = self.names[placement.replica]
+        self.peers.publish(Placed(self._origin, next(self._seq), name, placement).to_bytes())
+        self._published += 1
+
+    def _receive(self, data: bytes) -> None:
+        """A peer's message: apply its placement to this router's model."""
+        try:
+            message = Placed.from_bytes(data)
+        except ValueError:
+            self._dropped += 1
+            return
+        if message.origin == self._origin:
+            return
+        heard = (message.origin, message.seq)
+        if heard in self._heard:
+            self._repeated += 1
+            return
+        self._heard[heard] = None
+        if len(self._heard) > HEARD:
+            self._heard.popitem(last=False)
+        self._received += 1
+        replica = self._index.get(message.replica)
+        if replica is None:
+            self._dropped += 1
+            return
+        p = message.placement
+        placement = Placement(replica, p.tail, p.computed, p.base, p.base_blocks, p.prefix_key)
+        if self.policy.observe(placement):
+            self._applied += 1
+        else:
+            self._unresolved += 1
+
+    def peer_stats(self) -> PeerStats:
+        return PeerStats(
+            self._published,
+            self._received,
+            self._applied,
+            self._unresolved,
+            self._repeated,
+            self._dropped,
+        )
 
     def _lanes(self, allowed: list[bool], urgent: bool) -> list[bool]:
         """With `urgent_lanes`: the replicas this call may go to. The first `urgent_lanes`

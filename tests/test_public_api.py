@@ -57,6 +57,7 @@ EXPECTED = {
         "GroupingStats", "PrefixGrouper",
         "LoadReport",
         "Faults",
+        "LocalRouterHub", "PeerStats", "Placed", "Placement", "RouterLink",
     },
     "agents": {
         "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",

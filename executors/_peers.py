@@ -1,0 +1,186 @@
+"""Routers of several engines in front of the same replicas, telling each other what they placed.
+
+Each engine has its own `Router`. Alone, each would model every replica's prefix cache (and
+balance recent work) from its own calls only: a program whose calls come from two engines
+(after a take-over, or behind a load balancer that spreads requests) would find its context
+unknown to the second, and every model would miss what the others' calls put in and pushed
+out of the caches. So each router publishes every placement on a `RouterLink` and applies
+its peers' (`PrefixRouter.observe`): all of them then hold about one model.
+
+A message is a few dozen bytes plus 8 per block the request added (a conversation's turn
+names the turn before it and carries only its own blocks), so a transport may be anything
+that moves bytes: `LocalRouterHub` for routers in one process (tests, the simulated
+cluster), PostgreSQL LISTEN/NOTIFY or Redis pub/sub between processes. Delivery may be late,
+lost, repeated or out of order between peers: a repeat is dropped, a placement that extends
+one not seen here moves only its key and work (`PrefixRouter.unresolved`), and the models
+drift apart by what was lost until the replicas' caches turn over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import sys
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from ._routing import Placement
+
+
+@runtime_checkable
+class RouterLink(Protocol):
+    """A channel between the routers of several engines. One link per router."""
+
+    def publish(self, message: bytes) -> None:
+        """Send `message` to the other routers on the link. Must not block: a transport
+        that waits on a network queues the message and sends it from its own task."""
+        ...
+
+    def subscribe(self, deliver: Callable[[bytes], None]) -> None:
+        """Call `deliver` with every message another router publishes, on the event loop
+        (this router's own may come back too: it drops them)."""
+        ...
+
+
+_HEAD = struct.Struct("<cB8sQIqIHHI")
+_VERSION = 1
+_NO_KEY = 0xFFFF
+_SWAP = sys.byteorder != "little"
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """One placement as it travels: `replica` by name (each engine lists its replicas in
+    its own order), `origin` and `seq` to drop repeats and this router's own messages."""
+
+    origin: bytes
+    seq: int
+    replica: str
+    placement: Placement
+    kind: Literal["placed"] = "placed"
+
+    def to_bytes(self) -> bytes:
+        p = self.placement
+        name = self.replica.encode()
+        key = p.prefix_key.encode() if p.prefix_key is not None else b""
+        if len(name) >= _NO_KEY or len(key) >= _NO_KEY:
+            raise ValueError("a replica name or prefix key of 64 KiB or more cannot be sent")
+        tail = array("q", p.tail)
+        if _SWAP:
+            tail.byteswap()
+        head = _HEAD.pack(
+            b"P",
+            _VERSION,
+            self.origin,
+            self.seq,
+            p.computed,
+            p.base,
+            p.base_blocks,
+            len(name),
+            len(key) if p.prefix_key is not None else _NO_KEY,
+            len(tail),
+        )
+        return b"".join((head, name, key, tail.tobytes()))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, replica: int = -1) -> Placed:
+        """Decode a message; its placement names `replica` (the receiver's index for
+        `Placed.replica`). Raises ValueError for anything that is not a placement."""
+        try:
+            kind, version, origin, seq, computed, base, base_blocks, n_name, n_key, n_tail = (
+                _HEAD.unpack_from(data)
+            )
+        except struct.error as exc:
+            raise ValueError(f"not a router message ({len(data)} bytes)") from exc
+        if kind != b"P" or version != _VERSION:
+            raise ValueError(f"not a placement of version {_VERSION}: {kind!r} {version}")
+        at = _HEAD.size
+        key_len = 0 if n_key == _NO_KEY else n_key
+        end = at + n_name + key_len + 8 * n_tail
+        if len(data) != end:
+            raise ValueError(f"a placement of {len(data)} bytes where {end} were announced")
+        name = data[at : at + n_name].decode()
+        at += n_name
+        key = None if n_key == _NO_KEY else data[at : at + key_len].decode()
+        at += key_len
+        tail = array("q")
+        tail.frombytes(data[at:end])
+        if _SWAP:
+            tail.byteswap()
+        placement = Placement(replica, tuple(tail), computed, base, base_blocks, key)
+        return cls(origin, seq, name, placement)
+
+
+RouterMessage = Placed
+"""Everything routers send each other (one kind so far)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerStats:
+    """What a router sent and heard on its link."""
+
+    published: int
+    received: int
+    applied: int
+    unresolved: int
+    """Placements that extended a request not known here: key and work applied, blocks not."""
+    repeated: int
+    dropped: int
+    """Malformed, or on a replica this router does not have."""
+
+
+class LocalRouterHub:
+    """Links routers in one process: what one publishes reaches every other `link()`,
+    `delay_s` later on the running loop's clock (a network's propagation; on a virtual
+    clock, virtual seconds), each message once and in the order it was published.
+    Without a running loop, or with no delay, a message is delivered at once."""
+
+    def __init__(self, delay_s: float = 0.002) -> None:
+        if delay_s < 0:
+            raise ValueError(f"LocalRouterHub(delay_s={delay_s}) must not be negative")
+        self.delay_s = delay_s
+        self._links: list[LocalRouterLink] = []
+        self.messages = 0
+        self.bytes = 0
+
+    def link(self) -> LocalRouterLink:
+        link = LocalRouterLink(self)
+        self._links.append(link)
+        return link
+
+    def _send(self, sender: LocalRouterLink, message: bytes) -> None:
+        self.messages += 1
+        self.bytes += len(message)
+        receivers = [link for link in self._links if link is not sender and link.deliver]
+        if not receivers:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self.delay_s == 0:
+            _deliver(receivers, message)
+        else:
+            loop.call_later(self.delay_s, _deliver, receivers, message)
+
+
+def _deliver(receivers: list[LocalRouterLink], message: bytes) -> None:
+    for link in receivers:
+        for deliver in link.deliver:
+            deliver(message)
+
+
+class LocalRouterLink:
+    """One router's end of a `LocalRouterHub`."""
+
+    def __init__(self, hub: LocalRouterHub) -> None:
+        self.hub = hub
+        self.deliver: list[Callable[[bytes], None]] = []
+
+    def publish(self, message: bytes) -> None:
+        self.hub._send(self, message)
+
+    def subscribe(self, deliver: Callable[[bytes], None]) -> None:
+        self.deliver.append(deliver)
