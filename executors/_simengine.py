@@ -168,9 +168,20 @@ class SimEngine:
         need = self._blocks_for(hit + n) - len(hit_blocks)
         if not pool.fits(hit_blocks, need):
             return False
-        pool.acquire(hit_blocks)
+        held = len(hit_blocks)
+        pin = self.pins.get(req.program) if req.program is not None else None
+        handed = pin is not None and pin.blocks[:held] == hit_blocks
+        if not handed:
+            pool.acquire(hit_blocks)
         new = pool.allocate(need)
         assert new is not None, "fits() said the blocks were there"
+        if handed:
+            # The program's pin begins with the hits (its previous call's blocks): they pass
+            # to this call as they are, the rest of the pin is released. The same as
+            # acquiring the hits and releasing the whole pin, without a step per block.
+            assert pin is not None and req.program is not None
+            del self.pins[req.program]
+            pool.release(pin.blocks[held:])
         if not req.scheduled_once:
             pool.count_query(req.num_tokens, hit)
             req.cached_tokens = hit

@@ -28,6 +28,9 @@ _SYLLABLES = tuple(
 )  # fmt: skip
 
 
+_rendered: tuple[tuple[object, str], ...] = ()
+
+
 def render(messages: Iterable[Message]) -> str:
     """The prompt text, ending with the assistant header like `add_generation_prompt`
     (`_GENERATION_PROMPT`; each message is its content and 6 characters of markup).
@@ -35,9 +38,19 @@ def render(messages: Iterable[Message]) -> str:
     A reply appended to this text, then a newline and the next message, renders the next
     turn's prompt: so the next turn's prompt starts with this prompt plus the reply.
     """
+    # A call's messages are rendered by the router, then by the simulated server: the same
+    # tuple (immutable), so the latest few are answered from memory.
+    global _rendered
+    if isinstance(messages, tuple):
+        for seen, text in _rendered:
+            if seen is messages:
+                return text
     parts = [f"<|{m.role}|>\n{m.content}\n" for m in messages]
     parts.append(_GENERATION_PROMPT)
-    return "".join(parts)
+    text = "".join(parts)
+    if isinstance(messages, tuple):
+        _rendered = (*_rendered[-3:], (messages, text))
+    return text
 
 
 def count_tokens(text: str) -> int:
@@ -72,10 +85,23 @@ def chained_hashes(data: bytes, span: int, parent: int = 0) -> list[int]:
     return out
 
 
+# `rng.choice(_SYLLABLES)` draws `getrandbits(5)`, the top 5 bits of the generator's next
+# 32-bit word, until one is under 20. Drawn in bulk instead: the top byte of each word
+# shifted right by 3, the bytes of 160 and up (values 20-31) dropped.
+_TOP5 = bytes(b >> 3 for b in range(256))
+_REJECT = bytes(range(len(_SYLLABLES) << 3, 256))
+
+
 def generate(seed: int, prompt_hash: int, tokens: int) -> str:
-    """Deterministic output of exactly `tokens` tokens for a prompt."""
+    """Deterministic output of exactly `tokens` tokens for a prompt: the same text as
+    `"".join(rng.choice(_SYLLABLES) for _ in range(tokens))`, made faster."""
     rng = random.Random(seed * 1_000_003 + prompt_hash)
-    return "".join(rng.choice(_SYLLABLES) for _ in range(tokens))
+    codes = b""
+    while len(codes) < tokens:
+        words = (tokens - len(codes)) * 8 // 5 + 16  # 20 of 32 values are kept
+        data = rng.getrandbits(32 * words).to_bytes(4 * words, "little")
+        codes += data[3::4].translate(_TOP5, _REJECT)
+    return "".join(map(_SYLLABLES.__getitem__, codes[:tokens]))
 
 
 CHAT_MEMO_BLOCKS = 2_000_000

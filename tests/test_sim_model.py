@@ -309,3 +309,38 @@ def test_a_growing_conversation_hashes_as_its_whole_text_does() -> None:
         other = prompt + "é" * turn
         assert chat_block_hashes(history, other, 16) == block_hashes(other, 16)
         history += [Message("assistant", reply), Message("user", "result " * rng.randint(1, 300))]
+
+
+def test_generated_output_is_what_one_choice_per_token_gives() -> None:
+    import random
+
+    from executors._simtext import _SYLLABLES, generate
+
+    for seed in range(40):
+        for tokens in (1, 3, 64, 301):
+            rng = random.Random(seed * 1_000_003 + 977 * seed)
+            plain = "".join(rng.choice(_SYLLABLES) for _ in range(tokens))
+            assert generate(seed, 977 * seed, tokens) == plain
+
+
+def test_a_pinned_programs_next_call_takes_over_its_blocks_as_acquire_and_release_would() -> None:
+    """The hand-over of a pin to the program's next call leaves the pool as acquiring the
+    hits and releasing the whole pin did: the same free queue, the same evictions."""
+    engine = SimEngine(TINY.replace(num_blocks=12))
+    engine.add(request(1, 8, 2, [11, 12], program="p", keep_alive_s=5.0))
+    engine.add(request(2, 6, 1, [21], program="q", keep_alive_s=5.0))
+    run_to_end(engine)
+    pin = engine.pins["p"]
+    twin = BlockPool(12, 4)
+    twin._ref, twin._hash = list(engine.pool._ref), list(engine.pool._hash)
+    twin._cached, twin._free = dict(engine.pool._cached), type(engine.pool._free)(engine.pool._free)
+    nxt = request(3, 14, 1, [11, 12, 13, 14], program="p")
+    engine.add(nxt)
+    engine.plan(1.0)
+    assert nxt.cached_tokens == 8 and "p" not in engine.pins
+    hits = twin.match([11, 12, 13])
+    twin.acquire(hits)
+    assert twin.allocate(2) == nxt.blocks[2:]
+    twin.release(pin.blocks)
+    assert twin._ref == engine.pool._ref
+    assert list(twin._free) == list(engine.pool._free)
