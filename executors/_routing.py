@@ -22,7 +22,9 @@ Routers of several engines in front of the same replicas keep one model between 
 one's model of every replica's cache and recent work covers every engine's requests.
 
 Cost: an index from each block hash to the replicas believed to hold it finds the longest
-held prefix over all replicas with one bisection, instead of one per replica.
+held prefix over all replicas with one bisection, instead of one per replica; each
+replica's model keeps its blocks in runs along the prefix tree (`CacheModel`), so a request
+costs a step per block it adds, not per block it reuses.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ import hashlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+from ._cachemodel import CacheModel
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,12 +66,12 @@ def two_candidates(key: int, replicas: Sequence[int]) -> tuple[int, int]:
 class Placement:
     """One request a router placed, for the routers of other engines to apply (`observe`).
 
-    Block hashes are chained, so the request's leading blocks are named by an earlier
-    request that it extends: `base` is that request's last hash and stands for its
-    `base_blocks` blocks, and `tail` holds the hashes after them. A conversation's turn
-    then carries only the blocks that the turn added. With `base_blocks` 0, `tail` is the
-    whole request. `computed`: of its blocks, those the replica had to compute (by the
-    placing router's model), which is the work it adds there."""
+    Block hashes are chained, so one hash names a whole prefix: `base` is the hash of block
+    `base_blocks - 1`, the end of the longest prefix of the request that some replica held
+    by the placing router's model (and so, about, by its peers'), and `tail` holds the
+    hashes after it. A conversation's turn then carries only the blocks that the turn
+    added. With `base_blocks` 0, `tail` is the whole request. `computed`: of its blocks,
+    those the replica had to compute (by the placing router's model), the work it adds."""
 
     replica: int
     tail: tuple[int, ...]
@@ -83,6 +87,8 @@ class Placement:
 
 # The positions of the set bits of each byte, to list the replicas in a mask quickly.
 _BITS = tuple(tuple(i for i in range(8) if byte >> i & 1) for byte in range(256))
+
+
 _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 
 
@@ -113,8 +119,6 @@ class PrefixRouter:
     everything up to `capacity`). `capacity`: prefix hashes remembered over all replicas.
     `half_life`: after this many routed requests, a replica's past work counts half.
     `keys`: prefix keys remembered (each names the replica its latest request went to).
-    `chain_blocks`: block hashes of recent requests kept to expand peers' placements
-    (`Placement.base`) and to name this router's own by what they extend.
     """
 
     def __init__(
@@ -128,7 +132,6 @@ class PrefixRouter:
         max_work_imbalance: float = 1.25,
         half_life: float = 1000.0,
         keys: int = 100_000,
-        chain_blocks: int = 1_000_000,
     ) -> None:
         if replicas < 1:
             raise ValueError("a router needs at least one replica")
@@ -138,8 +141,6 @@ class PrefixRouter:
             raise ValueError(f"half_life must be positive, got {half_life}")
         if keys < 1:
             raise ValueError(f"keys must be positive, got {keys}")
-        if chain_blocks < 0:
-            raise ValueError(f"chain_blocks must not be negative, got {chain_blocks}")
         self.replicas = replicas
         self.max_imbalance = max_imbalance
         self.capacity = capacity
@@ -148,7 +149,8 @@ class PrefixRouter:
         self.max_work_imbalance = max_work_imbalance
         self._decay = 0.5 ** (1.0 / half_life)
         # Per replica, the prefix hashes believed cached there, least recently used first.
-        self._held: list[OrderedDict[int, None]] = [OrderedDict() for _ in range(replicas)]
+        self._held = [CacheModel() for _ in range(replicas)]
+        self._uses = 0
         # Each hash believed cached somewhere -> a mask of the replicas holding it. Every
         # replica's set is prefix-closed (see held_prefix), so along a request's hashes the
         # masks only lose replicas: the longest prefix any replica holds is one bisection.
@@ -159,12 +161,8 @@ class PrefixRouter:
         self.keys = keys
         # Prefix key -> the replica its latest request went to, least recently used first.
         self._placed: OrderedDict[str, int] = OrderedDict()
-        # A recent request's last hash -> all its hashes, least recently used first.
-        self.chain_blocks = chain_blocks
-        self._chains: OrderedDict[int, tuple[int, ...]] = OrderedDict()
-        self._chained = 0
         self.unresolved = 0
-        """Peers' placements whose `base` was not known here (their blocks were not applied)."""
+        """Peers' placements whose `base` no replica held here (their blocks were not applied)."""
 
     def held_prefix(self, hashes: Sequence[int], replica: int) -> int:
         """How many leading blocks of `hashes` `replica` is believed to hold."""
@@ -274,35 +272,56 @@ class PrefixRouter:
         held = self.held_prefix(chain, replica)
         computed = len(chain) - held
         self._add_work(replica, computed)
-        base = self._base(chain, held)
-        self._touch(replica, chain, held)
-        self._remember(chain)
+        # Named by the longest prefix some replica holds (by this model, and so by the
+        # peers' too): a conversation's turn then carries only the blocks it added.
+        base = self._longest(chain, self._all)
+        self._touch(replica, chain[held - 1] if held else 0, held, chain[held:], base - held)
         if base:
             return Placement(replica, chain[base:], computed, chain[base - 1], base, prefix_key)
         return Placement(replica, chain, computed, prefix_key=prefix_key)
 
     def observe(self, placement: Placement) -> bool:
         """Apply a peer's `placement` as `record` applied it there (nothing is returned to
-        send on: each router publishes only its own). False when its `base` is not known
-        here (lost or late, or forgotten since): its key and work are still applied, its
-        blocks are not, as they cannot be named."""
+        send on: each router publishes only its own). False when no replica is believed to
+        hold its `base` here (lost or late, or evicted since): its key and work are still
+        applied, its blocks are not, as they cannot be named."""
         replica = placement.replica
         if not 0 <= replica < self.replicas:
             raise ValueError(f"a placement on replica {replica} of {self.replicas}")
         if placement.prefix_key is not None:
             self._place_key(placement.prefix_key, replica)
         self._add_work(replica, placement.computed)
-        if placement.base_blocks:
-            head = self._chains.get(placement.base)
-            if head is None or len(head) != placement.base_blocks:
+        tail, base, blocks = placement.tail, placement.base, placement.base_blocks
+        model = self._held[replica]
+        if blocks and model.holds(base, blocks):
+            # The replica holds the base here too (a conversation staying where it is):
+            # only the tail need be looked at.
+            extra = self.held_prefix(tail, replica)
+            held = blocks + extra
+            last = tail[extra - 1] if extra else base
+            shared = self._longest(tail, self._all) - extra
+            self._touch(replica, last, held, tail[extra:], shared)
+            return True
+        chain = tail
+        if blocks:
+            head = self._prefix(base, blocks, replica)
+            if head is None:
                 self.unresolved += 1
                 return False
-            chain = head + placement.tail
-        else:
-            chain = placement.tail
-        self._touch(replica, chain, self.held_prefix(chain, replica))
-        self._remember(chain)
+            chain = head + tail
+        held = self.held_prefix(chain, replica)
+        shared = self._longest(chain, self._all) - held
+        self._touch(replica, chain[held - 1] if held else 0, held, chain[held:], shared)
         return True
+
+    def _prefix(self, block: int, blocks: int, prefer: int) -> tuple[int, ...] | None:
+        """The hashes of the `blocks`-block prefix ending in `block`, from the model of a
+        replica believed to hold it (`prefer` if it does); None if none does."""
+        holders = self._where.get(block, 0)
+        if not holders:
+            return None
+        replica = prefer if holders >> prefer & 1 else (holders & -holders).bit_length() - 1
+        return self._held[replica].prefix(block, blocks)
 
     def _place_key(self, prefix_key: str, replica: int) -> None:
         self._placed[prefix_key] = replica
@@ -315,43 +334,40 @@ class PrefixRouter:
         self._work = [w * decay for w in self._work]
         self._work[replica] += computed
 
-    def _touch(self, replica: int, hashes: tuple[int, ...], held_blocks: int) -> None:
-        """Make every prefix of `hashes` the most recently used at `replica`, the head most
-        recent (as a server frees a request's blocks tail first, so the shared prefix
-        outlives the request's own suffix); then evict what its cache could not keep."""
-        held = self._held[replica]
+    def _touch(self, replica: int, last: int, held: int, new: Sequence[int], shared: int) -> None:
+        """A request used `held` blocks held at `replica` (the last of them `last`) and
+        then the blocks `new`: make them the most recently used there, the head most (as a
+        server frees a request's blocks tail first, so the shared prefix outlives the
+        request's own suffix), then evict what its cache could not keep. `shared`: how many
+        leading blocks of `new` other replicas may hold (past those, none does)."""
+        model = self._held[replica]
         bit = 1 << replica
         where = self._where
-        before = len(held)
-        new = hashes[held_blocks:]
-        # By prefix-closure the first `held_blocks` are held and the others are not: add the
-        # new ones tail first, then move the held ones behind them, head last.
-        held.update(dict.fromkeys(reversed(new)))
-        try:
-            if len(held) - before != len(new):
-                raise KeyError  # some were held after all: not a closed set; do it plainly
-            _consume(map(held.move_to_end, reversed(hashes[:held_blocks])))
-        except KeyError:
-            for h in reversed(hashes):
-                held[h] = None
-                held.move_to_end(h)
-            new = hashes
-        for h in new:
-            where[h] = where.get(h, 0) | bit
-        self._remembered += len(held) - before
-        if self.blocks_per_replica is not None and len(held) > self.blocks_per_replica:
-            evict = held.popitem
-            for _ in range(len(held) - self.blocks_per_replica):
-                h = evict(last=False)[0]
-                left = where[h] & ~bit
-                if left:
-                    where[h] = left
-                else:
-                    del where[h]
-                self._remembered -= 1
+        self._uses += 1
+        model.touch(held, last, new, self._uses)
+        if new:
+            # Past the longest prefix any replica holds, no replica holds a block (the
+            # union of prefix-closed sets is prefix-closed): those are set at C speed.
+            shared = max(0, shared)
+            for h in new[:shared]:
+                where[h] = where.get(h, 0) | bit
+            where.update(dict.fromkeys(new[shared:], bit))
+        self._remembered += len(new)
+        if self.blocks_per_replica is not None and len(model) > self.blocks_per_replica:
+            gone = model.evict(len(model) - self.blocks_per_replica)
+            self._remembered -= len(gone)
+            masks = list(map(where.__getitem__, gone))
+            if masks.count(bit) == len(masks):  # held here only, as a request's own blocks
+                _consume(map(where.__delitem__, gone))
+            else:
+                for h, mask in zip(gone, masks, strict=True):
+                    if mask == bit:
+                        del where[h]
+                    else:
+                        where[h] = mask & ~bit
         while self._remembered > self.capacity:
             largest = max(range(self.replicas), key=lambda r: len(self._held[r]))
-            self._drop(self._held[largest].popitem(last=False)[0], 1 << largest)
+            self._drop(self._held[largest].evict()[0], 1 << largest)
             self._remembered -= 1
 
     def _drop(self, h: int, bit: int) -> None:
@@ -361,38 +377,14 @@ class PrefixRouter:
         else:
             self._where.pop(h, None)
 
-    def _base(self, chain: tuple[int, ...], held_blocks: int) -> int:
-        """How many leading blocks of `chain` an earlier request covers (its last hash is
-        then the placement's base); 0 if none is remembered. A conversation's turn usually
-        extends what its replica was found to hold, or else what some replica holds: the
-        previous turn."""
-        chains = self._chains
-        for end in (held_blocks, self._longest(chain, self._all)):
-            if end and len(chains.get(chain[end - 1], ())) == end:
-                return end
-        return 0
-
-    def _remember(self, chain: tuple[int, ...]) -> None:
-        if not chain or not self.chain_blocks:
-            return
-        chains = self._chains
-        tip = chain[-1]
-        old = chains.pop(tip, None)
-        if old is not None:
-            self._chained -= len(old)
-        chains[tip] = chain
-        self._chained += len(chain)
-        while self._chained > self.chain_blocks:
-            self._chained -= len(chains.popitem(last=False)[1])
-
     def forget_replica(self, replica: int) -> None:
         """A replica restarted or was ejected: it holds nothing any more."""
         held = self._held[replica]
         bit = 1 << replica
-        for h in held:
+        for h in held.hashes():
             self._drop(h, bit)
         self._remembered -= len(held)
-        self._held[replica] = OrderedDict()
+        self._held[replica] = CacheModel()
         for key in [k for k, r in self._placed.items() if r == replica]:
             del self._placed[key]
 

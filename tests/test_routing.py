@@ -235,3 +235,35 @@ def test_a_placement_extending_an_unknown_request_moves_its_key_and_work_only() 
     assert late.observe(turn) and late.held_prefix([1, 2, 3, 4], 1) == 4
     with pytest.raises(ValueError, match="replica 7"):
         late.observe(dataclasses.replace(turn, replica=7))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_cache_model_evicts_as_one_ordered_dict_of_blocks_would(seed: int) -> None:
+    """The plain model (every block of a request moved to the end, tail first) against the
+    runs of the prefix tree, on random requests branching off each other."""
+    import random
+    from collections import OrderedDict
+
+    from executors._cachemodel import CacheModel
+
+    rng = random.Random(seed)
+    model, plain = CacheModel(), OrderedDict[int, None]()
+    chains: list[tuple[int, ...]] = [()]
+    for use in range(1, 3000):
+        base = rng.choice(chains)
+        base = base[: rng.randint(0, len(base))]  # a prefix of an earlier request ...
+        chain = base + tuple(
+            hash((base[-1] if base else 0, use, i)) for i in range(rng.randint(0, 6))
+        )
+        chains.append(chain)  # ... and some blocks of its own
+        held = 0
+        while held < len(chain) and chain[held] in plain:
+            held += 1
+        assert held == sum(1 for h in chain if h in model)  # closed under prefixes
+        model.touch(held, chain[held - 1] if held else 0, chain[held:], use)
+        for h in reversed(chain):
+            plain[h] = None
+            plain.move_to_end(h)
+        over = max(0, len(plain) - rng.randint(20, 60))
+        assert model.evict(over) == [plain.popitem(last=False)[0] for _ in range(over)]
+        assert set(model.hashes()) == set(plain)
