@@ -18,7 +18,7 @@ from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._grouping import GroupingStats, PrefixGrouper
 from ._openai import OpenAIBackend
-from ._peers import LocalRouterHub, PeerStats, Placed, RouterLink
+from ._peers import LocalRouterHub, PeerStats, Placed, RouterLink, Served
 from ._router import ReplicaStats, Router
 from ._routing import Choice, Placement, PrefixRouter
 from ._sim import RequestTooLongError, SimServer, SimStats
@@ -46,6 +46,7 @@ __all__ = [
     "RequestTooLongError",
     "Router",
     "RouterLink",
+    "Served",
     "SimHTTP",
     "SimServer",
     "SimStats",

@@ -7,13 +7,17 @@ unknown to the second, and every model would miss what the others' calls put in 
 out of the caches. So each router publishes every placement on a `RouterLink` and applies
 its peers' (`PrefixRouter.observe`): all of them then hold about one model.
 
-A message is a few dozen bytes plus 8 per block the request added (a conversation's turn
-names the turn before it and carries only its own blocks), so a transport may be anything
-that moves bytes: `LocalRouterHub` for routers in one process (tests, the simulated
-cluster), PostgreSQL LISTEN/NOTIFY or Redis pub/sub between processes. Delivery may be late,
-lost, repeated or out of order between peers: a repeat is dropped, a placement that extends
-one not seen here moves only its key and work (`PrefixRouter.unresolved`), and the models
-drift apart by what was lost until the replicas' caches turn over.
+A placement is a few dozen bytes plus 8 per block the request added past the longest
+prefix some replica holds (a conversation's turn carries only its own blocks); when the call
+returns, its router says so in 18 bytes (`Served`). Until then the call's blocks push
+nothing out of the models (it may wait behind many others at its replica), and it counts
+as in flight there in every router's loads. A transport may be anything that moves bytes:
+`LocalRouterHub` for routers in one process (tests, the simulated cluster), PostgreSQL
+LISTEN/NOTIFY or Redis pub/sub between processes. Delivery may be late, lost, repeated or
+out of order between peers: a repeat is dropped, a placement whose prefix no replica holds
+here moves only its key and work (`PrefixRouter.unresolved`), a call whose end is never
+heard is taken as served once `HEARD` later calls were, and the models drift apart by what
+was lost until the replicas' caches turn over.
 """
 
 from __future__ import annotations
@@ -113,8 +117,41 @@ class Placed:
         return cls(origin, seq, name, placement)
 
 
-RouterMessage = Placed
-"""Everything routers send each other (one kind so far)."""
+_SERVED = struct.Struct("<cB8sQ")
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """The call placed as `seq` by `origin` has returned: its blocks now count against the
+    replica's cache, and it is no longer in flight there."""
+
+    origin: bytes
+    seq: int
+    kind: Literal["served"] = "served"
+
+    def to_bytes(self) -> bytes:
+        return _SERVED.pack(b"S", _VERSION, self.origin, self.seq)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Served:
+        try:
+            kind, version, origin, seq = _SERVED.unpack(data)
+        except struct.error as exc:
+            raise ValueError(f"not a router message ({len(data)} bytes)") from exc
+        if kind != b"S" or version != _VERSION:
+            raise ValueError(f"not a served message of version {_VERSION}: {kind!r} {version}")
+        return cls(origin, seq)
+
+
+RouterMessage = Placed | Served
+"""Everything routers send each other."""
+
+
+def decode(data: bytes) -> RouterMessage:
+    """A message from its bytes (ValueError if it is none)."""
+    if data[:1] == b"S":
+        return Served.from_bytes(data)
+    return Placed.from_bytes(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +166,8 @@ class PeerStats:
     repeated: int
     dropped: int
     """Malformed, or on a replica this router does not have."""
+    in_flight: int = 0
+    """Peers' calls placed and not yet served, by what was heard."""
 
 
 class LocalRouterHub:

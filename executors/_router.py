@@ -46,12 +46,14 @@ from orchestrator import (
     running_clock,
 )
 
-from ._peers import PeerStats, Placed, RouterLink
+from ._peers import PeerStats, Placed, RouterLink, Served, decode
 from ._prefix import Tokenize, prompt_hashes
 from ._routing import Placement, PrefixRouter
 
 HEARD = 65_536
-"""Peers' messages remembered (by origin and number), to drop one delivered twice."""
+"""Peers' messages remembered (by origin and number), to drop one delivered twice; and
+peers' calls remembered in flight (the oldest is taken as served when there are more)."""
+COUNT_PEER_LOADS = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +182,12 @@ class Router(
         self._origin = os.urandom(8)
         self._seq = itertools.count()
         self._heard: OrderedDict[tuple[bytes, int], None] = OrderedDict()
+        # Peers' calls placed and not yet served: their replica, and the placement as
+        # applied here (None if it could not be).
+        self._peer_calls: OrderedDict[tuple[bytes, int], tuple[int, Placement | None]] = (
+            OrderedDict()
+        )
+        self._peer_load = [0] * n
         self._published = self._received = self._applied = 0
         self._unresolved = self._repeated = self._dropped = 0
         if peers is not None:
@@ -306,15 +314,14 @@ class Router(
             try:
                 # Our calls in flight, or the server's own count if it says it is busier
                 # (other clients share it; its figure is as old as the latest probe).
-                load = [max(m, r) for m, r in zip(self._in_flight, self._server_load, strict=True)]
+                load = [max(m, r) for m, r in zip(self._calls(), self._server_load, strict=True)]
                 choice = self.policy.choose(hashes, load, allowed, hints.prefix_key)
             except LookupError:
                 break
             i = choice.replica
             tried[i] = True
-            placement = self.policy.record(hashes, i, hints.prefix_key)
-            if self.peers is not None:
-                self._publish(placement)
+            placement = self.policy.record(hashes, i, hints.prefix_key, pending=True)
+            seq = self._publish(placement) if self.peers is not None else -1
             self._in_flight[i] += 1
             self._requests[i] += 1
             self._batch_in_flight[i] += not urgent
@@ -331,6 +338,9 @@ class Router(
                 self._overloaded[i] += 1
                 busy.append(exc)
             finally:
+                self.policy.served(placement)
+                if self.peers is not None:
+                    self.peers.publish(Served(self._origin, seq).to_bytes())
                 self._in_flight[i] -= 1
                 self._batch_in_flight[i] -= not urgent
                 self._urgent_in_flight -= urgent
@@ -349,26 +359,37 @@ class Router(
 
     # --- peers -------------------------------------------------------------------------------
 
-    def _publish(self, placement: Placement) -> None:
+    def _calls(self) -> list[int]:
+        """Calls in flight at each replica: this router's, and its peers' as heard."""
+        if self.peers is None or not COUNT_PEER_LOADS:
+            return self._in_flight
+        return [a + b for a, b in zip(self._in_flight, self._peer_load, strict=True)]
+
+    def _publish(self, placement: Placement) -> int:
         assert self.peers is not None
         name = self.names[placement.replica]
-        self.peers.publish(Placed(self._origin, next(self._seq), name, placement).to_bytes())
+        seq = next(self._seq)
+        self.peers.publish(Placed(self._origin, seq, name, placement).to_bytes())
         self._published += 1
+        return seq
 
     def _receive(self, data: bytes) -> None:
-        """A peer's message: apply its placement to this router's model."""
+        """A peer's message: apply its placement to this router's model, or its end."""
         try:
-            message = Placed.from_bytes(data)
+            message = decode(data)
         except ValueError:
             self._dropped += 1
             return
         if message.origin == self._origin:
             return
-        heard = (message.origin, message.seq)
-        if heard in self._heard:
+        call = (message.origin, message.seq)
+        if isinstance(message, Served):
+            self._peer_served(call)  # a repeat finds nothing left to do
+            return
+        if call in self._heard:
             self._repeated += 1
             return
-        self._heard[heard] = None
+        self._heard[call] = None
         if len(self._heard) > HEARD:
             self._heard.popitem(last=False)
         self._received += 1
@@ -377,11 +398,28 @@ class Router(
             self._dropped += 1
             return
         p = message.placement
-        placement = Placement(replica, p.tail, p.computed, p.base, p.base_blocks, p.prefix_key)
-        if self.policy.observe(placement):
+        placement: Placement | None = Placement(
+            replica, p.tail, p.computed, p.base, p.base_blocks, p.prefix_key
+        )
+        assert placement is not None
+        if self.policy.observe(placement, pending=True):
             self._applied += 1
         else:
             self._unresolved += 1
+            placement = None
+        self._peer_calls[call] = (replica, placement)
+        self._peer_load[replica] += 1
+        if len(self._peer_calls) > HEARD:  # its end was lost, or it runs very long
+            self._peer_served(next(iter(self._peer_calls)))
+
+    def _peer_served(self, call: tuple[bytes, int]) -> None:
+        known = self._peer_calls.pop(call, None)
+        if known is None:
+            return
+        replica, placement = known
+        self._peer_load[replica] -= 1
+        if placement is not None:
+            self.policy.served(placement)
 
     def peer_stats(self) -> PeerStats:
         return PeerStats(
@@ -391,6 +429,7 @@ class Router(
             self._unresolved,
             self._repeated,
             self._dropped,
+            len(self._peer_calls),
         )
 
     def _lanes(self, allowed: list[bool], urgent: bool) -> list[bool]:

@@ -157,12 +157,16 @@ class PrefixRouter:
         self._where: dict[int, int] = {}
         self._all = (1 << replicas) - 1
         self._remembered = 0
+        # Per replica, blocks of requests routed there and not yet served: queued behind
+        # others, they have pushed nothing out of its cache yet.
+        self._pending = [0] * replicas
         self._work = [0.0] * replicas
         self.keys = keys
         # Prefix key -> the replica its latest request went to, least recently used first.
         self._placed: OrderedDict[str, int] = OrderedDict()
         self.unresolved = 0
         """Peers' placements whose `base` no replica held here (their blocks were not applied)."""
+        self._chosen: tuple[Sequence[int], int] | None = None
 
     def held_prefix(self, hashes: Sequence[int], replica: int) -> int:
         """How many leading blocks of `hashes` `replica` is believed to hold."""
@@ -195,7 +199,8 @@ class PrefixRouter:
         if not alive:
             raise LookupError("no healthy replica to route to")
         work = self._work
-        mean_load = sum([loads[r] for r in alive]) / len(alive)
+        whole = every and len(loads) == self.replicas  # then the sums run over all of it
+        mean_load = (sum(loads) if whole else sum([loads[r] for r in alive])) / len(alive)
         load_limit = self.max_imbalance * mean_load + self.load_slack
         placed = self._placed.get(prefix_key) if prefix_key is not None else None
         if placed is not None and healthy[placed] and loads[placed] <= load_limit:
@@ -204,10 +209,14 @@ class PrefixRouter:
         # cache, draws work even when every other replica holds the prefix. Plus the request
         # itself, so that the first requests of a run do not count as imbalance.
         n = len(hashes)
-        work_limit = self.max_work_imbalance * min([work[r] for r in alive]) + n
+        work_limit = (
+            self.max_work_imbalance * (min(work) if every else min([work[r] for r in alive])) + n
+        )
         key = hashes[-1] if hashes else 0
         alive_mask = self._all if every else sum(1 << r for r in alive)
         best = self._longest(hashes, alive_mask)
+        if every:
+            self._chosen = (hashes, best)  # record() names its placement by the same prefix
         if best > 0:
             holders = [
                 r
@@ -261,11 +270,18 @@ class PrefixRouter:
         return matched
 
     def record(
-        self, hashes: Sequence[int], replica: int, prefix_key: str | None = None
+        self,
+        hashes: Sequence[int],
+        replica: int,
+        prefix_key: str | None = None,
+        *,
+        pending: bool = False,
     ) -> Placement:
         """`replica` was sent this request: it will hold every prefix of it (and the
         requests with its `prefix_key` go there next). Returns the placement, for the
-        routers of other engines to `observe`."""
+        routers of other engines to `observe`. `pending`: the blocks it adds push others
+        out of the model only once `served` says the replica served it (a request queued
+        behind many others has evicted nothing yet)."""
         if prefix_key is not None:
             self._place_key(prefix_key, replica)
         chain = hashes if isinstance(hashes, tuple) else tuple(hashes)
@@ -274,17 +290,21 @@ class PrefixRouter:
         self._add_work(replica, computed)
         # Named by the longest prefix some replica holds (by this model, and so by the
         # peers' too): a conversation's turn then carries only the blocks it added.
-        base = self._longest(chain, self._all)
-        self._touch(replica, chain[held - 1] if held else 0, held, chain[held:], base - held)
+        chosen, self._chosen = self._chosen, None
+        base = chosen[1] if chosen and chosen[0] is hashes else self._longest(chain, self._all)
+        last = chain[held - 1] if held else 0
+        self._touch(replica, last, held, chain[held:], base - held, computed if pending else 0)
         if base:
             return Placement(replica, chain[base:], computed, chain[base - 1], base, prefix_key)
         return Placement(replica, chain, computed, prefix_key=prefix_key)
 
-    def observe(self, placement: Placement) -> bool:
+    def observe(self, placement: Placement, *, pending: bool = False) -> bool:
         """Apply a peer's `placement` as `record` applied it there (nothing is returned to
-        send on: each router publishes only its own). False when no replica is believed to
-        hold its `base` here (lost or late, or evicted since): its key and work are still
-        applied, its blocks are not, as they cannot be named."""
+        send on: each router publishes only its own); `pending` as there, until `served`.
+        False when no replica is believed to hold its `base` here (lost or late, or
+        evicted since): its key and work are still applied, its blocks are not, as they
+        cannot be named (and it is not pending)."""
+        waiting = placement.computed if pending else 0
         replica = placement.replica
         if not 0 <= replica < self.replicas:
             raise ValueError(f"a placement on replica {replica} of {self.replicas}")
@@ -300,7 +320,7 @@ class PrefixRouter:
             held = blocks + extra
             last = tail[extra - 1] if extra else base
             shared = self._longest(tail, self._all) - extra
-            self._touch(replica, last, held, tail[extra:], shared)
+            self._touch(replica, last, held, tail[extra:], shared, waiting)
             return True
         chain = tail
         if blocks:
@@ -311,7 +331,7 @@ class PrefixRouter:
             chain = head + tail
         held = self.held_prefix(chain, replica)
         shared = self._longest(chain, self._all) - held
-        self._touch(replica, chain[held - 1] if held else 0, held, chain[held:], shared)
+        self._touch(replica, chain[held - 1] if held else 0, held, chain[held:], shared, waiting)
         return True
 
     def _prefix(self, block: int, blocks: int, prefer: int) -> tuple[int, ...] | None:
@@ -334,16 +354,26 @@ class PrefixRouter:
         self._work = [w * decay for w in self._work]
         self._work[replica] += computed
 
-    def _touch(self, replica: int, last: int, held: int, new: Sequence[int], shared: int) -> None:
+    def _touch(
+        self,
+        replica: int,
+        last: int,
+        held: int,
+        new: Sequence[int],
+        shared: int,
+        pending: int = 0,
+    ) -> None:
         """A request used `held` blocks held at `replica` (the last of them `last`) and
         then the blocks `new`: make them the most recently used there, the head most (as a
         server frees a request's blocks tail first, so the shared prefix outlives the
         request's own suffix), then evict what its cache could not keep. `shared`: how many
-        leading blocks of `new` other replicas may hold (past those, none does)."""
+        leading blocks of `new` other replicas may hold (past those, none does). `pending`:
+        blocks of the request that count against the cache only once it is `served`."""
         model = self._held[replica]
         bit = 1 << replica
         where = self._where
         self._uses += 1
+        self._chosen = None
         model.touch(held, last, new, self._uses)
         if new:
             # Past the longest prefix any replica holds, no replica holds a block (the
@@ -353,8 +383,23 @@ class PrefixRouter:
                 where[h] = where.get(h, 0) | bit
             where.update(dict.fromkeys(new[shared:], bit))
         self._remembered += len(new)
-        if self.blocks_per_replica is not None and len(model) > self.blocks_per_replica:
-            gone = model.evict(len(model) - self.blocks_per_replica)
+        self._pending[replica] += pending
+        self._evict(replica)
+
+    def served(self, placement: Placement) -> None:
+        """The replica served a request recorded as `pending`: its blocks now count against
+        the replica's cache."""
+        replica = placement.replica
+        self._pending[replica] = max(0, self._pending[replica] - placement.computed)
+        self._evict(replica)
+
+    def _evict(self, replica: int) -> None:
+        model = self._held[replica]
+        bit = 1 << replica
+        where = self._where
+        room = self.blocks_per_replica
+        if room is not None and len(model) - self._pending[replica] > room:
+            gone = model.evict(len(model) - self._pending[replica] - room)
             self._remembered -= len(gone)
             masks = list(map(where.__getitem__, gone))
             if masks.count(bit) == len(masks):  # held here only, as a request's own blocks
@@ -379,6 +424,8 @@ class PrefixRouter:
 
     def forget_replica(self, replica: int) -> None:
         """A replica restarted or was ejected: it holds nothing any more."""
+        self._chosen = None
+        self._pending[replica] = 0
         held = self._held[replica]
         bit = 1 << replica
         for h in held.hashes():

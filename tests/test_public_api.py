@@ -57,7 +57,7 @@ EXPECTED = {
         "GroupingStats", "PrefixGrouper",
         "LoadReport",
         "Faults",
-        "LocalRouterHub", "PeerStats", "Placed", "Placement", "RouterLink",
+        "LocalRouterHub", "PeerStats", "Placed", "Placement", "RouterLink", "Served",
     },
     "agents": {
         "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",

@@ -14,6 +14,7 @@ from executors import (
     PrefixRouter,
     Router,
     RouterLink,
+    Served,
 )
 from executors._prefix import prompt_hashes
 from orchestrator import Hints, LLMRequest, Message, VirtualClock
@@ -155,3 +156,43 @@ def test_placements_reach_every_other_router_and_only_once() -> None:
     assert (hub.messages, hub.bytes) == (2, 6)
     with pytest.raises(ValueError, match="delay_s=-1"):
         LocalRouterHub(delay_s=-1)
+
+
+def test_peers_count_each_others_calls_in_flight_until_they_are_served(
+    clock: VirtualClock,
+) -> None:
+    llms = replicas(2)
+    first = conversation("a", 1)[0]
+
+    async def main() -> tuple[list[int], list[int], int]:
+        hub = LocalRouterHub(delay_s=0.001)
+        a, b = (Router(llms, clock=clock, peers=hub.link()) for _ in range(2))
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(a.complete(first, Hints("a")))
+            tg.create_task(
+                a.complete(LLMRequest((Message("user", "other " * 90),), "m"), Hints("o"))
+            )
+            await clock.sleep(0.5)  # heard by b; the calls take 1 s
+            during = b._calls()
+        await clock.sleep(0.01)  # the ends are heard after the link's delay
+        after = b._calls()
+        return during, after, b.peer_stats().in_flight
+
+    during, after, left = clock.run(main())
+    assert sorted(during) == [1, 1] and after == [0, 0] and left == 0
+
+
+def test_a_call_whose_end_is_never_heard_is_taken_as_served_in_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import executors._router as router_module
+
+    monkeypatch.setattr(router_module, "HEARD", 3)
+    router = Router(replicas(2), peers=LocalRouterHub(delay_s=0).link())
+    for seq in range(5):
+        placement = Placement(-1, (100 + seq,), 1)
+        router._receive(Placed(b"peer0001", seq, "r0", placement).to_bytes())
+    assert router.peer_stats().in_flight == 3 and router._calls() == [3, 0]
+    router._receive(Served(b"peer0001", 4).to_bytes())
+    router._receive(Served(b"peer0001", 4).to_bytes())  # twice: once is enough
+    assert router._calls() == [2, 0]

@@ -267,3 +267,20 @@ def test_the_cache_model_evicts_as_one_ordered_dict_of_blocks_would(seed: int) -
         over = max(0, len(plain) - rng.randint(20, 60))
         assert model.evict(over) == [plain.popitem(last=False)[0] for _ in range(over)]
         assert set(model.hashes()) == set(plain)
+
+
+def test_a_request_waiting_at_its_replica_pushes_nothing_out_until_it_is_served() -> None:
+    router = PrefixRouter(2, blocks_per_replica=4)
+    router.record([1, 2, 3], 0)
+    queued = router.record([20, 21, 22], 0, pending=True)
+    assert router.held_prefix([1, 2, 3], 0) == 3  # the model holds 6 blocks of 4 for now
+    assert router.held_prefix([20, 21, 22], 0) == 3
+    router.served(queued)  # computed now: the older prompt's tail and more are gone
+    assert router.held_prefix([1, 2, 3], 0) == 1
+    assert router.held_prefix([20, 21, 22], 0) == 3
+    peer = PrefixRouter(2, blocks_per_replica=4)
+    peer.record([1, 2, 3], 0)
+    peer.observe(queued, pending=True)
+    assert peer.held_prefix([1, 2, 3], 0) == 3
+    peer.served(queued)
+    assert peer.held_prefix([1, 2, 3], 0) == 1
