@@ -23,14 +23,21 @@ was lost until the replicas' caches turn over.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import struct
 import sys
 from array import array
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from ._routing import Placement
+from ._routing import Placement, PrefixRouter
+
+HEARD = 65_536
+"""Peers' placements remembered (by origin and number), to drop one delivered twice; and
+peers' calls remembered in flight (the oldest is taken as served when there are more)."""
 
 
 @runtime_checkable
@@ -168,6 +175,98 @@ class PeerStats:
     """Malformed, or on a replica this router does not have."""
     in_flight: int = 0
     """Peers' calls placed and not yet served, by what was heard."""
+
+
+class Peering:
+    """A router's side of its link: publishes its placements and their ends, applies its
+    peers' to its policy, and counts their calls in flight at each replica."""
+
+    def __init__(self, link: RouterLink, policy: PrefixRouter, names: Sequence[str]) -> None:
+        self.link = link
+        self.policy = policy
+        self.names = list(names)
+        self._index = {name: i for i, name in enumerate(self.names)}
+        self.origin = os.urandom(8)
+        self._seq = itertools.count()
+        self._heard: OrderedDict[tuple[bytes, int], None] = OrderedDict()
+        # Peers' calls placed and not yet served: their replica, and the placement as
+        # applied here (None if it could not be).
+        self._calls: OrderedDict[tuple[bytes, int], tuple[int, Placement | None]] = OrderedDict()
+        self.in_flight = [0] * len(self.names)
+        """Peers' calls in flight at each replica, as heard."""
+        self._published = self._received = self._applied = 0
+        self._unresolved = self._repeated = self._dropped = 0
+        link.subscribe(self.receive)
+
+    def placed(self, placement: Placement) -> int:
+        """Tell the peers; returns the number to say it was `served` by."""
+        seq = next(self._seq)
+        name = self.names[placement.replica]
+        self.link.publish(Placed(self.origin, seq, name, placement).to_bytes())
+        self._published += 1
+        return seq
+
+    def served(self, seq: int) -> None:
+        self.link.publish(Served(self.origin, seq).to_bytes())
+
+    def receive(self, data: bytes) -> None:
+        """A peer's message: apply its placement to the policy, or its end."""
+        try:
+            message = decode(data)
+        except ValueError:
+            self._dropped += 1
+            return
+        if message.origin == self.origin:
+            return
+        call = (message.origin, message.seq)
+        if isinstance(message, Served):
+            self._end(call)  # a repeat finds nothing left to do
+            return
+        if call in self._heard:
+            self._repeated += 1
+            return
+        self._heard[call] = None
+        if len(self._heard) > HEARD:
+            self._heard.popitem(last=False)
+        self._received += 1
+        replica = self._index.get(message.replica)
+        if replica is None:
+            self._dropped += 1
+            return
+        p = message.placement
+        applied: Placement | None = Placement(
+            replica, p.tail, p.computed, p.base, p.base_blocks, p.prefix_key
+        )
+        assert applied is not None
+        if self.policy.observe(applied, pending=True):
+            self._applied += 1
+        else:
+            self._unresolved += 1
+            applied = None
+        self._calls[call] = (replica, applied)
+        self.in_flight[replica] += 1
+        if len(self._calls) > HEARD:  # its end was lost, or it runs very long
+            self._end(next(iter(self._calls)))
+
+    def _end(self, call: tuple[bytes, int]) -> None:
+        known = self._calls.pop(call, None)
+        if known is None:
+            return
+        replica, applied = known
+        self.in_flight[replica] -= 1
+        if applied is not None:
+            self.policy.served(applied)
+
+    def stats(self) -> PeerStats:
+        return PeerStats(
+            self._published,
+            self._received,
+            self._applied,
+            self._unresolved,
+            self._repeated,
+            self._dropped,
+            len(self._calls),
+        )
 
 
 class LocalRouterHub:

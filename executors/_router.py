@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import os
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -46,14 +43,9 @@ from orchestrator import (
     running_clock,
 )
 
-from ._peers import PeerStats, Placed, RouterLink, Served, decode
+from ._peers import Peering, PeerStats, RouterLink
 from ._prefix import Tokenize, prompt_hashes
-from ._routing import Placement, PrefixRouter
-
-HEARD = 65_536
-"""Peers' messages remembered (by origin and number), to drop one delivered twice; and
-peers' calls remembered in flight (the oldest is taken as served when there are more)."""
-COUNT_PEER_LOADS = True
+from ._routing import PrefixRouter
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,20 +170,8 @@ class Router(
         self._tg: asyncio.TaskGroup | None = None
         self._health: asyncio.Task[None] | None = None
         self.peers = peers
-        self._index = {name: i for i, name in enumerate(self.names)}
-        self._origin = os.urandom(8)
-        self._seq = itertools.count()
-        self._heard: OrderedDict[tuple[bytes, int], None] = OrderedDict()
-        # Peers' calls placed and not yet served: their replica, and the placement as
-        # applied here (None if it could not be).
-        self._peer_calls: OrderedDict[tuple[bytes, int], tuple[int, Placement | None]] = (
-            OrderedDict()
-        )
-        self._peer_load = [0] * n
-        self._published = self._received = self._applied = 0
-        self._unresolved = self._repeated = self._dropped = 0
-        if peers is not None:
-            peers.subscribe(self._receive)
+        self.peering = Peering(peers, self.policy, self.names) if peers is not None else None
+        """This router's side of its link to its peers (None without `peers`)."""
 
     @property
     def _probing(self) -> bool:
@@ -321,7 +301,7 @@ class Router(
             i = choice.replica
             tried[i] = True
             placement = self.policy.record(hashes, i, hints.prefix_key, pending=True)
-            seq = self._publish(placement) if self.peers is not None else -1
+            seq = self.peering.placed(placement) if self.peering is not None else -1
             self._in_flight[i] += 1
             self._requests[i] += 1
             self._batch_in_flight[i] += not urgent
@@ -339,8 +319,8 @@ class Router(
                 busy.append(exc)
             finally:
                 self.policy.served(placement)
-                if self.peers is not None:
-                    self.peers.publish(Served(self._origin, seq).to_bytes())
+                if self.peering is not None:
+                    self.peering.served(seq)
                 self._in_flight[i] -= 1
                 self._batch_in_flight[i] -= not urgent
                 self._urgent_in_flight -= urgent
@@ -361,76 +341,13 @@ class Router(
 
     def _calls(self) -> list[int]:
         """Calls in flight at each replica: this router's, and its peers' as heard."""
-        if self.peers is None or not COUNT_PEER_LOADS:
+        if self.peering is None:
             return self._in_flight
-        return [a + b for a, b in zip(self._in_flight, self._peer_load, strict=True)]
+        return [a + b for a, b in zip(self._in_flight, self.peering.in_flight, strict=True)]
 
-    def _publish(self, placement: Placement) -> int:
-        assert self.peers is not None
-        name = self.names[placement.replica]
-        seq = next(self._seq)
-        self.peers.publish(Placed(self._origin, seq, name, placement).to_bytes())
-        self._published += 1
-        return seq
-
-    def _receive(self, data: bytes) -> None:
-        """A peer's message: apply its placement to this router's model, or its end."""
-        try:
-            message = decode(data)
-        except ValueError:
-            self._dropped += 1
-            return
-        if message.origin == self._origin:
-            return
-        call = (message.origin, message.seq)
-        if isinstance(message, Served):
-            self._peer_served(call)  # a repeat finds nothing left to do
-            return
-        if call in self._heard:
-            self._repeated += 1
-            return
-        self._heard[call] = None
-        if len(self._heard) > HEARD:
-            self._heard.popitem(last=False)
-        self._received += 1
-        replica = self._index.get(message.replica)
-        if replica is None:
-            self._dropped += 1
-            return
-        p = message.placement
-        placement: Placement | None = Placement(
-            replica, p.tail, p.computed, p.base, p.base_blocks, p.prefix_key
-        )
-        assert placement is not None
-        if self.policy.observe(placement, pending=True):
-            self._applied += 1
-        else:
-            self._unresolved += 1
-            placement = None
-        self._peer_calls[call] = (replica, placement)
-        self._peer_load[replica] += 1
-        if len(self._peer_calls) > HEARD:  # its end was lost, or it runs very long
-            self._peer_served(next(iter(self._peer_calls)))
-
-    def _peer_served(self, call: tuple[bytes, int]) -> None:
-        known = self._peer_calls.pop(call, None)
-        if known is None:
-            return
-        replica, placement = known
-        self._peer_load[replica] -= 1
-        if placement is not None:
-            self.policy.served(placement)
-
-    def peer_stats(self) -> PeerStats:
-        return PeerStats(
-            self._published,
-            self._received,
-            self._applied,
-            self._unresolved,
-            self._repeated,
-            self._dropped,
-            len(self._peer_calls),
-        )
+    def peer_stats(self) -> PeerStats | None:
+        """What this router sent and heard on its link (None without one)."""
+        return self.peering.stats() if self.peering is not None else None
 
     def _lanes(self, allowed: list[bool], urgent: bool) -> list[bool]:
         """With `urgent_lanes`: the replicas this call may go to. The first `urgent_lanes`

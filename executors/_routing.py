@@ -170,7 +170,7 @@ class PrefixRouter:
 
     def held_prefix(self, hashes: Sequence[int], replica: int) -> int:
         """How many leading blocks of `hashes` `replica` is believed to hold."""
-        held = self._held[replica]
+        held = self._held[replica].run
         # The modelled set is prefix-closed: whoever touches block i touched blocks 0..i-1
         # (same chained hash, same prefix) more recently, and eviction takes the least
         # recent first. So the longest held prefix can be found by bisection.

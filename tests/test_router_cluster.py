@@ -117,19 +117,22 @@ def test_peers_drop_repeats_their_own_messages_unknown_replicas_and_garbage() ->
     llms = replicas(2)
     link = LocalRouterHub(delay_s=0).link()
     router = Router(llms, peers=link)
+    assert router.peering is not None
+    receive = router.peering.receive
     placed = Placed(b"12345678", 1, "r1", Placement(-1, (5, 6, 7), 3, prefix_key="k"))
     data = placed.to_bytes()
     assert len(data) < 80
     decoded = Placed.from_bytes(data)
     assert decoded == placed
-    router._receive(data)
-    router._receive(data)  # delivered twice
-    router._receive(Placed(b"12345678", 2, "r9", placed.placement).to_bytes())
-    router._receive(b"\x00garbage")
-    router._receive(data[:-3])
-    own = Placed(router._origin, 1, "r0", placed.placement).to_bytes()
-    router._receive(own)
+    receive(data)
+    receive(data)  # delivered twice
+    receive(Placed(b"12345678", 2, "r9", placed.placement).to_bytes())
+    receive(b"\x00garbage")
+    receive(data[:-3])
+    own = Placed(router.peering.origin, 1, "r0", placed.placement).to_bytes()
+    receive(own)
     stats = router.peer_stats()
+    assert stats is not None
     assert (stats.received, stats.applied, stats.repeated, stats.dropped) == (2, 1, 1, 3)
     assert router.policy.held_prefix([5, 6, 7], 1) == 3
     assert router.policy.choose([1], [0, 0], [True, True], "k").replica == 1
@@ -173,10 +176,10 @@ def test_peers_count_each_others_calls_in_flight_until_they_are_served(
                 a.complete(LLMRequest((Message("user", "other " * 90),), "m"), Hints("o"))
             )
             await clock.sleep(0.5)  # heard by b; the calls take 1 s
-            during = b._calls()
+            assert b.peering is not None
+            during = list(b.peering.in_flight)
         await clock.sleep(0.01)  # the ends are heard after the link's delay
-        after = b._calls()
-        return during, after, b.peer_stats().in_flight
+        return during, b.peering.in_flight, b.peering.stats().in_flight
 
     during, after, left = clock.run(main())
     assert sorted(during) == [1, 1] and after == [0, 0] and left == 0
@@ -185,14 +188,17 @@ def test_peers_count_each_others_calls_in_flight_until_they_are_served(
 def test_a_call_whose_end_is_never_heard_is_taken_as_served_in_the_end(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import executors._router as router_module
+    import executors._peers as peers_module
 
-    monkeypatch.setattr(router_module, "HEARD", 3)
+    monkeypatch.setattr(peers_module, "HEARD", 3)
     router = Router(replicas(2), peers=LocalRouterHub(delay_s=0).link())
+    assert router.peering is not None
+    peering = router.peering
     for seq in range(5):
         placement = Placement(-1, (100 + seq,), 1)
-        router._receive(Placed(b"peer0001", seq, "r0", placement).to_bytes())
-    assert router.peer_stats().in_flight == 3 and router._calls() == [3, 0]
-    router._receive(Served(b"peer0001", 4).to_bytes())
-    router._receive(Served(b"peer0001", 4).to_bytes())  # twice: once is enough
-    assert router._calls() == [2, 0]
+        peering.receive(Placed(b"peer0001", seq, "r0", placement).to_bytes())
+    assert peering.stats().in_flight == 3 and peering.in_flight == [3, 0]
+    assert router._calls() == [3, 0]
+    peering.receive(Served(b"peer0001", 4).to_bytes())
+    peering.receive(Served(b"peer0001", 4).to_bytes())  # twice: once is enough
+    assert peering.in_flight == [2, 0]
