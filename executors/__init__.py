@@ -8,6 +8,9 @@
   (`check()`) and load (`load()`, a `LoadReport`) from the server's own endpoints.
 - `ray_task`, `RayRunner`, `RayCluster`: function and tool tasks that run as Ray tasks on a
   cluster, with the resources they declare (Ray is imported only when they are used).
+- `Router`: replicas of one model as one backend, routed by prompt prefix and load; the
+  routers of several engines share what they place over a `RouterLink` (`LocalRouterHub`
+  in one process).
 """
 
 from orchestrator import LoadReport
@@ -17,9 +20,10 @@ from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._grouping import GroupingStats, PrefixGrouper
 from ._openai import OpenAIBackend
+from ._peers import LocalRouterHub, PeerStats, Placed, RouterLink, Served
 from ._ray import RayCluster, RayError, RayRunner, RayWorkerLostError, ray_task
 from ._router import ReplicaStats, Router
-from ._routing import Choice, PrefixRouter
+from ._routing import Choice, Placement, PrefixRouter
 from ._sim import RequestTooLongError, SimServer, SimStats
 from ._simhttp import Faults, SimHTTP
 from ._simprofile import PROFILES, Profile, get_profile
@@ -32,7 +36,11 @@ __all__ = [
     "FunctionLLM",
     "GroupingStats",
     "LoadReport",
+    "LocalRouterHub",
     "OpenAIBackend",
+    "PeerStats",
+    "Placed",
+    "Placement",
     "PrefixGrouper",
     "PrefixRouter",
     "Profile",
@@ -44,6 +52,8 @@ __all__ = [
     "ReplicaStats",
     "RequestTooLongError",
     "Router",
+    "RouterLink",
+    "Served",
     "SimHTTP",
     "SimServer",
     "SimStats",

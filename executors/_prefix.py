@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator import LLMRequest, Message
 
-from ._simtext import block_hashes, chained_hashes, render
+from ._simtext import chained_hashes, chat_block_hashes, render
 
 Tokenize = Callable[[str], Sequence[int]]
 """Text to token ids, e.g. `AutoTokenizer.from_pretrained(...).encode`."""
@@ -64,5 +64,5 @@ def _hashes(
 ) -> tuple[int, ...]:
     text = render(messages)
     if tokenize.fn is None:
-        return tuple(block_hashes(text, block_tokens))
+        return tuple(chat_block_hashes(messages, text, block_tokens))
     return tuple(token_block_hashes(tokenize.fn(text), block_tokens))

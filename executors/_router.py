@@ -8,6 +8,8 @@ this request goes elsewhere. Backends that are `HealthChecked` are probed every
 `health_interval_s`: a failed probe ejects, a passing one re-admits. Backends without a
 check are tried again after `readmit_after_s`. Calls whose hints carry the same
 `prefix_key` go to the replica that key was placed on, while it is healthy and not overloaded.
+Routers of several engines in front of the same replicas share what they place over a
+`RouterLink` (`peers`), so that each one's model covers every engine's calls (`_peers`).
 
 The router declares every optional capability and answers for its replicas, which it sorts
 by capability once, when it is built.
@@ -41,6 +43,7 @@ from orchestrator import (
     running_clock,
 )
 
+from ._peers import Peering, PeerStats, RouterLink
 from ._prefix import Tokenize, prompt_hashes
 from ._routing import PrefixRouter
 
@@ -84,7 +87,10 @@ class Router(
     what it sent somewhere stays there. `urgent_lanes` (default 0: none): that many replicas
     are kept for urgent (interactive) calls while there are any, with at most
     `lane_batch_in_flight` batch calls on each (see `_lanes`; docs/admission.md, "Urgent
-    lanes").
+    lanes"). `peers`: a link to the routers of other engines in front of the same replicas
+    (by the same names): each publishes where it placed every call and applies the others'
+    placements, so a program's calls stay on one replica whichever engine sends them, and
+    each router's picture of the caches and of recent work covers every engine's calls.
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class Router(
         urgent_lanes: int = 0,
         lane_batch_in_flight: int = 2,
         lane_quiet_s: float = 5.0,
+        peers: RouterLink | None = None,
     ) -> None:
         if not backends:
             raise UsageError("a Router needs at least one backend")
@@ -119,8 +126,14 @@ class Router(
         self.tokenize = tokenize
         if cache_blocks is not None and cache_blocks < 1:
             raise UsageError(f"Router(cache_blocks={cache_blocks}) must be positive or None")
+        # With the caches' size known the model holds at most that much; beyond about 40
+        # H100s the default bound on remembered prefixes would forget what they still hold.
+        capacity = max(1_000_000, len(self.backends) * (cache_blocks or 0))
         self.policy = PrefixRouter(
-            len(self.backends), max_imbalance=max_imbalance, blocks_per_replica=cache_blocks
+            len(self.backends),
+            max_imbalance=max_imbalance,
+            blocks_per_replica=cache_blocks,
+            capacity=capacity,
         )
         self._clock = clock
         n = len(self.backends)
@@ -156,6 +169,9 @@ class Router(
         self._stack: contextlib.AsyncExitStack | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._health: asyncio.Task[None] | None = None
+        self.peers = peers
+        self.peering = Peering(peers, self.policy, self.names) if peers is not None else None
+        """This router's side of its link to its peers (None without `peers`)."""
 
     @property
     def _probing(self) -> bool:
@@ -169,6 +185,8 @@ class Router(
             for backend in self.backends:
                 if isinstance(backend, contextlib.AbstractAsyncContextManager):
                     await stack.enter_async_context(backend)
+            if isinstance(self.peers, contextlib.AbstractAsyncContextManager):
+                await stack.enter_async_context(self.peers)
         except BaseException as exc:
             await stack.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -276,13 +294,14 @@ class Router(
             try:
                 # Our calls in flight, or the server's own count if it says it is busier
                 # (other clients share it; its figure is as old as the latest probe).
-                load = [max(m, r) for m, r in zip(self._in_flight, self._server_load, strict=True)]
+                load = [max(m, r) for m, r in zip(self._calls(), self._server_load, strict=True)]
                 choice = self.policy.choose(hashes, load, allowed, hints.prefix_key)
             except LookupError:
                 break
             i = choice.replica
             tried[i] = True
-            self.policy.record(hashes, i, hints.prefix_key)
+            placement = self.policy.record(hashes, i, hints.prefix_key, pending=True)
+            seq = self.peering.placed(placement) if self.peering is not None else -1
             self._in_flight[i] += 1
             self._requests[i] += 1
             self._batch_in_flight[i] += not urgent
@@ -299,6 +318,9 @@ class Router(
                 self._overloaded[i] += 1
                 busy.append(exc)
             finally:
+                self.policy.served(placement)
+                if self.peering is not None:
+                    self.peering.served(seq)
                 self._in_flight[i] -= 1
                 self._batch_in_flight[i] -= not urgent
                 self._urgent_in_flight -= urgent
@@ -314,6 +336,18 @@ class Router(
             f"no backend of this router could serve the call ({n} tried or ejected); "
             f"last error: {unavailable}",
         ) from unavailable
+
+    # --- peers -------------------------------------------------------------------------------
+
+    def _calls(self) -> list[int]:
+        """Calls in flight at each replica: this router's, and its peers' as heard."""
+        if self.peering is None:
+            return self._in_flight
+        return [a + b for a, b in zip(self._in_flight, self.peering.in_flight, strict=True)]
+
+    def peer_stats(self) -> PeerStats | None:
+        """What this router sent and heard on its link (None without one)."""
+        return self.peering.stats() if self.peering is not None else None
 
     def _lanes(self, allowed: list[bool], urgent: bool) -> list[bool]:
         """With `urgent_lanes`: the replicas this call may go to. The first `urgent_lanes`

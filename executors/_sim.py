@@ -35,7 +35,7 @@ from orchestrator import (
 from ._simagent import agent_reply
 from ._simengine import SimEngine, SimRequest, StepPlan
 from ._simprofile import Profile, get_profile
-from ._simtext import block_hashes, count_tokens, generate, render, text_hash
+from ._simtext import chat_block_hashes, count_tokens, generate, render, text_hash
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -150,7 +150,7 @@ class SimServer:
         req = self.make_request(
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
-            hashes=block_hashes(prompt + output, self.profile.block_size),
+            hashes=chat_block_hashes(request.messages, prompt + output, self.profile.block_size),
             hints=hints,
         )
         done = await self.submit(req)

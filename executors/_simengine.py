@@ -116,6 +116,7 @@ class SimEngine:
         budget = self.profile.max_num_batched_tokens
         work: list[tuple[SimRequest, int]] = []
         preempted = False
+        blocked = False
         scheduled: set[int] = set()
         i = 0
         while i < len(self.running) and budget > 0:
@@ -148,6 +149,7 @@ class SimEngine:
         ):
             req = self.waiting[0][2]
             if not self._admit(req, budget):
+                blocked = True
                 break
             heapq.heappop(self.waiting)
             n = min(req.num_tokens - req.computed, budget)
@@ -156,18 +158,30 @@ class SimEngine:
             budget -= n
         if not work:
             return None
-        return StepPlan(work, self._durations(work, preempted))
+        return StepPlan(work, self._durations(work, preempted, blocked, now))
 
     def _admit(self, req: SimRequest, budget: int) -> bool:
         pool, size = self.pool, self.profile.block_size
         hit_blocks = pool.match(req.hashes[: (req.num_tokens - 1) // size])
         hit = len(hit_blocks) * size
         n = min(req.num_tokens - hit, budget)
-        pool.acquire(hit_blocks)
-        new = pool.allocate(self._blocks_for(hit + n) - len(hit_blocks))
-        if new is None:
-            pool.release(hit_blocks)
+        need = self._blocks_for(hit + n) - len(hit_blocks)
+        if not pool.fits(hit_blocks, need):
             return False
+        held = len(hit_blocks)
+        pin = self.pins.get(req.program) if req.program is not None else None
+        handed = pin is not None and pin.blocks[:held] == hit_blocks
+        if not handed:
+            pool.acquire(hit_blocks)
+        new = pool.allocate(need)
+        assert new is not None, "fits() said the blocks were there"
+        if handed:
+            # The program's pin begins with the hits (its previous call's blocks): they pass
+            # to this call as they are, the rest of the pin is released. The same as
+            # acquiring the hits and releasing the whole pin, without a step per block.
+            assert pin is not None and req.program is not None
+            del self.pins[req.program]
+            pool.release(pin.blocks[held:])
         if not req.scheduled_once:
             pool.count_query(req.num_tokens, hit)
             req.cached_tokens = hit
@@ -197,7 +211,9 @@ class SimEngine:
         self.preemptions += 1
         self.add(req)
 
-    def _durations(self, work: list[tuple[SimRequest, int]], preempted: bool) -> list[float]:
+    def _durations(
+        self, work: list[tuple[SimRequest, int]], preempted: bool, blocked: bool, now: float
+    ) -> list[float]:
         p = self.profile
         prefill = 0
         decodes = 0
@@ -216,14 +232,29 @@ class SimEngine:
         )
         if prefill or preempted or decodes == 0:
             return [first]
-        if self.waiting and len(self.running) < p.max_num_seqs:
+        if self.waiting and len(self.running) < p.max_num_seqs and not blocked:
             return [first]  # someone may get in next step
         # Pure decode with nobody to admit: the next steps are alike until a request ends
         # or blocks run short, so they are planned at once (and cut short on an arrival).
+        # Nor while the queue's head waits for blocks: decode steps only take blocks, so it
+        # cannot get in before a request ends (that ends the run), a pin expires (the run
+        # stops at the first step boundary after that) or another request arrives (cut).
+        # Trying it again every step would find the same: its cached prefix already
+        # stands at the end of the free queue.
         k = min(min(r.output_tokens - r.generated for r, _ in work), MAX_MACRO_STEPS)
         k = self._affordable_steps(work, k)
         per_step_context = p.decode_s_per_context_token * decodes
-        return [first + per_step_context * s for s in range(k)]
+        durations = [first + per_step_context * s for s in range(k)]
+        expiry = self.next_expiry() if blocked else None
+        if expiry is not None:
+            end, keep = now, 0
+            for d in durations:
+                keep += 1
+                end += d
+                if end >= expiry:
+                    break
+            del durations[keep:]
+        return durations
 
     def _affordable_steps(self, work: list[tuple[SimRequest, int]], k: int) -> int:
         free = self.pool.free

@@ -62,6 +62,7 @@ EXPECTED = {
         "LoadReport",
         "Faults",
         "RayCluster", "RayError", "RayRunner", "RayWorkerLostError", "ray_task",
+        "LocalRouterHub", "PeerStats", "Placed", "Placement", "RouterLink", "Served",
     },
     "agents": {
         "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",

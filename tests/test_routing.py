@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
+from routing_support import decisions
 
 from executors._routing import PrefixRouter, two_candidates
 
@@ -183,3 +188,99 @@ def test_keys_are_bounded_and_forgotten_with_their_replica() -> None:
     assert router.choose([], IDLE[:2], ALL[:2], "c").reason != "key"
     with pytest.raises(ValueError, match="keys"):
         PrefixRouter(2, keys=0)
+
+
+def test_the_router_decides_as_it_did_on_a_recorded_sequence() -> None:
+    """Agent-like calls over 4 to 64 replicas, with keys, loads, outages and restarts: every
+    decision and the final work are those recorded before the policy was made faster."""
+    golden = json.loads((Path(__file__).parent / "golden" / "routing_decisions.json").read_text())
+    assert decisions() == golden
+
+
+def test_a_peer_that_observes_every_placement_decides_as_the_router_that_made_them() -> None:
+    from routing_support import calls
+
+    maker, peer = PrefixRouter(16, blocks_per_replica=300), PrefixRouter(16, blocks_per_replica=300)
+    sequence = list(calls(16, 1200, seed=5))
+    for call in sequence[:1000]:
+        choice = maker.choose(call.hashes, call.loads, call.healthy, call.key)
+        assert peer.observe(maker.record(call.hashes, choice.replica, call.key))
+    assert peer.work() == maker.work() and peer.unresolved == 0
+    for call in sequence[1000:]:
+        assert peer.choose(call.hashes, call.loads, call.healthy, call.key) == maker.choose(
+            call.hashes, call.loads, call.healthy, call.key
+        )
+
+
+def test_a_conversations_turn_is_placed_as_the_blocks_it_added() -> None:
+    router = PrefixRouter(4)
+    first = router.record([1, 2, 3], 2, "p")
+    assert (first.base_blocks, first.tail, first.computed) == (0, (1, 2, 3), 3)
+    turn = router.record([1, 2, 3, 4, 5], 2, "p")
+    assert (turn.base, turn.base_blocks, turn.tail, turn.computed) == (3, 3, (4, 5), 2)
+    assert turn.blocks == 5 and turn.prefix_key == "p"
+
+
+def test_a_placement_extending_an_unknown_request_moves_its_key_and_work_only() -> None:
+    router = PrefixRouter(4, half_life=1e9)
+    late = PrefixRouter(4, half_life=1e9)
+    late.observe(router.record([1, 2, 3], 1))
+    turn = router.record([1, 2, 3, 4], 1, "p")
+    assert PrefixRouter(4).observe(turn) is False  # never saw [1, 2, 3]
+    fresh = PrefixRouter(4, half_life=1e9)
+    fresh.observe(turn)
+    assert fresh.unresolved == 1 and fresh.held_prefix([1, 2, 3, 4], 1) == 0
+    assert fresh.work() == [0.0, 1.0, 0.0, 0.0]
+    assert fresh.choose([9], IDLE, ALL, "p").reason == "key"
+    assert late.observe(turn) and late.held_prefix([1, 2, 3, 4], 1) == 4
+    with pytest.raises(ValueError, match="replica 7"):
+        late.observe(dataclasses.replace(turn, replica=7))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_cache_model_evicts_as_one_ordered_dict_of_blocks_would(seed: int) -> None:
+    """The plain model (every block of a request moved to the end, tail first) against the
+    runs of the prefix tree, on random requests branching off each other."""
+    import random
+    from collections import OrderedDict
+
+    from executors._cachemodel import CacheModel
+
+    rng = random.Random(seed)
+    model, plain = CacheModel(), OrderedDict[int, None]()
+    chains: list[tuple[int, ...]] = [()]
+    for use in range(1, 3000):
+        base = rng.choice(chains)
+        base = base[: rng.randint(0, len(base))]  # a prefix of an earlier request ...
+        chain = base + tuple(
+            hash((base[-1] if base else 0, use, i)) for i in range(rng.randint(0, 6))
+        )
+        chains.append(chain)  # ... and some blocks of its own
+        held = 0
+        while held < len(chain) and chain[held] in plain:
+            held += 1
+        assert held == sum(1 for h in chain if h in model)  # closed under prefixes
+        model.touch(held, chain[held - 1] if held else 0, chain[held:], use)
+        for h in reversed(chain):
+            plain[h] = None
+            plain.move_to_end(h)
+        over = max(0, len(plain) - rng.randint(20, 60))
+        assert model.evict(over) == [plain.popitem(last=False)[0] for _ in range(over)]
+        assert set(model.hashes()) == set(plain)
+
+
+def test_a_request_waiting_at_its_replica_pushes_nothing_out_until_it_is_served() -> None:
+    router = PrefixRouter(2, blocks_per_replica=4)
+    router.record([1, 2, 3], 0)
+    queued = router.record([20, 21, 22], 0, pending=True)
+    assert router.held_prefix([1, 2, 3], 0) == 3  # the model holds 6 blocks of 4 for now
+    assert router.held_prefix([20, 21, 22], 0) == 3
+    router.served(queued)  # computed now: the older prompt's tail and more are gone
+    assert router.held_prefix([1, 2, 3], 0) == 1
+    assert router.held_prefix([20, 21, 22], 0) == 3
+    peer = PrefixRouter(2, blocks_per_replica=4)
+    peer.record([1, 2, 3], 0)
+    peer.observe(queued, pending=True)
+    assert peer.held_prefix([1, 2, 3], 0) == 3
+    peer.served(queued)
+    assert peer.held_prefix([1, 2, 3], 0) == 1

@@ -208,3 +208,139 @@ def test_impossible_profiles_are_refused() -> None:
         H100_LLAMA3_8B.replace(num_blocks=0)
     with pytest.raises(UsageError, match="no field"):
         H100_LLAMA3_8B.replace(flops=1)
+
+
+def _drive(engine: SimEngine, whole_runs: bool) -> float:
+    """Run to the end, waiting for pins to expire; one step per plan unless `whole_runs`."""
+    now = 0.0
+    while True:
+        plan = engine.plan(now)
+        if plan is None:
+            expiry = engine.next_expiry()
+            if expiry is None:
+                return now
+            now = expiry
+            continue
+        steps = len(plan.durations) if whole_runs else 1
+        now += sum(plan.durations[:steps])
+        engine.apply(plan, steps, now)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_queue_waiting_for_blocks_does_not_change_what_runs_of_steps_give(seed: int) -> None:
+    """While the queue's head waits for blocks, decode steps are planned as one run (up to
+    the next pin expiry): the same as planning (and retrying the head) every step."""
+    import random
+
+    rng = random.Random(seed)
+    profile = TINY.replace(num_blocks=40, max_num_seqs=6)
+
+    def workload() -> list[SimRequest]:
+        out = []
+        for rid in range(30):
+            prompt, output = rng.randint(4, 40), rng.randint(1, 30)
+            shared = rng.randrange(3)  # three prefixes of 2 blocks, then the request's own
+            hashes = [1000 + shared, 2000 + shared] + [rid * 100 + j for j in range(20)]
+            out.append(
+                request(
+                    rid, prompt, output, hashes[: (prompt + output) // 4],
+                    program=f"p{rid % 7}", keep_alive_s=rng.choice([None, 0.05, 0.3]),
+                    priority=float(rng.randrange(4)),
+                )
+            )  # fmt: skip
+        return out
+
+    state = rng.getstate()
+    results = []
+    for whole_runs in (False, True):
+        rng.setstate(state)
+        engine = SimEngine(profile)
+        requests = workload()
+        for req in requests:
+            engine.add(req)
+        end = _drive(engine, whole_runs)
+        results.append((engine, requests, end))
+    (step_engine, by_step, step_end), (run_engine, by_run, run_end) = results
+    assert run_engine.steps == step_engine.steps
+    assert run_engine.preemptions == step_engine.preemptions
+    assert run_engine.pool.stats() == step_engine.pool.stats()
+    assert [r.cached_tokens for r in by_run] == [r.cached_tokens for r in by_step]
+    assert [r.finished_at for r in by_run] == pytest.approx([r.finished_at for r in by_step])
+    assert run_end == pytest.approx(step_end)
+
+
+def test_fits_says_what_acquiring_then_allocating_would_and_touches_like_a_failed_try() -> None:
+    pool, twin = BlockPool(6, 4), BlockPool(6, 4)
+    for p in (pool, twin):
+        blocks = p.allocate(4)
+        assert blocks is not None
+        for i, block in enumerate(blocks):
+            p.register(block, 100 + i)
+        p.release(blocks)
+        held = p.allocate(1)  # one fresh block referenced; 5 free, 4 of them cached
+        assert held == [4]
+    hits = pool.match([100, 101, 102])
+    assert hits == [0, 1, 2]
+    assert pool.fits(hits, 2)  # 5 free, 3 of them taken by the hits: 2 left
+    assert not pool.fits(hits, 3)
+    # What the engine did before fits(): acquire, fail to allocate, release.
+    twin.acquire(hits)
+    assert twin.allocate(3) is None
+    twin.release(hits)
+    assert pool.allocate(5) == twin.allocate(5)  # the same eviction order afterwards
+
+
+def test_a_growing_conversation_hashes_as_its_whole_text_does() -> None:
+    import random
+
+    from executors._simtext import block_hashes, chat_block_hashes, render
+    from orchestrator import Message
+
+    rng = random.Random(7)
+    history = [Message("system", "s" * 3001), Message("user", "task " * 97)]
+    for turn in range(12):
+        prompt = render(history)
+        reply = "reply " * rng.randint(1, 200)
+        for size in (16, 128):
+            assert chat_block_hashes(history, prompt, size) == block_hashes(prompt, size)
+            text = prompt + reply
+            assert chat_block_hashes(history, text, size) == block_hashes(text, size)
+        # A branch (another reply to the same history) and a non-ASCII turn hash as whole texts.
+        other = prompt + "é" * turn
+        assert chat_block_hashes(history, other, 16) == block_hashes(other, 16)
+        history += [Message("assistant", reply), Message("user", "result " * rng.randint(1, 300))]
+
+
+def test_generated_output_is_what_one_choice_per_token_gives() -> None:
+    import random
+
+    from executors._simtext import _SYLLABLES, generate
+
+    for seed in range(40):
+        for tokens in (1, 3, 64, 301):
+            rng = random.Random(seed * 1_000_003 + 977 * seed)
+            plain = "".join(rng.choice(_SYLLABLES) for _ in range(tokens))
+            assert generate(seed, 977 * seed, tokens) == plain
+
+
+def test_a_pinned_programs_next_call_takes_over_its_blocks_as_acquire_and_release_would() -> None:
+    """The hand-over of a pin to the program's next call leaves the pool as acquiring the
+    hits and releasing the whole pin did: the same free queue, the same evictions."""
+    engine = SimEngine(TINY.replace(num_blocks=12))
+    engine.add(request(1, 8, 2, [11, 12], program="p", keep_alive_s=5.0))
+    engine.add(request(2, 6, 1, [21], program="q", keep_alive_s=5.0))
+    run_to_end(engine)
+    pin = engine.pins["p"]
+    twin = BlockPool(12, 4)
+    twin._ref, twin._hash = list(engine.pool._ref), list(engine.pool._hash)
+    twin._cached, twin._free = dict(engine.pool._cached), type(engine.pool._free)(engine.pool._free)
+    nxt = request(3, 14, 1, [11, 12, 13, 14], program="p")
+    engine.add(nxt)
+    engine.plan(1.0)
+    assert nxt.cached_tokens == 8 and "p" not in engine.pins
+    hits = twin.match([11, 12, 13])
+    twin.acquire(hits)
+    assert twin.allocate(2) == nxt.blocks[2:]
+    twin.release(pin.blocks)
+    assert twin._ref == engine.pool._ref
+    assert list(twin._free) == list(engine.pool._free)

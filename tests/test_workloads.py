@@ -6,7 +6,15 @@ import pytest
 from _harness import plait_runner, run_naive, simulate
 
 from executors._simtext import count_tokens, render
-from workloads import LLMStep, Program, ToolStep, agent_programs, batch_programs, sql_programs
+from workloads import (
+    LLMStep,
+    Program,
+    ToolStep,
+    agent_programs,
+    batch_programs,
+    many_agent_programs,
+    sql_programs,
+)
 
 
 def prompt_tokens(program: Program) -> int:
@@ -45,6 +53,30 @@ def test_agent_programs_have_the_specified_shape() -> None:
     system = programs[0].steps[0]
     assert isinstance(system, LLMStep)
     assert 1000 <= count_tokens(system.build({})[0].content) <= 2100
+
+
+def test_many_agent_programs_have_the_agents_shape_and_hold_text_only_while_running() -> None:
+    programs = many_agent_programs(30, rate=0.1, seed=1)
+    assert [p.arrival for p in programs] == [
+        p.arrival for p in many_agent_programs(30, rate=0.1, seed=1)
+    ]
+    for p in programs:
+        assert 10 <= p.llm_calls <= 40
+        calls = [s for s in p.steps if isinstance(s, LLMStep)]
+        assert len([s for s in p.steps if isinstance(s, ToolStep)]) == len(calls) - 1
+        assert calls[-1].last and not any(s.last for s in calls[:-1])
+        replies = {s.id: f"reply {s.id}" for s in calls}
+        texts = [render(s.build(replies)) for s in calls]
+        for t in range(1, len(texts)):
+            assert texts[t].startswith(texts[t - 1] + replies[f"turn{t - 1}"])
+            added = count_tokens(texts[t]) - count_tokens(texts[t - 1])
+            assert 200 <= added <= 2600  # a tool result of 200-2,500 tokens, and the reply
+        assert texts == [render(s.build(replies)) for s in calls]  # built again: the same
+        system, task = calls[0].build(replies)[:2]
+        assert 1000 <= count_tokens(system.content) <= 2100
+        assert 150 <= count_tokens(task.content) <= 600
+    tasks = {p.steps[0].build({})[1].content for p in programs if isinstance(p.steps[0], LLMStep)}
+    assert len(tasks) == len(programs)  # no two programs share more than a system prompt
 
 
 def test_sql_programs_have_the_specified_shape() -> None:

@@ -8,7 +8,7 @@ are pauses. The same seed gives the same workload, bit for bit.
 """
 
 from ._program import LLMStep, Program, Step, ToolStep, TraceStep, poisson_arrivals
-from .agents import agent_programs
+from .agents import agent_programs, many_agent_programs
 from .batch import batch_programs, batch_rows
 from .mooncake import mooncake_programs
 from .sql import sql_programs
@@ -22,6 +22,7 @@ __all__ = [
     "agent_programs",
     "batch_programs",
     "batch_rows",
+    "many_agent_programs",
     "mooncake_programs",
     "poisson_arrivals",
     "sql_programs",
