@@ -36,6 +36,7 @@ from orchestrator import (
     LLMResponse,
     LoadReport,
     LoadReporting,
+    Notifier,
     ProgramAware,
     UrgentIsolating,
     UsageError,
@@ -43,6 +44,7 @@ from orchestrator import (
     running_clock,
 )
 
+from ._peerlink import NotifierRouterLink
 from ._peers import Peering, PeerStats, RouterLink
 from ._prefix import Tokenize, prompt_hashes
 from ._routing import PrefixRouter
@@ -172,6 +174,18 @@ class Router(
         self.peers = peers
         self.peering = Peering(peers, self.policy, self.names) if peers is not None else None
         """This router's side of its link to its peers (None without `peers`)."""
+
+    def join_peers(self, notifier: Notifier, channel: str) -> None:
+        """Share placements with the routers of other engines through `notifier` (PostgreSQL
+        LISTEN/NOTIFY, Redis pub/sub) on `channel`: `plait serve` in a cluster calls this
+        for each router before it starts. Only before the router is entered."""
+        if self._stack is not None:
+            raise UsageError("join_peers() before the router is entered (async with)")
+        if self.peers is not None:
+            raise UsageError("this router has peers already")
+        link = NotifierRouterLink(notifier, channel)
+        self.peers = link
+        self.peering = Peering(link, self.policy, self.names)
 
     @property
     def _probing(self) -> bool:

@@ -133,3 +133,62 @@ def test_a_post_on_one_board_reaches_a_volunteer_of_another_board_without_pollin
                 assert await asyncio.wait_for(poster_board.answer_of(post), 20) == "done"
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "redis"])
+def test_routers_of_two_engines_keep_a_programs_calls_on_one_replica_over_the_network(
+    kind: str, pg_url: str
+) -> None:
+    """As tests/test_router_cluster.py over the in-process hub, but each router has its own
+    notifier connection (what `plait serve` sets up in a cluster): turn t of each of eight
+    conversations goes through router t % 2, and every conversation stays on one replica."""
+    from executors import FunctionLLM, Router
+    from orchestrator import Hints, LLMRequest, Message
+
+    make = notifiers(kind, pg_url)
+    system = "You are one of many agents sharing this long system prompt. " * 20
+    llms = {f"r{i}": FunctionLLM(lambda req, hints, i=i: f"r{i}", latency=0.01) for i in range(4)}
+    channel = f"plait_router_test_{uuid.uuid4().hex[:8]}"
+
+    async def main() -> dict[str, list[str]]:
+        async with make() as n1, make() as n2:
+            routers = [Router(llms, health_interval_s=None), Router(llms, health_interval_s=None)]
+            for router, notifier in zip(routers, (n1, n2), strict=True):
+                router.join_peers(notifier, channel)
+            async with routers[0], routers[1]:
+                where: dict[str, list[str]] = {}
+                heard = asyncio.Event()  # set on every frame either link hears
+                await n1.listen(channel, lambda _: heard.set())
+                await n2.listen(channel, lambda _: heard.set())
+
+                async def reached(peer: Router, sent: int) -> None:
+                    """Wait until `peer` has heard `sent` placements of the other router."""
+                    while True:
+                        heard.clear()
+                        assert peer.peering is not None
+                        if peer.peering.stats().received >= sent:
+                            return
+                        await heard.wait()
+
+                async def talk(name: str) -> None:
+                    history = [Message("system", system)]
+                    for t in range(6):
+                        history.append(Message("user", f"{name} step {t}: " + "details " * 30))
+                        request = LLMRequest(tuple(history), "m", max_tokens=8)
+                        reply = await routers[t % 2].complete(request, Hints(program_id=name))
+                        where.setdefault(name, []).append(reply.text)
+                        history.append(Message("assistant", f"{name} answer {t}"))
+                        # A tool runs between turns, long enough for the placement to
+                        # reach the other engine.
+                        me = routers[t % 2].peering
+                        assert me is not None
+                        await asyncio.wait_for(
+                            reached(routers[(t + 1) % 2], me.stats().published), 10
+                        )
+
+                await asyncio.gather(*(talk(f"c{c}") for c in range(8)))
+                return where
+
+    where = asyncio.run(main())
+    assert all(len(set(replicas)) == 1 for replicas in where.values()), where
+    assert len({replicas[0] for replicas in where.values()}) >= 3

@@ -13,7 +13,7 @@ import contextlib
 import gc
 import signal
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import TextIO
 
@@ -46,6 +46,11 @@ async def serve(
     async with contextlib.AsyncExitStack() as stack:
         settings = config.service
         backends = config.engine.build_backends(clock)
+        notifier = None
+        if settings.lease_s is not None:
+            notifier = await stack.enter_async_context(_notifier(settings.notify, config.store))
+            if notifier is not None:
+                _join_peers(backends, notifier)
         for backend in backends.values():
             if isinstance(backend, contextlib.AbstractAsyncContextManager):
                 await stack.enter_async_context(backend)
@@ -79,9 +84,6 @@ async def serve(
                     print(f"plait serve: resumed {len(report.runs)} workflow(s)", file=out)
             # In a cluster, the engine's leases claim what no live engine holds, as they
             # run out: the runs left by an earlier process included.
-            notifier = None
-            if cluster is not None:
-                notifier = await stack.enter_async_context(_notifier(settings.notify, config.store))
             service = Service(
                 engine,
                 registry,
@@ -125,6 +127,19 @@ async def serve(
                         file=out,
                     )
     print("plait serve: stopped", file=out, flush=True)
+
+
+def _join_peers(backends: Mapping[str, object], notifier: Notifier) -> None:
+    """Every router among the backends (inside wrappers too) shares its placements with
+    the routers of the other engines, one channel per backend name."""
+    for name, backend in backends.items():
+        seen: object | None = backend
+        while seen is not None:
+            join = getattr(seen, "join_peers", None)
+            if callable(join):
+                join(notifier, f"plait_router_{name}")
+                break
+            seen = getattr(seen, "backend", None)
 
 
 def _ray(address: str) -> contextlib.AbstractAsyncContextManager[object]:
