@@ -20,6 +20,7 @@ from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._grouping import GroupingStats, PrefixGrouper
 from ._openai import OpenAIBackend
+from ._peerlink import NotifierRouterLink
 from ._peers import LocalRouterHub, PeerStats, Placed, RouterLink, Served
 from ._ray import RayCluster, RayError, RayRunner, RayWorkerLostError, ray_task
 from ._router import ReplicaStats, Router
@@ -37,6 +38,7 @@ __all__ = [
     "GroupingStats",
     "LoadReport",
     "LocalRouterHub",
+    "NotifierRouterLink",
     "OpenAIBackend",
     "PeerStats",
     "Placed",

@@ -238,7 +238,12 @@ class Peering:
             replica, p.tail, p.computed, p.base, p.base_blocks, p.prefix_key
         )
         assert applied is not None
-        if self.policy.observe(applied, pending=True):
+        try:
+            observed = self.policy.observe(applied, pending=True)
+        except ValueError:  # inconsistent with this router's model: not applied
+            self._dropped += 1
+            return
+        if observed:
             self._applied += 1
         else:
             self._unresolved += 1

@@ -1,6 +1,7 @@
 """Notifiers between processes (`orchestrator.Notifier`): PostgreSQL LISTEN/NOTIFY, Redis
-pub/sub. Open with `async with`; a notifier that loses its connection reconnects on the
-next notify and re-listens, and meanwhile its users fall back on their polling."""
+pub/sub. Open with `async with`. A notifier that loses its connection connects again in the
+background and listens again; then it calls every listener with an empty payload ("look
+again"), since what was sent meanwhile was missed."""
 
 from __future__ import annotations
 
@@ -36,14 +37,20 @@ class PgNotifier:
         self._conn: asyncpg.Connection | None = None
         self._lock = asyncio.Lock()
         self._listeners: dict[str, list[Listener]] = {}
+        self._closing = False
+        self._reconnecting: asyncio.Task[None] | None = None
         self.sent = 0
         self.received = 0
+        self.reconnects = 0
 
     async def __aenter__(self) -> PgNotifier:
         await self._connection()
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
+        self._closing = True
+        if self._reconnecting is not None:
+            self._reconnecting.cancel()
         conn, self._conn = self._conn, None
         if conn is not None:
             with contextlib.suppress(Exception):
@@ -61,13 +68,40 @@ class PgNotifier:
             ) from exc
         for channel in self._listeners:
             await conn.add_listener(channel, self._deliver)
+        conn.add_termination_listener(self._lost)
         self._conn = conn
         return conn
 
+    def _lost(self, _conn: Any) -> None:
+        """The listening connection closed (the server restarted, a proxy cut it): connect
+        again in the background, then tell every listener to look again (notifications
+        sent meanwhile were missed)."""
+        if self._closing:
+            return
+        self._conn = None
+        if self._reconnecting is None or self._reconnecting.done():
+            loop = asyncio.get_running_loop()
+            self._reconnecting = loop.create_task(self._reconnect(), name="plait-pg-notify")
+
+    async def _reconnect(self) -> None:
+        delay = 0.1
+        while not self._closing:
+            try:
+                async with self._lock:
+                    await self._connection()
+            except StoreError as exc:
+                _log.warning("notifications: cannot reconnect yet (%s)", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.reconnects += 1
+            for listeners in list(self._listeners.values()):
+                _tell(listeners, "")
+            return
+
     def _deliver(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
         self.received += 1
-        for listener in list(self._listeners.get(channel, ())):
-            listener(payload)
+        _tell(self._listeners.get(channel, ()), payload)
 
     async def notify(self, channel: str, payload: str = "") -> None:
         async with self._lock:
@@ -148,8 +182,7 @@ class RedisNotifier:
             data = message["data"]
             payload = data.decode() if isinstance(data, bytes) else str(data)
             self.received += 1
-            for listener in list(self._listeners.get(channel, ())):
-                listener(payload)
+            _tell(self._listeners.get(channel, ()), payload)
 
     async def notify(self, channel: str, payload: str = "") -> None:
         try:
@@ -170,3 +203,12 @@ class RedisNotifier:
         listeners = self._listeners.get(channel, [])
         if listener in listeners:
             listeners.remove(listener)
+
+
+def _tell(listeners: list[Listener] | tuple[()], payload: str) -> None:
+    """Call each listener; one that raises is logged and does not stop the others."""
+    for listener in list(listeners):
+        try:
+            listener(payload)
+        except Exception:
+            _log.exception("a notification listener failed")

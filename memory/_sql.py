@@ -298,6 +298,7 @@ class SQLStore(Store):
             # sender's numbering while any of its messages is left.
             await conn.execute(t.mail.delete().where(m.workflow.in_(chunk)))
             await conn.execute(t.mail_topics.delete().where(t.mail_topics.c.workflow.in_(chunk)))
+            await conn.execute(t.keys.delete().where(t.keys.c.workflow_id.in_(chunk)))
             sent = sa.exists().where(
                 m.tenant == s.tenant, m.sender_workflow == s.workflow, m.sender_agent == s.agent
             )
@@ -561,12 +562,23 @@ class SQLStore(Store):
                 rows = (await conn.execute(sa.text(_PG_CLAIM), params)).all()
         return [Claimed(r[0], r[1]) for r in rows]
 
-    async def renew(self, owner: str, lease_s: float) -> int:
+    async def renew(
+        self, owner: str, lease_s: float, workflows: Sequence[str] | None = None
+    ) -> int:
         until = f"{self._now_sql()} + :lease"
         sql = f"UPDATE plait_workflows SET lease_until = {until} WHERE owner = :owner{_LIVE}"
+        renewed = 0
         async with self._write() as conn:
-            result = await conn.execute(sa.text(sql), {"owner": owner, "lease": lease_s})
-        return int(result.rowcount)
+            if workflows is None:
+                result = await conn.execute(sa.text(sql), {"owner": owner, "lease": lease_s})
+                return int(result.rowcount)
+            for chunk in _chunks(sorted(set(workflows))):
+                query = sa.text(sql + " AND id IN :ids").bindparams(
+                    sa.bindparam("ids", expanding=True)
+                )
+                params = {"owner": owner, "lease": lease_s, "ids": list(chunk)}
+                renewed += int((await conn.execute(query, params)).rowcount)
+        return renewed
 
     async def release(self, owner: str, workflows: Sequence[str] | None = None) -> int:
         w = t.workflows.c

@@ -34,6 +34,8 @@ from ._registry import Registry
 from ._store import Store, StoreError
 
 _log = logging.getLogger("plait.cluster")
+REFUSED_LEASES = 10
+"""A run claimed and found not resumable here waits this many leases before the next try."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class Leases:
         room: Callable[[], int],
         resume: Callable[[Sequence[str]], Awaitable[list[str]]],
         let_go: Callable[[str], None],
+        mine: Callable[[], Sequence[str]] = list,
     ) -> None:
         self.cluster = cluster
         self.owner = cluster.owner()
@@ -120,6 +123,9 @@ class Leases:
         self._room = room
         self._resume = resume
         self._let_go = let_go
+        self._mine = mine
+        self._given_up: set[str] = set()
+        """Runs let go while the store could not be reached: released once it can."""
         self.stats = LeaseStats(self.owner)
         self._renewed_at = clock.monotonic()
         self._refused: set[str] = set()
@@ -132,30 +138,48 @@ class Leases:
         return self.cluster.lease_s / 4
 
     async def run(self) -> None:
-        """Renew, then claim, every `interval` seconds, until cancelled."""
+        """Renew, then claim, every `interval` seconds, until cancelled. First, runs a
+        process with this engine's id left (it died and this one took its name) are
+        released, so that they are claimed (by this engine or another) like any other."""
+        with contextlib.suppress(StoreError):
+            await self.store.release(self.owner)
         while True:
             await self.beat()
             await self._clock.sleep(self.interval)
 
     async def beat(self) -> None:
-        """One round: renew this engine's leases, then take over what ran out."""
+        """One round: renew the leases of the runs this engine runs, then take over what
+        ran out. A renewal that fails or takes longer than `interval` counts as failed; once
+        half a lease has passed since the last one that went through, every run is let go:
+        the time left before another engine may claim them covers the sleep and one more
+        renewal's wait."""
         lease_s = self.cluster.lease_s
-        now = self._clock.monotonic()
+        started = self._clock.monotonic()
         try:
-            await self.store.renew(self.owner, lease_s)
-        except StoreError as exc:
+            async with asyncio.timeout(self.interval):
+                if self._given_up:
+                    given_up = sorted(self._given_up)
+                    await self.store.release(self.owner, given_up)
+                    self._given_up.difference_update(given_up)
+                await self.store.renew(self.owner, lease_s, list(self._mine()))
+        except (StoreError, TimeoutError) as exc:
             self.stats.renewal_failures += 1
-            if now - self._renewed_at > 0.75 * lease_s:
-                _log.error(
-                    "engine %s could not renew its leases for %.1f s (%s): letting every run "
-                    "go before another engine takes them over",
-                    self.owner,
-                    now - self._renewed_at,
-                    exc,
-                )
-                self._let_go("*")
+            if started - self._renewed_at > 0.5 * lease_s:
+                running = list(self._mine())
+                if running:
+                    _log.error(
+                        "engine %s could not renew its leases for %.1f s (%s): letting its %d "
+                        "run(s) go before another engine may take them over",
+                        self.owner,
+                        started - self._renewed_at,
+                        exc or "timed out",
+                        len(running),
+                    )
+                    self._given_up.update(running)
+                    self.stats.given_up += len(running)
+                    self._let_go("*")
             return
-        self._renewed_at = now
+        self._renewed_at = started
         self.stats.renewals += 1
         if self.cluster.take_over:
             # A full batch resumed means more may be waiting: claim again (while there is
@@ -182,7 +206,13 @@ class Leases:
             if c.previous is not None:
                 _log.info("engine %s takes over %s from %s", self.owner, c.workflow, c.previous)
         ids = [c.workflow for c in claimed]
-        resumed = await self._resume(ids)
+        try:
+            resumed = await self._resume(ids)
+        except Exception as exc:  # the store failed mid-way, the engine is full: next round
+            _log.warning("engine %s could not resume the runs it claimed: %s", self.owner, exc)
+            with contextlib.suppress(StoreError):
+                await self.store.release(self.owner, ids)
+            return []
         self.stats.resumed += len(resumed)
         refused = sorted(set(ids) - set(resumed))
         if refused:
@@ -190,13 +220,17 @@ class Leases:
             self._refused.update(new)
             if new:
                 _log.error(
-                    "engine %s claimed %d run(s) it cannot resume (%s); released for others",
+                    "engine %s claimed %d run(s) it cannot resume (%s); left to others "
+                    "after %.0f s",
                     self.owner,
                     len(new),
                     ", ".join(new[:5]),
+                    REFUSED_LEASES * self.cluster.lease_s,
                 )
-            with contextlib.suppress(StoreError):  # else the lease runs out by itself
-                await self.store.release(self.owner, refused)
+            # Held (not renewed) for a while, so that the next claims find the runs behind
+            # them instead of these again; then any engine may try them.
+            with contextlib.suppress(StoreError):
+                await self.store.renew(self.owner, REFUSED_LEASES * self.cluster.lease_s, refused)
         self.claimed.set()
         return resumed
 

@@ -285,6 +285,11 @@ class Engine:
                 "store=SQLStore(...) (PostgreSQL for engines on several machines) too"
             )
         self.cluster = cluster
+        if cluster is not None and store is not None and type(store).claim is Store.claim:
+            raise UsageError(
+                f"Engine(cluster=...) needs a store that leases its runs to engines "
+                f"({type(store).__name__} does not): memory.SQLStore on PostgreSQL"
+            )
         if slots is None and cluster is not None and cluster.share_limits:
             if not isinstance(store, SlotBroker):
                 raise UsageError(
@@ -361,6 +366,7 @@ class Engine:
                     room=lambda: self.max_workflows - len(self._runs),
                     resume=self._resume_claimed,
                     let_go=self._let_go,
+                    mine=lambda: list(self._runs),
                 )
             self.durable = Durability(
                 self.store,
@@ -922,9 +928,10 @@ class Engine:
             if run is None:
                 continue
             durable.journal.let_go(run.id)
-            run.cancel("another engine runs this workflow now")
-            if workflow == "*" and self.leases is not None:
-                self.leases.stats.given_up += 1
+            run.cancel(
+                "this engine could not renew its lease" if workflow == "*"
+                else "another engine runs this workflow now"
+            )  # fmt: skip
         self.wake()
 
     async def _resume_claimed(self, workflows: Sequence[str]) -> list[str]:

@@ -296,7 +296,9 @@ class Journal:
         waits (the engine's runs pause). True once the batch is in; else the writer fails."""
         started = self._now()
         delay = 0.05
-        while isinstance(error, StoreError) and error.transient:
+        while isinstance(error, StoreError) and (
+            error.transient or isinstance(error, LeaseLostError)
+        ):
             if self._now() - started >= self._patience_s:
                 break
             if not self.outage:
@@ -307,6 +309,10 @@ class Journal:
             try:
                 if not await self._landed(batch):  # a commit whose answer was lost
                     await self._store.append(batch)
+            except LeaseLostError as exc:  # taken over meanwhile: the rest is still ours
+                batch = self._let_go(batch, exc.workflows)
+                error = exc
+                continue
             except Exception as exc:
                 error = exc
                 continue
@@ -323,7 +329,14 @@ class Journal:
         if not batch.events:
             return False
         last = batch.events[-1]
-        return await self._store.last_seq(last.workflow) >= last.seq
+        if await self._store.last_seq(last.workflow) < last.seq:
+            return False
+        if self._owner is None:
+            return True  # only this engine writes its workflows
+        # With several engines the log may have grown past it under another owner: it
+        # landed only if the workflow is still this engine's (the fence sorts out the rest).
+        row = await self._store.workflow(last.workflow)
+        return row is not None and row.owner == self._owner
 
     async def close(self) -> None:
         """Commit what is pending and stop the writer; raise its failure if there was one."""

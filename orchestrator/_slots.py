@@ -186,36 +186,49 @@ class SharedLimits:
         self._demand = demand
         self._set_share = set_share
         self.shares: dict[str, int] = dict.fromkeys(limits, 0)
+        started = clock.monotonic()
+        self._answered: dict[str, float] = dict.fromkeys(limits, started)
+        """When each backend's report last went through (the engine's clock)."""
         self.rounds = 0
         self.failures = 0
 
     async def round(self) -> None:
-        """Report every backend's demand and apply its share. A broker that fails leaves
-        the shares as they were (the engine holds no more than it did)."""
+        """Report every backend's demand and apply its share. While a report is on its way
+        the engine admits nothing more on that backend (its share is held at what it has in
+        flight), so what the broker is told stays true until its answer is applied. A
+        broker that fails, or does not answer within `every_s`, leaves the share as it was
+        while the row still holds (half its lease since the last answer); past that the
+        engine admits nothing more until a round goes through."""
+        now = self._clock.monotonic()
         for backend, limit in self.limits.items():
             in_flight, urgent, other = self._demand(backend)
+            held = self.shares[backend]
+            self._set_share(backend, min(held, in_flight))  # nothing more until answered
             try:
-                share = await self.broker.share(
-                    backend,
-                    self.engine,
-                    limit=limit,
-                    in_flight=in_flight,
-                    want_urgent=urgent,
-                    want_batch=other,
-                    lease_s=self.lease_s,
-                )
-            except StoreError as exc:
+                async with asyncio.timeout(self.every_s):
+                    share = await self.broker.share(
+                        backend,
+                        self.engine,
+                        limit=limit,
+                        in_flight=in_flight,
+                        want_urgent=urgent,
+                        want_batch=other,
+                        lease_s=self.lease_s,
+                    )
+            except (StoreError, TimeoutError) as exc:
                 self.failures += 1
                 _log.warning(
                     "engine %s: shared limit of %r not renewed: %s", self.engine, backend, exc
                 )
-                if self.failures * self.every_s < self.lease_s / 2:
-                    continue  # the row still holds: keep the share
-                # Its row may run out soon and the others take the slots: admit nothing
-                # more until a round goes through.
-                share = in_flight
+                if now - self._answered[backend] < self.lease_s / 2:
+                    self._set_share(backend, held)  # the row still holds: keep the share
+                    continue
+                # Its row may run out soon and others take the slots: admit nothing more
+                # (the calls in flight drain before the row's lease ends, unless they take
+                # longer than half of it).
+                share = 0
             else:
-                self.failures = 0
+                self._answered[backend] = now
             self.shares[backend] = share
             self._set_share(backend, share)
         self.rounds += 1

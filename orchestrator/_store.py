@@ -320,9 +320,11 @@ class Store(ABC):
         claiming at the same moment are skipped, not waited for. Returns what it took."""
         raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
 
-    async def renew(self, owner: str, lease_s: float) -> int:
-        """Extend the leases of every unfinished workflow `owner` holds to `lease_s` seconds
-        from now; return how many."""
+    async def renew(
+        self, owner: str, lease_s: float, workflows: Sequence[str] | None = None
+    ) -> int:
+        """Extend the leases of the unfinished workflows `owner` holds (those named, or all)
+        to `lease_s` seconds from now; return how many."""
         raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
 
     async def reserve_key(

@@ -62,7 +62,8 @@ EXPECTED = {
         "LoadReport",
         "Faults",
         "RayCluster", "RayError", "RayRunner", "RayWorkerLostError", "ray_task",
-        "LocalRouterHub", "PeerStats", "Placed", "Placement", "RouterLink", "Served",
+        "LocalRouterHub", "NotifierRouterLink", "PeerStats", "Placed", "Placement",
+        "RouterLink", "Served",
     },
     "agents": {
         "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",

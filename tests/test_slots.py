@@ -25,6 +25,7 @@ from orchestrator import (
     Message,
     SlotRow,
     TaskContext,
+    UsageError,
     VirtualClock,
     Workflow,
     allot,
@@ -108,11 +109,17 @@ class Counting:
         self.most = 0
         self.calls = 0
         self.now: object = None
-        self.starts: list[tuple[float, str | None]] = []
+        self.starts: list[tuple[float, str | None, int, int]] = []
+        """(time, class, batch calls in flight with it, urgent calls finished before it)."""
+        self.batch_in_flight = 0
+        self.urgent_done = 0
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
         if self.now is not None:
-            self.starts.append((self.now(), hints.priority_class))  # type: ignore[operator]
+            batch = hints.priority_class != "interactive"
+            self.batch_in_flight += batch
+            when = self.now()  # type: ignore[operator]
+            self.starts.append((when, hints.priority_class, self.batch_in_flight, self.urgent_done))
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         try:
@@ -121,6 +128,11 @@ class Counting:
         finally:
             self.in_flight -= 1
         self.calls += 1
+        if self.now is not None:
+            if hints.priority_class == "interactive":
+                self.urgent_done += 1
+            else:
+                self.batch_in_flight -= 1
         return LLMResponse(text="ok")
 
 
@@ -180,10 +192,10 @@ def test_without_a_shared_limit_two_engines_send_twice_as_many() -> None:
 
 
 def test_urgent_work_on_one_engine_takes_the_slots_of_batch_work_on_another() -> None:
-    """Engine b saturates the backend with batch work; an interactive run arrives at a:
-    within two rounds (a reports its urgent want, b's next round admits nothing more) b
-    starts no more calls while a call of a's waits, and a takes the slots as b's calls
-    end."""
+    """Engine b saturates the backend with batch work; an interactive run of 8 calls
+    arrives at a: within two rounds (a reports its urgent want, b's next round shrinks b to
+    what is left) b never starts a call that would leave a's unfinished urgent calls fewer
+    slots than they need, and a takes the slots as b's calls end."""
     clock = VirtualClock()
 
     async def main() -> tuple[float, float, list[float]]:
@@ -201,10 +213,16 @@ def test_urgent_work_on_one_engine_takes_the_slots_of_batch_work_on_another() ->
             assert urgent.ok
             ended = clock.monotonic()
             await batch
-            starts = [(t - started, cls) for t, cls in backend.starts]
-            last_urgent = max(t for t, cls in starts if cls == "interactive")
-            batch = [t for t, cls in starts if cls != "interactive" and 0.5 < t < last_urgent]
-            return ended - started, backend.most, batch
+            # Batch calls started after two rounds that took a slot urgent work needed:
+            # with them in flight, fewer than the 8 - done unfinished urgent calls fit.
+            crowding = [
+                t - started
+                for t, cls, batch_flying, done in backend.starts
+                if cls != "interactive"
+                and started + 0.5 < t < ended
+                and batch_flying + (8 - done) > 8
+            ]
+            return ended - started, backend.most, crowding
 
     took, most, batch_starts = clock.run(main())
     assert most == 8
@@ -231,8 +249,10 @@ def test_engines_share_a_limit_through_the_store(make_store: StoreFactory) -> No
     asyncio.run(main())
 
 
-def test_a_cluster_on_a_store_that_cannot_share_limits_says_so() -> None:
+def test_a_cluster_on_a_store_that_cannot_lease_runs_says_so() -> None:
     from conftest import MemoryStore
 
-    with pytest.raises(Exception, match="share_limits=False"):
+    with pytest.raises(UsageError, match="leases its runs to engines"):
         Engine(store=MemoryStore(), cluster=Cluster())
+    with pytest.raises(UsageError, match="leases its runs to engines"):
+        Engine(store=MemoryStore(), cluster=Cluster(share_limits=False))

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import math
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -187,6 +188,8 @@ class Service:
         self.metrics.start()
 
     async def _closed(self, app: web.Application) -> None:
+        if self.notifier is not None:
+            self.notifier.unlisten(CANCEL_CHANNEL, self._cancel_asked)
         await self.batches.close()
         await self.metrics.close()
 
@@ -392,7 +395,7 @@ class Service:
                 raise _reused()
             if workflow is None:
                 raise ApiError(
-                    409,
+                    503,
                     "a request with this Idempotency-Key is being accepted by another engine; "
                     "send it again in a moment",
                     headers={"Retry-After": "1"},
@@ -404,7 +407,14 @@ class Service:
             with contextlib.suppress(StoreError):
                 await store.name_key(tenant.name, key, None)  # refused: the key is free again
             raise
-        await store.name_key(tenant.name, key, run_id)
+        for attempt in range(3):  # unnamed, the key would be free again after _KEY_STALE_S
+            try:
+                await store.name_key(tenant.name, key, run_id)
+                break
+            except StoreError:
+                if attempt == 2:
+                    raise
+                await asyncio.sleep(0.2 * (attempt + 1))
         return None
 
     async def _load_keys(self) -> None:
@@ -619,7 +629,8 @@ class Service:
             if row.status in _FINISHED:
                 raise ApiError(409, f"workflow {row.id!r} has finished already ({row.status})")
             leases = self.engine.leases
-            if leases is not None and self.notifier is not None and row.owner is not None:
+            held = row.owner is not None and (row.lease_until or 0) > time.time()
+            if leases is not None and self.notifier is not None and held:
                 # Another engine runs it: it cancels it when it hears this.
                 await self.notifier.notify(CANCEL_CHANNEL, row.id)
                 return _json(_accepted(row.id, "running"), 202)
@@ -635,6 +646,8 @@ class Service:
 
     def _cancel_asked(self, run_id: str) -> None:
         """An engine's API was asked to cancel a workflow; it runs here, maybe."""
+        if not run_id:
+            return  # a notifier's "look again" after it reconnected
         handle = self.engine.handle(run_id)
         if handle is not None:
             handle.cancel("cancelled through the API")

@@ -79,9 +79,21 @@ class ServiceSettings(ConfigSection):
     @field_validator("notify")
     @classmethod
     def _notify(cls, value: str | None) -> str | None:
-        if value is None or value in ("postgresql", "none") or value.startswith("redis://"):
+        if value is None or value in ("postgresql", "none"):
             return value
-        raise ValueError("use 'postgresql', a redis:// URL, or 'none'")
+        if value.startswith(("redis://", "rediss://", "unix://")):
+            return value
+        raise ValueError("use 'postgresql', a redis:// (or rediss://) URL, or 'none'")
+
+    @model_validator(mode="after")
+    def _cluster_keys(self) -> ServiceSettings:
+        if self.lease_s is None and (self.notify is not None or self.engine_id is not None):
+            raise ValueError("notify and engine_id are for several engines: set lease_s too")
+        if self.notify == "postgresql" and not self.store.startswith("postgresql"):
+            raise ValueError(
+                "notify = 'postgresql' needs a PostgreSQL store; use a redis:// URL or 'none'"
+            )
+        return self
 
 
 class TenantSettings(ConfigSection):

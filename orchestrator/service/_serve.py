@@ -61,7 +61,10 @@ async def serve(
         cluster = None
         if settings.lease_s is not None:
             cluster = Cluster(
-                lease_s=settings.lease_s, engine_id=settings.engine_id, registry=registry
+                lease_s=settings.lease_s,
+                engine_id=settings.engine_id,
+                registry=registry,
+                share_every_s=min(0.25, settings.lease_s / 4),
             )
         engine = Engine(
             backends=backends,
