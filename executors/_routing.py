@@ -410,7 +410,8 @@ class PrefixRouter:
                         del where[h]
                     else:
                         where[h] = mask & ~bit
-        while self._remembered > self.capacity:
+        # The bound on memory leaves out blocks of calls not yet served, as the caches do.
+        while self._remembered - sum(self._pending) > self.capacity:
             largest = max(range(self.replicas), key=lambda r: len(self._held[r]))
             self._drop(self._held[largest].evict()[0], 1 << largest)
             self._remembered -= 1
