@@ -21,7 +21,7 @@ Part 2, the router's decision cost: microseconds per call at 4, 16 and 64 replic
 tokens (a shared system prompt, a document shared by a group, a conversation of its own),
 each replica's model full (25,000 blocks of 16 tokens, an H100's KV cache).
 
-    python bench/scale_sim.py --quick   # 480 programs, 16 replicas, 8 engines: ~2 minutes
+    python bench/scale_sim.py --quick   # 320 programs, 16 replicas, 8 engines: ~2 minutes
     python bench/scale_sim.py           # full size (see docs/scaling-sim.md for the wall time)
 
 The last line of stdout is one JSON object with the figures.
@@ -63,7 +63,7 @@ class Size:
 
 
 FULL = Size(programs=10_000, replicas=64, engines=8, router_calls=20_000)
-QUICK = Size(programs=480, replicas=16, engines=8, router_calls=5_000)
+QUICK = Size(programs=320, replicas=16, engines=8, router_calls=4_000)
 ARRIVALS_PER_S = 1_000.0  # all programs arrive within seconds: concurrent from the start
 
 
@@ -295,7 +295,7 @@ def run(quick: bool, seed: int = 0) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="480 programs on 16 replicas")
+    parser.add_argument("--quick", action="store_true", help="320 programs on 16 replicas")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     f = run(args.quick, args.seed)
