@@ -42,7 +42,9 @@ peers' calls remembered in flight (the oldest is taken as served when there are 
 
 @runtime_checkable
 class RouterLink(Protocol):
-    """A channel between the routers of several engines. One link per router."""
+    """A channel between the routers of several engines. One link per router; a router
+    subscribes when it is built and enters the link (if it is an async context manager,
+    e.g. to hold a connection) when it is entered."""
 
     def publish(self, message: bytes) -> None:
         """Send `message` to the other routers on the link. Must not block: a transport

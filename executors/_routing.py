@@ -95,6 +95,12 @@ _consume: Callable[[Iterable[object]], None] = deque[object](maxlen=0).extend
 def _members(mask: int) -> list[int]:
     """The replicas in `mask`, in ascending order."""
     out: list[int] = []
+    if mask.bit_count() <= 4:  # a prefix of one conversation: held by one replica or two
+        while mask:
+            low = mask & -mask
+            out.append(low.bit_length() - 1)
+            mask ^= low
+        return out
     offset = 0
     while mask:
         byte = mask & 255
@@ -160,6 +166,7 @@ class PrefixRouter:
         # Per replica, blocks of requests routed there and not yet served: queued behind
         # others, they have pushed nothing out of its cache yet.
         self._pending = [0] * replicas
+        self._pending_total = 0
         self._work = [0.0] * replicas
         self.keys = keys
         # Prefix key -> the replica its latest request went to, least recently used first.
@@ -384,13 +391,16 @@ class PrefixRouter:
             where.update(dict.fromkeys(new[shared:], bit))
         self._remembered += len(new)
         self._pending[replica] += pending
+        self._pending_total += pending
         self._evict(replica)
 
     def served(self, placement: Placement) -> None:
         """The replica served a request recorded as `pending`: its blocks now count against
         the replica's cache."""
         replica = placement.replica
-        self._pending[replica] = max(0, self._pending[replica] - placement.computed)
+        left = max(0, self._pending[replica] - placement.computed)
+        self._pending_total -= self._pending[replica] - left
+        self._pending[replica] = left
         self._evict(replica)
 
     def _evict(self, replica: int) -> None:
@@ -410,7 +420,8 @@ class PrefixRouter:
                         del where[h]
                     else:
                         where[h] = mask & ~bit
-        while self._remembered > self.capacity:
+        # The bound on memory leaves out blocks of calls not yet served, as the caches do.
+        while self._remembered - self._pending_total > self.capacity:
             largest = max(range(self.replicas), key=lambda r: len(self._held[r]))
             self._drop(self._held[largest].evict()[0], 1 << largest)
             self._remembered -= 1
@@ -425,6 +436,7 @@ class PrefixRouter:
     def forget_replica(self, replica: int) -> None:
         """A replica restarted or was ejected: it holds nothing any more."""
         self._chosen = None
+        self._pending_total -= self._pending[replica]
         self._pending[replica] = 0
         held = self._held[replica]
         bit = 1 << replica

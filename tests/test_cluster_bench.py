@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from _cluster import engine_limits, engine_of, simulate_cluster
 
-from workloads import many_agent_programs
+from workloads import Program, many_agent_programs
 
 
-def tiny_agents(n: int) -> list:  # type: ignore[type-arg]
+def tiny_agents(n: int) -> list[Program]:
     return many_agent_programs(
         n,
         rate=100.0,
