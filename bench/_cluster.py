@@ -11,7 +11,11 @@ turn, as when its run is taken over by another engine, or when a front end hands
 of an agent to any engine: the case where a program's context must be found by a router
 that did not place it.
 
-Admission across engines is split statically for now (`engine_limits`): see there.
+Admission: the engines share one in-flight budget per backend (`LocalSlots`, the broker
+`plait serve` gets from the store in a real cluster), or, as the ablation, split it
+statically (`engine_limits`). With `kill`, one engine dies partway (its calls are aborted,
+its slots stay held until its row runs out) and, a lease later, the others take its
+programs over from the steps they had finished, as `Cluster` resumes runs from the log.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from _harness import Outcome, Report, as_workflow, merge_stats, summarise
 
 from executors import LocalRouterHub, PeerStats, Router, SimServer
+from executors._sim import SimRequest, SimStats
 from orchestrator import (
     Engine,
     Hints,
@@ -36,6 +41,8 @@ from orchestrator import (
     LLMBackend,
     LLMRequest,
     LLMResponse,
+    LocalSlots,
+    RunHandle,
     VirtualClock,
 )
 from workloads import Program
@@ -45,13 +52,74 @@ PER_REPLICA_IN_FLIGHT = 256
 
 
 def engine_limits(engines: int, replicas: int, per_replica: int = PER_REPLICA_IN_FLIGHT) -> Limits:
-    """The LLM admission limit of each of `engines` engines over `replicas` replicas.
-
-    PLACEHOLDER for the shared admission budget across engines (issue 13's slot broker):
-    until it lands, each engine gets an equal, static share of what one engine alone
-    would be allowed (`per_replica` calls in flight per replica). Swap this function for
-    the broker's limits when it exists; nothing else here decides admission."""
+    """A static split (the ablation of the shared budget): each of `engines` engines over
+    `replicas` replicas may have an equal share of what one engine alone would be allowed
+    (`per_replica` calls in flight per replica) in flight, whatever the others do."""
     return Limits(max_in_flight=max(1, per_replica * replicas // engines))
+
+
+class NamedSlots:
+    """A `LocalSlots` seen under a fixed engine name (engines otherwise draw a random one:
+    the names break ties in the shares, and a run must be the same every time)."""
+
+    def __init__(self, broker: LocalSlots, name: str) -> None:
+        self.broker = broker
+        self.name = name
+
+    async def share(
+        self,
+        backend: str,
+        engine: str,
+        *,
+        limit: int,
+        in_flight: int,
+        want_urgent: int,
+        want_batch: int,
+        lease_s: float,
+    ) -> int:
+        return await self.broker.share(
+            backend, self.name, limit=limit, in_flight=in_flight, want_urgent=want_urgent,
+            want_batch=want_batch, lease_s=lease_s,
+        )  # fmt: skip
+
+    async def leave(self, engine: str) -> None:
+        await self.broker.leave(self.name)
+
+
+class InFlight:
+    """Calls in flight on all the servers together, and the most there ever were."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+
+class CountingServer(SimServer):
+    """A `SimServer` that counts the calls in flight on every server of its `InFlight`."""
+
+    def __init__(self, *args: object, in_flight: InFlight, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.in_flight = in_flight
+
+    async def submit(self, req: SimRequest) -> SimRequest:
+        count = self.in_flight
+        count.now += 1
+        count.peak = max(count.peak, count.now)
+        try:
+            return await super().submit(req)
+        finally:
+            count.now -= 1
+
+
+@dataclass(frozen=True, slots=True)
+class Kill:
+    """Engine `engine` dies `at_s` into the run; `takeover_s` later the others hold its
+    programs (`Cluster` claims a dead engine's runs between 1 and 1.25 leases after its
+    last renewal: 1.25 x the default lease of 10 s)."""
+
+    engine: int = 0
+    at_s: float = 60.0
+    takeover_s: float = 12.5
 
 
 def engine_of(program_id: str, engines: int) -> int:
@@ -118,6 +186,18 @@ class ClusterRun:
     link_messages: int = 0
     link_bytes: int = 0
     server_requests: list[int] = field(default_factory=list)
+    servers: list[SimStats] = field(default_factory=list)
+    """Each replica's own figures at the end."""
+    busy_imbalance: float = 1.0
+    """The busiest replica's busy time (seconds stepping) over the mean."""
+    limit: int = 0
+    """Calls in flight allowed on all the replicas together (one engine's limit)."""
+    peak_in_flight: int = 0
+    """The most calls in flight on all the replicas together at any moment."""
+    taken_over: int = 0
+    """Programs the dead engine was running, finished by the others (with `kill`)."""
+    resent: int = 0
+    """LLM calls in flight on the dead engine when it died, sent again by the others."""
     wall_s: float = 0.0
     """Wall seconds the run took on this machine."""
 
@@ -141,21 +221,31 @@ def simulate_cluster(
     ceiling: bool = False,
     seed: int = 0,
     mode: str = "",
+    shared_budget: bool = True,
+    per_replica: int = PER_REPLICA_IN_FLIGHT,
+    kill: Kill | None = None,
 ) -> ClusterRun:
     """Run `programs` on `engines` engines over `replicas` fresh simulated servers.
 
     `block_tokens`: the routers' prefix block (default: the servers' KV block; a multiple
     of it keeps the routers' model of the caches in step with them at less cost).
     `ceiling`: also compute the unlimited-cache hit share (`Report.ideal_hit_share`).
-    `spread_calls`: see the module's docstring."""
+    `spread_calls`, `kill`: see the module's docstring. `per_replica`: calls in flight
+    allowed per replica, over all engines together: one budget the engines share
+    (`shared_budget`) or split statically (`engine_limits`)."""
+    if kill is not None and (engines < 2 or not 0 <= kill.engine < engines):
+        raise ValueError(f"{kill} needs another engine to take over (engines={engines})")
     clock = VirtualClock()
     out: list[ClusterRun] = []
     started = time.perf_counter()
 
     async def main() -> None:
         async with AsyncExitStack() as stack:
+            in_flight = InFlight()
             servers = [
-                await stack.enter_async_context(SimServer(profile, seed=seed, clock=clock))
+                await stack.enter_async_context(
+                    CountingServer(profile, seed=seed, clock=clock, in_flight=in_flight)
+                )
                 for _ in range(replicas)
             ]
             block = servers[0].profile.block_size
@@ -179,7 +269,10 @@ def simulate_cluster(
                 )
                 for _ in range(engines)
             ]
-            limits = {"default": engine_limits(engines, replicas), "tools": Limits(1_000_000)}
+            limit = per_replica * replicas
+            broker = LocalSlots(clock) if shared_budget and engines > 1 else None
+            each = Limits(limit) if broker else engine_limits(engines, replicas, per_replica)
+            limits = {"default": each, "tools": Limits(1_000_000)}
             backends: list[LLMBackend] = (
                 [SpreadCalls(routers)] * engines if spread_calls else list(routers)
             )
@@ -191,23 +284,62 @@ def simulate_cluster(
                         clock=clock,
                         limits=limits,
                         keep_alive=KeepAlive(),
+                        slots=NamedSlots(broker, f"engine{i}") if broker is not None else None,
                     )
                 )
-                for backend in backends
+                for i, backend in enumerate(backends)
             ]
             outcomes: list[Outcome] = []
+            handles: dict[int, dict[str, RunHandle]] = {i: {} for i in range(engines)}
+            dead: set[int] = set()
+            taken_over = 0
+
+            def alive_engine(program: Program) -> int:
+                alive = [i for i in range(engines) if i not in dead]
+                first = engine_of(program.id, engines)
+                return first if first not in dead else alive[engine_of(program.id, len(alive))]
 
             async def one(program: Program) -> None:
+                nonlocal taken_over
                 await clock.sleep(max(0.0, program.arrival - clock.monotonic()))
-                engine = running[engine_of(program.id, engines)]
-                result = await engine.run(as_workflow(program), deadline=program.deadline)
+                replies: dict[str, str] = {}
+                done: set[str] = set()
+                at = alive_engine(program)
+                handle = running[at].submit(
+                    as_workflow(program, replies=replies, done=done), deadline=program.deadline
+                )
+                handles[at][program.id] = handle
+                result = await handle
+                del handles[at][program.id]
+                if at in dead and not result.ok:  # it died under this program: take over
+                    assert kill is not None
+                    taken_over += 1
+                    await clock.sleep(max(0.0, kill.at_s + kill.takeover_s - clock.monotonic()))
+                    workflow = as_workflow(program, replies=replies, done=done)
+                    result = await running[alive_engine(program)].run(
+                        workflow, deadline=program.deadline
+                    )
                 if not result.ok:
                     raise RuntimeError(f"{program.id} {result.status}: {dict(result.failures)}")
+                if len(done) != len(program.steps):
+                    raise RuntimeError(f"{program.id}: {len(done)} of {len(program.steps)} steps")
                 outcomes.append(
                     Outcome(program.id, program.arrival, clock.monotonic(), program.deadline)
                 )
 
+            async def die(k: Kill) -> None:
+                await clock.sleep(k.at_s)
+                engine = running[k.engine]
+                dead.add(k.engine)
+                if engine._shared_task is not None:
+                    # Dead, it reports no more: its slots stay held until its row runs out.
+                    engine._shared_task.cancel()
+                for handle in list(handles[k.engine].values()):
+                    handle.cancel("its engine died")
+
             async with asyncio.TaskGroup() as tg:
+                if kill is not None:
+                    tg.create_task(die(kill))
                 for program in programs:
                     tg.create_task(one(program))
             stats = [s.stats() for s in servers]
@@ -230,6 +362,13 @@ def simulate_cluster(
                     hub.messages if hub is not None else 0,
                     hub.bytes if hub is not None else 0,
                     [s.requests for s in stats],
+                    stats,
+                    max(s.busy_s for s in stats) / (sum(s.busy_s for s in stats) / len(stats)),
+                    limit,
+                    in_flight.peak,
+                    taken_over,
+                    # Every call was sent once, and those in flight on the dead engine again.
+                    sum(s.requests for s in stats) - sum(p.llm_calls for p in programs),
                 )
             )
 

@@ -334,33 +334,52 @@ async def _replay(
 # --- plait ------------------------------------------------------------------------------------
 
 
-def as_workflow(program: Program, name: str | None = None) -> Workflow:
+def as_workflow(
+    program: Program,
+    name: str | None = None,
+    *,
+    replies: dict[str, str] | None = None,
+    done: set[str] | None = None,
+) -> Workflow:
     """A plait workflow doing what `program` describes; LLM calls carry the program's hints.
-    Named `name` (the program's id if None; the engine makes run ids unique)."""
+    Named `name` (the program's id if None; the engine makes run ids unique).
+
+    `done`: the ids of the steps finished so far (each step adds its own as it finishes),
+    and `replies` the LLM steps' replies: a workflow built again from both runs only the
+    steps not yet done, with the same prompts, as a run resumed from its log would (the
+    simulated cluster's take-over)."""
     wf = Workflow(program.id if name is None else name)
-    replies: dict[str, str] = {}
+    replies = {} if replies is None else replies
+    finished: set[str] = set() if done is None else done
     for step in program.steps:
+        if step.id in finished:
+            continue
+        after = [a for a in step.after if a not in finished]
         if isinstance(step, TraceStep):
             raise NotImplementedError("trace replay through plait arrives with the router")
         if isinstance(step, ToolStep):
-            wf.add(step.id, _pause(step.seconds), after=step.after, resource="tools")
+            wf.add(step.id, _pause(step, finished), after=after, resource="tools")
         else:
-            wf.add(step.id, _call(step, replies), after=step.after, resource="default")
+            wf.add(step.id, _call(step, replies, finished), after=after, resource="default")
     return wf
 
 
-def _pause(seconds: float) -> Callable[[TaskContext], Awaitable[None]]:
+def _pause(step: ToolStep, done: set[str]) -> Callable[[TaskContext], Awaitable[None]]:
     async def pause(ctx: TaskContext) -> None:
-        await ctx.clock.sleep(seconds)
+        await ctx.clock.sleep(step.seconds)
+        done.add(step.id)
 
     return pause
 
 
-def _call(step: LLMStep, replies: dict[str, str]) -> Callable[[TaskContext], Awaitable[None]]:
+def _call(
+    step: LLMStep, replies: dict[str, str], done: set[str]
+) -> Callable[[TaskContext], Awaitable[None]]:
     async def call(ctx: TaskContext) -> None:
         request = LLMRequest(tuple(step.build(replies)), "m", max_tokens=step.max_tokens)
         reply = await ctx.complete(request, last_call=step.last)
         replies[step.id] = reply.text
+        done.add(step.id)
 
     return call
 

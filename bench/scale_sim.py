@@ -45,7 +45,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
-from _cluster import ClusterRun, simulate_cluster  # noqa: E402
+from _cluster import ClusterRun, Kill, simulate_cluster  # noqa: E402
 
 from executors import PrefixRouter  # noqa: E402
 from workloads import many_agent_programs  # noqa: E402
@@ -74,17 +74,18 @@ def log(message: str) -> None:
 # --- part 1: the cluster -----------------------------------------------------------------------
 
 
-MODES = {
-    # mode: (engines, shared routing state, each turn through another engine's router)
-    "one_engine": (1, True, False),
-    "shared": (None, True, False),
-    "unshared": (None, False, False),
-    "spread": (None, True, True),
-    "spread_unshared": (None, False, True),
+MODES: dict[str, dict[str, object]] = {
+    # mode: how it differs from 8 engines sharing routing state and one admission budget
+    "one_engine": {"engines": 1},
+    "shared": {},
+    "unshared": {"share_routes": False},
+    "spread": {"spread_calls": True},  # each turn through another engine's router
+    "spread_unshared": {"spread_calls": True, "share_routes": False},
+    "takeover": {"kill": Kill()},  # engine 0 dies 60 s in; the others finish its programs
 }
 
 
-def cluster(size: Size, seed: int) -> dict[str, ClusterRun]:
+def cluster(size: Size, seed: int, modes: list[str] | None = None) -> dict[str, ClusterRun]:
     programs = many_agent_programs(size.programs, rate=ARRIVALS_PER_S, seed=seed)
     calls = sum(p.llm_calls for p in programs)
     log(
@@ -97,23 +98,25 @@ def cluster(size: Size, seed: int) -> dict[str, ClusterRun]:
     thresholds = gc.get_threshold()
     gc.set_threshold(100_000, 50, 100)
     try:
-        for mode, (engines, shared, spread) in MODES.items():
+        for mode in modes or list(MODES):
+            options = {"engines": size.engines, **MODES[mode]}
             run = simulate_cluster(
                 programs,
-                engines=engines or size.engines,
                 replicas=size.replicas,
-                share_routes=shared,
-                spread_calls=spread,
                 ceiling=mode == "one_engine",
                 profile=PROFILE,
                 seed=seed,
                 mode=mode,
+                **options,  # type: ignore[arg-type]
             )
             r = run.report
             log(
                 f"  {mode:<15} hit {r.cache_hit_share:.4f}  busiest/mean {r.load_imbalance:.3f}"
                 f"  mean JCT {r.mean_jct:7.1f} s  p95 {r.p95_jct:7.1f} s  makespan "
-                f"{r.makespan:7.1f} s  ({run.wall_s:.0f} s wall)"
+                f"{r.makespan:7.1f} s  busiest busy/mean {run.busy_imbalance:.3f}  peak in "
+                f"flight {run.peak_in_flight:,} of {run.limit:,}"
+                + (f"  taken over {run.taken_over}, re-sent {run.resent}" if run.taken_over else "")
+                + f"  ({run.wall_s:.0f} s wall)"
             )
             runs[mode] = run
     finally:
@@ -242,8 +245,9 @@ def router_cost(replicas: int, calls: int, seed: int = 0, batches: int = 8) -> R
 # --- the figures -------------------------------------------------------------------------------
 
 
-def run(quick: bool, seed: int = 0) -> dict[str, object]:
-    """Both parts at the quick or full size; the figures as one flat dict."""
+def run(quick: bool, seed: int = 0, modes: list[str] | None = None) -> dict[str, object]:
+    """Both parts at the quick or full size (the cluster's `modes`: all if None, and
+    always one engine, the baseline); the figures as one flat dict."""
     size = QUICK if quick else FULL
     started = time.perf_counter()
     costs = {}
@@ -255,7 +259,7 @@ def run(quick: bool, seed: int = 0) -> dict[str, object]:
             f"{cost.blocks_per_call:.0f} blocks a prompt, {cost.message_bytes:.0f} bytes a message"
         )
         costs[replicas] = cost
-    runs = cluster(size, seed)
+    runs = cluster(size, seed, None if modes is None else ["one_engine", *modes])
     one = runs["one_engine"]
     figures: dict[str, object] = {}
     for mode, run in runs.items():
@@ -263,6 +267,11 @@ def run(quick: bool, seed: int = 0) -> dict[str, object]:
         r = run.report
         figures[f"sim64_hit_share{suffix}"] = round(r.cache_hit_share, 4)
         figures[f"sim64_load_imbalance{suffix}"] = round(r.load_imbalance, 3)
+        figures[f"sim64_busy_imbalance{suffix}"] = round(run.busy_imbalance, 3)
+        figures[f"sim64_peak_in_flight{suffix}"] = run.peak_in_flight
+        if run.taken_over:
+            figures[f"sim64_taken_over{suffix}"] = run.taken_over
+            figures[f"sim64_resent{suffix}"] = run.resent
         figures[f"sim64_mean_jct{suffix}_s"] = round(r.mean_jct, 2)
         figures[f"sim64_p95_jct{suffix}_s"] = round(r.p95_jct, 2)
         figures[f"sim64_makespan{suffix}_s"] = round(r.makespan, 1)
@@ -299,22 +308,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="320 programs on 16 replicas")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--modes",
+        help=f"the cluster runs besides one engine, comma-separated (default: all of "
+        f"{', '.join(m for m in MODES if m != 'one_engine')})",
+    )
     args = parser.parse_args(argv)
-    f = run(args.quick, args.seed)
+    modes = None
+    if args.modes:
+        modes = [m for m in args.modes.split(",") if m != "one_engine"]
+        if unknown := [m for m in modes if m not in MODES]:
+            parser.error(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(MODES)}")
+    f = run(args.quick, args.seed, modes)
     n, e = f["sim64_replicas"], f["sim64_engines"]
     print(f"\n{f['sim64_programs']:,} agent programs on {n} x {PROFILE} (simulated)")
-    print(f"{'':<36} {'hit share':>9} {'busiest/mean':>12} {'mean JCT s':>10} {'p95 JCT s':>9}")
+    print(
+        f"{'':<36} {'hit share':>9} {'busiest/mean':>12} {'busy s':>7} {'mean JCT s':>10} "
+        f"{'p95 JCT s':>9}"
+    )
     rows = (
         ("1 engine", "_one_engine"),
         (f"{e} engines, shared routing", ""),
         (f"{e} engines, unshared", "_unshared"),
         (f"{e} engines, turns spread, shared", "_spread"),
         (f"{e} engines, turns spread, unshared", "_spread_unshared"),
+        (f"{e} engines, one dies at 60 s", "_takeover"),
     )
     for label, suffix in rows:
+        if f"sim64_hit_share{suffix}" not in f:
+            continue  # not run (--modes)
         print(
             f"{label:<36} {f[f'sim64_hit_share{suffix}']:>9.4f} "
             f"{f[f'sim64_load_imbalance{suffix}']:>12.3f} "
+            f"{f[f'sim64_busy_imbalance{suffix}']:>7.3f} "
             f"{f[f'sim64_mean_jct{suffix}_s']:>10.1f} {f[f'sim64_p95_jct{suffix}_s']:>9.1f}"
         )
     print(f"{'unlimited cache (ceiling)':<36} {f['sim64_hit_share_ceiling']:>9.4f}")
