@@ -2,7 +2,7 @@
 
 Part 1, the cluster: 10,000 agent programs (`many_agent_programs`: the *agents* workload's
 shapes and sizes, 10-40 turns, contexts up to 30-60k tokens) all arriving within seconds,
-on 64 simulated `h100-llama3-8b` replicas, run five ways on identical fresh servers:
+on 64 simulated `h100-llama3-8b` replicas, run six ways on identical fresh servers:
 
 - one engine: one plait `Engine` with one `Router` over the 64 replicas (the baseline);
 - 8 engines, shared routing: 8 `Engine`s in one process on one virtual clock, each with
@@ -11,18 +11,24 @@ on 64 simulated `h100-llama3-8b` replicas, run five ways on identical fresh serv
 - 8 engines, unshared: the same without the hub (each router sees its own calls only);
 - the same two with each program's turns sent through another engine's router in turn
   (`spread`: as after take-overs, or behind a front end that hands each turn to any
-  engine), where a program's context must be found by a router that did not place it.
+  engine), where a program's context must be found by a router that did not place it;
+- take-over: shared routing, and engine 0 dies 60 s in; 12.5 s later the others finish
+  its programs from the steps they had done.
 
-Admission across engines is a static split (each engine gets 1/8 of one engine's limit):
-a placeholder for the shared budget, `_cluster.engine_limits`.
+The 8 engines share one admission budget (`LocalSlots`: 256 calls in flight per replica,
+as one engine alone gets); it never binds at this size.
 
-Part 2, the router's decision cost: microseconds per call at 4, 16 and 64 replicas for
+Part 2, the budget where it binds (always at the quick size): 8 calls in flight per
+replica over all engines, shared or split statically, with and without a death.
+
+Part 3, the router's decision cost: microseconds per call at 4, 16 and 64 replicas for
 `choose` + `record` at one router and `observe` at a peer, on agent-like prompts of 2-4k
 tokens (a shared system prompt, a document shared by a group, a conversation of its own),
 each replica's model full (25,000 blocks of 16 tokens, an H100's KV cache).
 
-    python bench/scale_sim.py --quick   # 320 programs, 16 replicas, 8 engines: ~2 minutes
+    python bench/scale_sim.py --quick   # 320 programs, 16 replicas, 8 engines: ~6 minutes
     python bench/scale_sim.py           # full size (see docs/scaling-sim.md for the wall time)
+    python bench/scale_sim.py --modes shared,takeover   # part 1: one engine and these only
 
 The last line of stdout is one JSON object with the figures.
 """
@@ -124,7 +130,53 @@ def cluster(size: Size, seed: int, modes: list[str] | None = None) -> dict[str, 
     return runs
 
 
-# --- part 2: the router's decision cost --------------------------------------------------------
+# --- part 2: one admission budget over the engines -----------------------------------------
+
+
+BUDGET_PER_REPLICA = 8
+"""Calls in flight per replica in part 2: about as many of these agents' contexts (30-60k
+tokens) as fit an H100's KV cache, so the limit binds (part 1's 256 never does)."""
+
+BUDGET_MODES: dict[str, dict[str, object]] = {
+    "one_engine": {"engines": 1},
+    "shared": {},
+    "static": {"shared_budget": False},
+    "takeover": {"kill": Kill()},
+    "takeover_static": {"kill": Kill(), "shared_budget": False},
+}
+
+
+def budget(seed: int) -> dict[str, ClusterRun]:
+    """Part 2, at the quick size whatever the size of part 1: the engines share one
+    in-flight budget (`LocalSlots`) or split it statically, with and without a death."""
+    size = QUICK
+    programs = many_agent_programs(size.programs, rate=ARRIVALS_PER_S, seed=seed)
+    log(
+        f"budget: {size.programs} agent programs on {size.replicas} x {PROFILE}, "
+        f"{BUDGET_PER_REPLICA} calls in flight per replica over all engines:"
+    )
+    runs = {}
+    for mode, options in BUDGET_MODES.items():
+        run = simulate_cluster(
+            programs,
+            replicas=size.replicas,
+            profile=PROFILE,
+            seed=seed,
+            mode=mode,
+            per_replica=BUDGET_PER_REPLICA,
+            **{"engines": size.engines, **options},  # type: ignore[arg-type]
+        )
+        r = run.report
+        log(
+            f"  {mode:<15} hit {r.cache_hit_share:.4f}  mean JCT {r.mean_jct:7.1f} s  p95 "
+            f"{r.p95_jct:7.1f} s  makespan {r.makespan:7.1f} s  peak in flight "
+            f"{run.peak_in_flight} of {run.limit}  ({run.wall_s:.0f} s wall)"
+        )
+        runs[mode] = run
+    return runs
+
+
+# --- part 3: the router's decision cost --------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +333,12 @@ def run(quick: bool, seed: int = 0, modes: list[str] | None = None) -> dict[str,
                 run.link_bytes / run.link_messages
             )
             figures[f"sim64_unresolved_share{suffix}"] = round(run.unresolved_share, 5)
+    for mode, run in budget(seed).items():
+        figures[f"budget_mean_jct_{mode}_s"] = round(run.report.mean_jct, 2)
+        figures[f"budget_p95_jct_{mode}_s"] = round(run.report.p95_jct, 2)
+        figures[f"budget_hit_share_{mode}"] = round(run.report.cache_hit_share, 4)
+        figures[f"budget_peak_in_flight_{mode}"] = run.peak_in_flight
+    figures["budget_limit"] = BUDGET_PER_REPLICA * QUICK.replicas
     figures.update(
         {
             "sim64_hit_share_ceiling": round(one.report.ideal_hit_share, 4),
@@ -344,6 +402,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{f[f'sim64_mean_jct{suffix}_s']:>10.1f} {f[f'sim64_p95_jct{suffix}_s']:>9.1f}"
         )
     print(f"{'unlimited cache (ceiling)':<36} {f['sim64_hit_share_ceiling']:>9.4f}")
+    print(
+        f"\none in-flight budget of {f['budget_limit']} over {QUICK.engines} engines "
+        f"({QUICK.programs} programs, {QUICK.replicas} replicas):"
+    )
+    for mode in BUDGET_MODES:
+        print(
+            f"  {mode:<16} mean JCT {f[f'budget_mean_jct_{mode}_s']:>6.1f} s  p95 "
+            f"{f[f'budget_p95_jct_{mode}_s']:>6.1f} s  peak in flight "
+            f"{f[f'budget_peak_in_flight_{mode}']}"
+        )
     print("\nrouter decision per call (choose + record; observe at a peer):")
     for replicas in (4, 16, 64):
         print(

@@ -192,3 +192,49 @@ def test_routers_of_two_engines_keep_a_programs_calls_on_one_replica_over_the_ne
     where = asyncio.run(main())
     assert all(len(set(replicas)) == 1 for replicas in where.values()), where
     assert len({replicas[0] for replicas in where.values()}) >= 3
+
+
+@pytest.mark.parametrize("kind", ["postgresql", "redis"])
+def test_a_long_documents_placement_reaches_the_other_router_in_pieces(
+    kind: str, pg_url: str
+) -> None:
+    """The first call of a conversation over a 60,000-character document adds ~940 blocks:
+    its placement (7.5 KB) is larger than a NOTIFY payload, so it travels in pieces. The
+    second turn, sent through the other engine's router, finds the replica that holds it."""
+    from executors import FunctionLLM, Router
+    from orchestrator import Hints, LLMRequest, Message
+
+    make = notifiers(kind, pg_url)
+    llms = {f"r{i}": FunctionLLM(lambda req, hints, i=i: f"r{i}", latency=0.01) for i in range(4)}
+    channel = f"plait_router_test_{uuid.uuid4().hex[:8]}"
+
+    async def main() -> tuple[dict[str, list[str]], int]:
+        async with make() as n1, make() as n2:
+            routers = [Router(llms, health_interval_s=None), Router(llms, health_interval_s=None)]
+            for router, notifier in zip(routers, (n1, n2), strict=True):
+                router.join_peers(notifier, channel)
+            async with routers[0], routers[1]:
+                heard = asyncio.Event()
+                await n2.listen(channel, lambda _: heard.set())
+                where: dict[str, list[str]] = {}
+                for c in range(4):
+                    document = f"document {c}: " + " ".join(f"w{c}x{i:05d}" for i in range(6_000))
+                    history = [Message("system", document), Message("user", "summarise")]
+                    first = await routers[0].complete(
+                        LLMRequest(tuple(history), "m", max_tokens=8), Hints(program_id=f"c{c}")
+                    )
+                    sent = routers[0].peering.stats().published  # type: ignore[union-attr]
+                    while routers[1].peering.stats().received < sent:  # type: ignore[union-attr]
+                        heard.clear()
+                        await asyncio.wait_for(heard.wait(), 10)
+                    history += [Message("assistant", first.text), Message("user", "and then?")]
+                    second = await routers[1].complete(
+                        LLMRequest(tuple(history), "m", max_tokens=8), Hints(program_id=f"c{c}")
+                    )
+                    where[f"c{c}"] = [first.text, second.text]
+                link = routers[0].peering.link  # type: ignore[union-attr]
+                return where, link.pieced
+
+    where, pieced = asyncio.run(main())
+    assert pieced >= 4
+    assert all(first == second for first, second in where.values()), where
