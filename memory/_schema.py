@@ -9,12 +9,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import TSVECTOR
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """1: workflows, events, payloads and their references. 2: call results; tenant and labels.
 3: a finished workflow's `compacted` mark (its log keeps only what rebuilds it).
 4: agent memory. 5: peer messages. 6: the blackboard. 7: memory search by id ranges on
 PostgreSQL (its index only). 8: several engines on one store: a workflow's owner and lease,
-each engine's share of a backend's shared in-flight limit."""
+each engine's share of a backend's shared in-flight limit. 9: a cancel asked of a workflow
+another engine holds."""
 
 metadata = sa.MetaData()
 
@@ -44,6 +45,9 @@ workflows = sa.Table(
     # several engines on the store (v8); NULL: no engine has leased it.
     sa.Column("owner", sa.String(200), nullable=True),
     sa.Column("lease_until", sa.Double, nullable=True),
+    # Why a cancel was asked of it while another engine held it, or none did (v9): the
+    # holder cancels it at its next heartbeat.
+    sa.Column("cancel_asked", sa.String(500), nullable=True),
     sa.Index("plait_workflows_status", "status", "created"),
     sa.Index("plait_workflows_owner", "owner"),
     sa.Index("plait_workflows_tenant", "tenant", "created"),

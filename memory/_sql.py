@@ -591,6 +591,24 @@ class SQLStore(Store):
                 released += (await conn.execute(query)).rowcount
         return released
 
+    async def ask_cancel(self, workflow: str, reason: str) -> bool:
+        w = t.workflows.c
+        query = (
+            t.workflows.update()
+            .where((w.id == workflow) & w.status.in_(_UNFINISHED))
+            .values(cancel_asked=reason[:500])
+        )
+        async with self._write() as conn:
+            return bool((await conn.execute(query)).rowcount)
+
+    async def cancels(self, owner: str) -> list[tuple[str, str]]:
+        w = t.workflows.c
+        query = sa.select(w.id, w.cancel_asked).where(
+            (w.owner == owner) & w.status.in_(_UNFINISHED) & w.cancel_asked.is_not(None)
+        )
+        async with self._read() as conn:
+            return [(r[0], r[1]) for r in (await conn.execute(query)).all()]
+
     # --- idempotency keys ------------------------------------------------------------------------
 
     async def reserve_key(

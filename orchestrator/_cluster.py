@@ -115,6 +115,7 @@ class Leases:
         resume: Callable[[Sequence[str]], Awaitable[list[str]]],
         let_go: Callable[[str], None],
         mine: Callable[[], Sequence[str]] = list,
+        cancel: Callable[[str, str], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.owner = cluster.owner()
@@ -124,6 +125,7 @@ class Leases:
         self._resume = resume
         self._let_go = let_go
         self._mine = mine
+        self._cancel = cancel
         self._given_up: set[str] = set()
         """Runs let go while the store could not be reached: released once it can."""
         self.stats = LeaseStats(self.owner)
@@ -137,12 +139,16 @@ class Leases:
     def interval(self) -> float:
         return self.cluster.lease_s / 4
 
-    async def run(self) -> None:
-        """Renew, then claim, every `interval` seconds, until cancelled. First, runs a
-        process with this engine's id left (it died and this one took its name) are
-        released, so that they are claimed (by this engine or another) like any other."""
+    async def start(self) -> None:
+        """Before the engine writes anything: release the runs a process with this engine's
+        id left (it died and this one took its name), so that they are claimed (by this
+        engine or another) like any other. (Done later, it would release this engine's own
+        first runs too.)"""
         with contextlib.suppress(StoreError):
             await self.store.release(self.owner)
+
+    async def run(self) -> None:
+        """Renew, then claim, every `interval` seconds, until cancelled (after `start`)."""
         while True:
             await self.beat()
             await self._clock.sleep(self.interval)
@@ -181,12 +187,26 @@ class Leases:
             return
         self._renewed_at = started
         self.stats.renewals += 1
+        if self._cancel is not None:
+            await self.cancel_asked()
         if self.cluster.take_over:
             # A full batch resumed means more may be waiting: claim again (while there is
             # room) rather than leave them to the next round. (Runs it could not resume are
             # released, and would be claimed again: those end the round.)
             while len(await self.take_over()) >= self.cluster.claim_batch:
                 pass
+
+    async def cancel_asked(self) -> None:
+        """Cancel the runs this engine holds whose cancel another engine was asked for
+        (`Store.ask_cancel`: the notification that brings it sooner may have been lost)."""
+        assert self._cancel is not None
+        try:
+            asked = await self.store.cancels(self.owner)
+        except StoreError as exc:
+            _log.warning("engine %s could not read the cancels asked of it: %s", self.owner, exc)
+            return
+        for workflow, reason in asked:
+            self._cancel(workflow, reason)
 
     async def take_over(self) -> list[str]:
         """Claim runs nobody holds (their lease ran out, or they were released) up to this

@@ -367,6 +367,7 @@ class Engine:
                     resume=self._resume_claimed,
                     let_go=self._let_go,
                     mine=lambda: list(self._runs),
+                    cancel=self._cancel_asked,
                 )
             self.durable = Durability(
                 self.store,
@@ -385,6 +386,8 @@ class Engine:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.threads, thread_name_prefix="plait-task"
         )
+        if self.leases is not None:
+            await self.leases.start()
         self._tg = self._group = tg
         await self._tg.__aenter__()
         if self.durable is not None:
@@ -1076,6 +1079,11 @@ class Engine:
                 yield await queue.get()
         finally:
             self.bus.unlisten(queue)
+
+    def _cancel_asked(self, run_id: str, reason: str) -> None:
+        run = self._runs.get(run_id)
+        if run is not None and not run.done.done():
+            self.cancel(run_id, reason)
 
     def cancel(self, workflow: Workflow | str, reason: str = "cancelled by the caller") -> None:
         """Cancel a running workflow: its running tasks are cancelled, the rest never start."""

@@ -346,6 +346,16 @@ class Store(ABC):
         them at once instead of waiting for them to run out. Returns how many."""
         raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
 
+    async def ask_cancel(self, workflow: str, reason: str) -> bool:
+        """Mark unfinished `workflow` to be cancelled by the engine that holds it, or claims
+        it next (`cancels`); False if it is not unfinished."""
+        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
+
+    async def cancels(self, owner: str) -> list[tuple[str, str]]:
+        """The unfinished workflows `owner` holds that were marked by `ask_cancel`, each with
+        the reason given."""
+        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
+
 
 def payload_digest(data: bytes) -> str:
     """The content address of a payload: the sha256 of its bytes, in hex."""

@@ -239,6 +239,48 @@ def test_a_clean_shutdown_hands_the_runs_left_to_another_engine_at_once(
     asyncio.run(main())
 
 
+def test_a_cancel_asked_through_the_store_reaches_the_engine_that_holds_or_claims_it(
+    make_store: StoreFactory,
+) -> None:
+    """No notifier: a cancel asked of a run engine a holds is found at a's next heartbeat;
+    one asked of a run that waits to be taken over, by the engine that claims it. A run
+    that finished cannot be asked."""
+
+    async def main() -> None:
+        Gate.reset()
+        async with make_store() as sa_, make_store() as sb:
+            async with Engine(store=sa_, cluster=Cluster(lease_s=0.4, engine_id="a")) as a:
+                handle = a.submit(flow())
+                await Gate.reached.wait()
+                assert a.journal is not None
+                await a.journal.durable()  # its row is in the store
+                assert await sb.ask_cancel(handle.id, "asked elsewhere")
+                assert await sb.cancels("b") == []
+                result = await asyncio.wait_for(handle.result(), 20)
+                assert result.status == "cancelled"
+                assert result.cancelled["held"] == "asked elsewhere"
+                assert not await sb.ask_cancel(handle.id, "too late")
+                Gate.reset()
+                second = a.submit(flow())
+                await Gate.reached.wait()
+            stored = await sb.workflow(second.id)
+            assert stored is not None and stored.owner is None  # released at shutdown
+            assert await sb.ask_cancel(second.id, "asked while nobody held it")
+            Gate.reset()
+            b = Engine(store=sb, cluster=Cluster(lease_s=0.4, engine_id="b"))
+            async with b:
+                assert b.leases is not None
+                await asyncio.wait_for(b.leases.claimed.wait(), 20)
+                resumed = b.handle(second.id)
+                assert resumed is not None
+                result = await asyncio.wait_for(resumed.result(), 20)
+                assert result.status == "cancelled"
+                assert result.cancelled["held"] == "asked while nobody held it"
+            assert Gate.ran.get("held", 0) <= 1  # b may have started it before its next beat
+
+    asyncio.run(main())
+
+
 def test_a_cluster_needs_a_store_and_sane_settings() -> None:
     with pytest.raises(UsageError, match="store="):
         Engine(cluster=Cluster())

@@ -14,7 +14,6 @@ import hashlib
 import json
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -628,17 +627,22 @@ class Service:
         if handle is None:
             if row.status in _FINISHED:
                 raise ApiError(409, f"workflow {row.id!r} has finished already ({row.status})")
-            leases = self.engine.leases
-            held = row.owner is not None and (row.lease_until or 0) > time.time()
-            if leases is not None and self.notifier is not None and held:
-                # Another engine runs it: it cancels it when it hears this.
-                await self.notifier.notify(CANCEL_CHANNEL, row.id)
+            if self.engine.leases is not None:
+                # Another engine runs it, or will once it takes it over: the mark in the
+                # store reaches the engine holding it at its next heartbeat; the notifier,
+                # if any, sooner.
+                store = self.engine.store
+                assert store is not None
+                if not await store.ask_cancel(row.id, "cancelled through the API"):
+                    raise ApiError(409, f"workflow {row.id!r} has finished already")
+                if self.notifier is not None:
+                    with contextlib.suppress(StoreError):
+                        await self.notifier.notify(CANCEL_CHANNEL, row.id)
                 return _json(_accepted(row.id, "running"), 202)
-            where = "any engine" if leases is not None else "this service"
             raise ApiError(
                 409,
-                f"workflow {row.id!r} is not running in {where} (it waits to be resumed or "
-                "taken over); cancel it again once it runs",
+                f"workflow {row.id!r} is not running in this service (it waits to be "
+                "resumed); cancel it again once it runs",
                 headers={"Retry-After": "5"},
             )
         handle.cancel("cancelled through the API")
