@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     n, e = f["sim64_replicas"], f["sim64_engines"]
     print(f"\n{f['sim64_programs']:,} agent programs on {n} x {PROFILE} (simulated)")
     print(
-        f"{'':<36} {'hit share':>9} {'busiest/mean':>12} {'busy s':>7} {'mean JCT s':>10} "
+        f"{'':<36} {'hit share':>9} {'busiest/mean':>12} {'busy':>7} {'mean JCT s':>10} "
         f"{'p95 JCT s':>9}"
     )
     rows = (

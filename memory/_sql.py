@@ -615,8 +615,10 @@ class SQLStore(Store):
         self, tenant: str, key: str, digest: str, *, stale_s: float
     ) -> tuple[bool, str, str | None]:
         c = t.keys.c
-        now = time.time()
         async with self._write() as conn:
+            # The database's clock: engines on machines whose clocks differ agree on when
+            # a reservation went stale.
+            now = float((await conn.execute(sa.text(f"SELECT {self._now_sql()}"))).scalar_one())
             found = (
                 await conn.execute(
                     sa.select(c.digest, c.workflow_id, c.created)
