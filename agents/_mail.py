@@ -148,7 +148,8 @@ class PostOffice:
     (nothing else can write to it: a send through this office wakes waiting receivers).
     `notifier` (`memory.PgNotifier`, `memory.RedisNotifier`): a send through any office on
     the same notifier wakes waiting receivers in every process at once (the poll stays as
-    a fallback: a notification is a hint, the store the truth)."""
+    a fallback: a notification is a hint, the store the truth). With a notifier, `close()`
+    the office (or use it as `async with`) when done with it: it stops listening."""
 
     def __init__(
         self,
@@ -362,7 +363,22 @@ class PostOffice:
     async def _listen(self) -> None:
         if self.notifier is not None and not self._listening:
             self._listening = True
-            await self.notifier.listen(MAIL_CHANNEL, lambda _payload: self._wake())
+            await self.notifier.listen(MAIL_CHANNEL, self._heard)
+
+    def _heard(self, _payload: str) -> None:
+        self._wake()
+
+    def close(self) -> None:
+        """Stop listening to the notifier (a later `receive` listens again)."""
+        if self.notifier is not None and self._listening:
+            self._listening = False
+            self.notifier.unlisten(MAIL_CHANNEL, self._heard)
+
+    async def __aenter__(self) -> PostOffice:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
 
     def _arrival_event(self) -> asyncio.Event:
         if self._arrival is None:

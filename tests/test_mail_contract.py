@@ -585,3 +585,38 @@ async def _rows(store: SQLStore, workflow: str) -> tuple[int, ...]:
             query = sa.text(f"SELECT count(*) FROM {table} WHERE workflow = :w")
             counts.append((await conn.execute(query, {"w": workflow})).scalar_one())
     return tuple(counts)
+
+
+def test_a_closed_office_stops_listening_to_its_notifier() -> None:
+    """Offices made and dropped on one long-lived notifier do not pile up listeners; a
+    notified send still wakes a receiver waiting on another office (which never polls)."""
+    from orchestrator import LocalNotifier
+
+    class Counting(LocalNotifier):
+        def __init__(self) -> None:
+            super().__init__()
+            self.listening = 0
+
+        async def listen(self, channel: str, listener: Callable[[str], None]) -> None:
+            self.listening += 1
+            await super().listen(channel, listener)
+
+        def unlisten(self, channel: str, listener: Callable[[str], None]) -> None:
+            self.listening -= 1
+            super().unlisten(channel, listener)
+
+    async def main() -> None:
+        notifier = Counting()
+        store = InProcessMailStore()
+        async with PostOffice(store, notifier=notifier, poll_s=3600) as receiving:
+            waiting = asyncio.create_task(receiving.receive(A.peer("bob"), wait_s=None))
+            for _ in range(5):
+                async with PostOffice(store, notifier=notifier) as office:
+                    await office.receive(A, wait_s=0)
+            await PostOffice(store, notifier=notifier).send(A, "bob", "hello")
+            delivered = await asyncio.wait_for(waiting, 10)
+            assert [d.body for d in delivered] == ["hello"]
+            assert notifier.listening == 1  # the receiving office's
+        assert notifier.listening == 0
+
+    asyncio.run(main())
