@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_service import Api, Gate, on_stores
 
 from executors import FunctionLLM, echo
-from orchestrator import Engine, Usage
+from orchestrator import Engine, Hints, LLMRequest, Message, Usage
 from orchestrator._events import CallRetrying, TaskRetrying, TaskSucceeded, WorkflowFinished
 from orchestrator.service._metrics import Metrics
 
@@ -106,3 +106,44 @@ def test_retries_cache_share_and_missed_deadlines_are_counted() -> None:
         assert m[jct, L(le="10.0", priority="unknown")] == 1
 
     asyncio.run(main())
+
+
+def test_cluster_figures_leases_shared_limits_and_router_peers(make_store: StoreFactory) -> None:
+    """An engine of a cluster (leases on the store, a shared limit, a router joined to a
+    peer's): its heartbeats, its share and its router's messages are on /metrics; an engine
+    outside a cluster shows none of them."""
+    from executors import LocalRouterHub, Router
+    from orchestrator import Cluster, LocalSlots, SystemClock
+
+    async def main() -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], float], set[str]]:
+        hub = LocalRouterHub(0.0)
+        replicas = {"r0": FunctionLLM(echo), "r1": FunctionLLM(echo)}
+        mine = Router(replicas, health_interval_s=None, peers=hub.link())
+        peer = Router(replicas, health_interval_s=None, peers=hub.link())
+        async with make_store() as store, mine, peer:
+            engine = Engine(
+                backends={"gpu": mine},
+                store=store,
+                cluster=Cluster(lease_s=0.4, engine_id="e1", share_limits=False),
+                slots=LocalSlots(SystemClock()),
+            )
+            async with engine:
+                assert engine.leases is not None
+                await engine.leases.beat()
+                hints = Hints(program_id="p")
+                await peer.complete(LLMRequest((Message("user", "hello there"),), "m"), hints)
+                await mine.complete(LLMRequest((Message("user", "and you"),), "m"), hints)
+                await asyncio.sleep(0)  # the hub delivers after 0 s: on the next turn
+                m = scrape(Metrics(engine).exposition().decode())
+            async with Engine(backends={"gpu": FunctionLLM(echo)}) as solo:
+                names = {name for name, _ in scrape(Metrics(solo).exposition().decode())}
+        return m, names
+
+    m, solo = asyncio.run(main())
+    assert m["plait_cluster_renewals_total", ()] >= 1
+    assert m["plait_cluster_renewal_failures_total", ()] == 0
+    assert m["plait_cluster_lost_total", ()] == 0
+    assert m["plait_shared_limit_share", (("resource", "gpu"),)] >= 1
+    assert m["plait_router_peer_messages_total", L(direction="published", resource="gpu")] >= 1
+    assert m["plait_router_peer_messages_total", L(direction="received", resource="gpu")] >= 1
+    assert not any(n.startswith(("plait_cluster_", "plait_shared_", "plait_router_")) for n in solo)

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .._engine import Engine
@@ -202,6 +202,58 @@ class _Live(Collector):
         )
 
         yield from _batch_figures(m.batches(), m.batch_counts())
+        yield from _cluster_figures(m.engine)
+
+
+def _cluster_figures(engine: Engine) -> Iterator[Metric]:
+    """With several engines on one store: this engine's leases, its share of each shared
+    in-flight limit, and what its routers told and heard from the other engines' routers."""
+    leases = engine.leases
+    if leases is not None:
+        s = leases.stats
+        for name, value, about in (
+            ("renewals", s.renewals, "Heartbeats that renewed this engine's leases"),
+            ("renewal_failures", s.renewal_failures, "Heartbeats that failed or timed out"),
+            ("claimed", s.claimed, "Workflows this engine took over or picked up unowned"),
+            ("resumed", s.resumed, "Workflows taken over and resumed here"),
+            ("lost", s.lost, "Workflows another engine took from this one (it had stalled)"),
+            ("given_up", s.given_up, "Workflows let go when the leases could not be renewed"),
+        ):
+            yield CounterMetricFamily(f"plait_cluster_{name}", about, value=value)
+    shared = engine.shared
+    if shared is not None:
+        share = GaugeMetricFamily(
+            "plait_shared_limit_share",
+            "This engine's share of a backend's in-flight limit shared by all engines",
+            labels=["resource"],
+        )
+        for resource in engine.backends:
+            held = engine.admission.share(resource)
+            if held is not None:
+                share.add_metric([resource], held)
+        yield share
+    peers = [
+        (name, stats())
+        for name, backend in engine.backends.items()
+        if (stats := getattr(getattr(backend, "peering", None), "stats", None)) is not None
+    ]
+    if peers:
+        messages = CounterMetricFamily(
+            "plait_router_peer_messages",
+            "Router messages to and from the other engines' routers, by backend and direction",
+            labels=["resource", "direction"],
+        )
+        unresolved = CounterMetricFamily(
+            "plait_router_peer_unresolved",
+            "Peers' placements whose prefix this router did not know (blocks not applied)",
+            labels=["resource"],
+        )
+        for name, stats in peers:
+            messages.add_metric([name, "published"], stats.published)
+            messages.add_metric([name, "received"], stats.received)
+            unresolved.add_metric([name], stats.unresolved)
+        yield messages
+        yield unresolved
 
 
 def _batch_figures(running: Iterable[BatchProgress], counts: Mapping[str, int]) -> Iterator[Metric]:
