@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from _harness import Outcome, Report, as_workflow, merge_stats, summarise
 
 from executors import LocalRouterHub, PeerStats, Router, SimServer
+from executors._peers import LocalRouterLink
 from executors._sim import SimRequest, SimStats
 from orchestrator import (
     Engine,
@@ -316,9 +317,12 @@ def simulate_cluster(
                     taken_over += 1
                     await clock.sleep(max(0.0, kill.at_s + kill.takeover_s - clock.monotonic()))
                     workflow = as_workflow(program, replies=replies, done=done)
-                    result = await running[alive_engine(program)].run(
-                        workflow, deadline=program.deadline
-                    )
+                    left = (
+                        None
+                        if program.deadline is None
+                        else program.arrival + program.deadline - clock.monotonic()
+                    )  # a resumed run keeps its deadline
+                    result = await running[alive_engine(program)].run(workflow, deadline=left)
                 if not result.ok:
                     raise RuntimeError(f"{program.id} {result.status}: {dict(result.failures)}")
                 if len(done) != len(program.steps):
@@ -331,6 +335,9 @@ def simulate_cluster(
                 await clock.sleep(k.at_s)
                 engine = running[k.engine]
                 dead.add(k.engine)
+                link = routers[k.engine].peering.link if routers[k.engine].peering else None
+                if isinstance(link, LocalRouterLink):
+                    link.close()  # a dead process tells its peers nothing more
                 if engine._shared_task is not None:
                     # Dead, it reports no more: its slots stay held until its row runs out.
                     engine._shared_task.cancel()

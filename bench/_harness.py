@@ -367,7 +367,7 @@ def as_workflow(
 def _pause(step: ToolStep, done: set[str]) -> Callable[[TaskContext], Awaitable[None]]:
     async def pause(ctx: TaskContext) -> None:
         await ctx.clock.sleep(step.seconds)
-        done.add(step.id)
+        _finished(step.id, done)
 
     return pause
 
@@ -379,9 +379,15 @@ def _call(
         request = LLMRequest(tuple(step.build(replies)), "m", max_tokens=step.max_tokens)
         reply = await ctx.complete(request, last_call=step.last)
         replies[step.id] = reply.text
-        done.add(step.id)
+        _finished(step.id, done)
 
     return call
+
+
+def _finished(step: str, done: set[str]) -> None:
+    if step in done:
+        raise RuntimeError(f"step {step!r} finished twice")
+    done.add(step)
 
 
 class RoundRobin:

@@ -11,7 +11,8 @@ the receivers once all have arrived; one over `max_message_bytes` is dropped and
 (`oversized`), as are pieces whose message never completes (`incomplete`): a peer then
 misses one placement, which costs it a recomputed prefix at worst, never a wrong answer.
 Delivery is at most once and unordered across publishers, as the router's peer protocol
-allows.
+allows. (A router of a plait release before pieces reads a frame only up to its first piece:
+while engines of both kinds run side by side, the older ones miss the rest of such frames.)
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class NotifierRouterLink:
     ) -> None:
         if frame_bytes <= _LEN.size + _PIECE_HEAD.size:
             raise ValueError(f"frame_bytes={frame_bytes} leaves no room for a message")
+        if max_message_bytes > 0xFFFF * (frame_bytes - _LEN.size - _PIECE_HEAD.size):
+            raise ValueError(
+                f"max_message_bytes={max_message_bytes} needs more than 65,535 pieces of "
+                f"frame_bytes={frame_bytes}"
+            )
         self.notifier = notifier
         self.channel = channel
         self.frame_bytes = frame_bytes
@@ -59,6 +65,8 @@ class NotifierRouterLink:
         self._id = secrets.token_bytes(8)
         self._numbers = 0
         self._partial: OrderedDict[tuple[bytes, int], list[bytes | None]] = OrderedDict()
+        self.partial_bytes = 0
+        """Bytes of pieces kept until the rest of their message arrives."""
         self._deliver: Callable[[bytes], None] | None = None
         self._queue: list[tuple[int, bytes]] = []  # (0 or _PIECE, the item)
         self._wake = asyncio.Event()
@@ -158,24 +166,42 @@ class NotifierRouterLink:
             deliver(item)
 
     def _piece(self, item: bytes) -> bytes | None:
-        """Keep a piece; the whole message once its last piece is in."""
+        """Keep a piece; the whole message once its last piece is in. A message announced
+        larger than `max_message_bytes` is refused (counted `incomplete`), and the pieces
+        kept are bounded: at most `_PARTIAL` messages and 4 x `max_message_bytes`."""
         if len(item) < _PIECE_HEAD.size:
             return None
         link, number, index, count = _PIECE_HEAD.unpack_from(item)
-        if index >= count:
-            return None
+        data = item[_PIECE_HEAD.size :]
         key = (link, number)
         pieces = self._partial.get(key)
-        if pieces is None or len(pieces) != count:
-            pieces = self._partial[key] = [None] * count
-            while len(self._partial) > _PARTIAL:
-                self._partial.popitem(last=False)
-                self.incomplete += 1
-        pieces[index] = item[_PIECE_HEAD.size :]
-        if any(p is None for p in pieces):
+        if index >= count or (count - 1) * len(data) > self.max_message_bytes:
+            if pieces is not None:
+                self._drop(key)
+            self.incomplete += 1
             return None
-        del self._partial[key]
-        return b"".join(p for p in pieces if p is not None)
+        if pieces is None or len(pieces) != count:
+            if pieces is not None:
+                self._drop(key)
+            pieces = self._partial[key] = [None] * count
+        if pieces[index] is None:
+            self.partial_bytes += len(data)
+        else:
+            self.partial_bytes += len(data) - len(pieces[index] or b"")
+        pieces[index] = data
+        if all(p is not None for p in pieces):
+            self._drop(key)
+            return b"".join(p for p in pieces if p is not None)
+        while self._partial and (
+            len(self._partial) > _PARTIAL or self.partial_bytes > 4 * self.max_message_bytes
+        ):
+            self._drop(next(iter(self._partial)))
+            self.incomplete += 1
+        return None
+
+    def _drop(self, key: tuple[bytes, int]) -> None:
+        pieces = self._partial.pop(key)
+        self.partial_bytes -= sum(len(p) for p in pieces if p is not None)
 
 
 def _ends(piece: bytes) -> bool:

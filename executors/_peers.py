@@ -323,9 +323,18 @@ class LocalRouterLink:
     def __init__(self, hub: LocalRouterHub) -> None:
         self.hub = hub
         self.deliver: list[Callable[[bytes], None]] = []
+        self.closed = False
 
     def publish(self, message: bytes) -> None:
-        self.hub._send(self, message)
+        if not self.closed:
+            self.hub._send(self, message)
+
+    def close(self) -> None:
+        """Leave the hub: publish nothing more, hear nothing more (as a process that died)."""
+        self.closed = True
+        self.deliver = []
+        if self in self.hub._links:
+            self.hub._links.remove(self)
 
     def subscribe(self, deliver: Callable[[bytes], None]) -> None:
         self.deliver.append(deliver)

@@ -167,10 +167,7 @@ class PrefixRouter:
         # others, they have pushed nothing out of its cache yet.
         self._pending = [0] * replicas
         self._pending_total = 0
-        # Recent work, decayed per request: stored divided by `_scale` (the decay of every
-        # request so far), so a request scales one entry, not all of them.
         self._work = [0.0] * replicas
-        self._scale = 1.0
         self.keys = keys
         # Prefix key -> the replica its latest request went to, least recently used first.
         self._placed: OrderedDict[str, int] = OrderedDict()
@@ -195,8 +192,7 @@ class PrefixRouter:
 
     def work(self) -> list[float]:
         """Each replica's recent work: blocks it was sent to compute, decayed."""
-        scale = self._scale
-        return [w * scale for w in self._work]
+        return list(self._work)
 
     def choose(
         self,
@@ -209,7 +205,7 @@ class PrefixRouter:
         alive = range(self.replicas) if every else [r for r in range(self.replicas) if healthy[r]]
         if not alive:
             raise LookupError("no healthy replica to route to")
-        work = self._work  # divided by self._scale: compared with limits divided by it too
+        work = self._work
         whole = every and len(loads) == self.replicas  # then the sums run over all of it
         mean_load = (sum(loads) if whole else sum([loads[r] for r in alive])) / len(alive)
         load_limit = self.max_imbalance * mean_load + self.load_slack
@@ -220,10 +216,8 @@ class PrefixRouter:
         # cache, draws work even when every other replica holds the prefix. Plus the request
         # itself, so that the first requests of a run do not count as imbalance.
         n = len(hashes)
-        unit = 1.0 / self._scale  # a block of work, as stored
         work_limit = (
-            self.max_work_imbalance * (min(work) if every else min([work[r] for r in alive]))
-            + n * unit
+            self.max_work_imbalance * (min(work) if every else min([work[r] for r in alive])) + n
         )
         key = hashes[-1] if hashes else 0
         alive_mask = self._all if every else sum(1 << r for r in alive)
@@ -243,7 +237,7 @@ class PrefixRouter:
         spare = [r for r in alive if loads[r] <= load_limit] or list(alive)
         matched = self._matched(hashes, best, alive_mask) if best > 0 else {}
         # What each would have after taking this request: a partial holder computes less.
-        after = {r: work[r] + (n - matched.get(r, 0)) * unit for r in spare}
+        after = {r: work[r] + n - matched.get(r, 0) for r in spare}
         pick = _least(spare, after, work, key)
         return Choice(pick, matched.get(pick, 0), "least-loaded")
 
@@ -363,11 +357,9 @@ class PrefixRouter:
             self._placed.popitem(last=False)
 
     def _add_work(self, replica: int, computed: int) -> None:
-        self._scale *= self._decay
-        if self._scale < 1e-150:  # fold the scale in before it underflows
-            self._work = [w * self._scale for w in self._work]
-            self._scale = 1.0
-        self._work[replica] += computed / self._scale
+        decay = self._decay
+        self._work = [w * decay for w in self._work]
+        self._work[replica] += computed
 
     def _touch(
         self,

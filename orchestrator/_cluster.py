@@ -21,17 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from ._clock import Clock
 from ._errors import UsageError
+from ._events import Event, TaskCancelled, WorkflowFinished
+from ._journal import event_json, read_log
 from ._registry import Registry
-from ._store import Store, StoreError
+from ._replay import rebuild
+from ._store import EventRecord, Store, StoreBatch, StoreError
 
 _log = logging.getLogger("plait.cluster")
 REFUSED_LEASES = 10
@@ -98,6 +103,8 @@ class LeaseStats:
     """Runs another engine took from this one (it had stalled past its lease)."""
     given_up: int = 0
     """Runs this engine let go because it could not renew their leases in time."""
+    cancelled: int = 0
+    """Runs claimed with a cancel asked, ended as cancelled without being resumed."""
 
 
 class Leases:
@@ -196,17 +203,29 @@ class Leases:
             while len(await self.take_over()) >= self.cluster.claim_batch:
                 pass
 
+    async def _asked(self) -> dict[str, str]:
+        """The runs this engine holds whose cancel was asked (`Store.ask_cancel`), with the
+        reason; nothing if the store does not answer within a heartbeat's interval."""
+        try:
+            async with asyncio.timeout(self.interval):
+                return dict(await self.store.cancels(self.owner))
+        except (StoreError, TimeoutError) as exc:
+            _log.warning(
+                "engine %s could not read the cancels asked of it: %s",
+                self.owner,
+                exc or "timed out",
+            )
+            return {}
+
     async def cancel_asked(self) -> None:
         """Cancel the runs this engine holds whose cancel another engine was asked for
         (`Store.ask_cancel`: the notification that brings it sooner may have been lost)."""
         assert self._cancel is not None
-        try:
-            asked = await self.store.cancels(self.owner)
-        except StoreError as exc:
-            _log.warning("engine %s could not read the cancels asked of it: %s", self.owner, exc)
-            return
-        for workflow, reason in asked:
-            self._cancel(workflow, reason)
+        for workflow, reason in (await self._asked()).items():
+            try:
+                self._cancel(workflow, reason)
+            except Exception:  # the heartbeat must go on whatever one run does
+                _log.exception("engine %s could not cancel %s as asked", self.owner, workflow)
 
     async def take_over(self) -> list[str]:
         """Claim runs nobody holds (their lease ran out, or they were released) up to this
@@ -226,6 +245,20 @@ class Leases:
             if c.previous is not None:
                 _log.info("engine %s takes over %s from %s", self.owner, c.workflow, c.previous)
         ids = [c.workflow for c in claimed]
+        asked = await self._asked()
+        for workflow in [w for w in ids if w in asked]:
+            # Its cancel was asked while nobody held it: end it here without running it (it
+            # may not even be resumable here).
+            try:
+                await self._finish_cancelled(workflow, asked[workflow])
+            except Exception as exc:  # the heartbeat goes on; released, it is tried again
+                _log.warning("engine %s could not cancel %s: %s", self.owner, workflow, exc)
+                with contextlib.suppress(StoreError):
+                    await self.store.release(self.owner, [workflow])
+        ids = [w for w in ids if w not in asked]
+        if not ids:
+            self.claimed.set()
+            return []
         try:
             resumed = await self._resume(ids)
         except Exception as exc:  # the store failed mid-way, the engine is full: next round
@@ -253,6 +286,43 @@ class Leases:
                 await self.store.renew(self.owner, REFUSED_LEASES * self.cluster.lease_s, refused)
         self.claimed.set()
         return resumed
+
+    async def _finish_cancelled(self, workflow: str, reason: str) -> None:
+        """Write the end of a claimed run as cancelled, as the engine would have had it run
+        here and been cancelled: its unfinished tasks cancelled, then the workflow."""
+        row = await self.store.workflow(workflow)
+        records = await self.store.events(workflow)
+        if row is None or not records:
+            return
+        last = records[-1].seq
+        try:
+            unfinished = rebuild((await read_log(self.store, workflow))[0]).unfinished()
+        except Exception as exc:  # a log it cannot read: the workflow's end is still written
+            _log.warning("the log of %s cannot be read (%s): ending it as cancelled", workflow, exc)
+            unfinished = []
+        at = self._clock.monotonic()  # as the engine stamps its events
+        now = time.time()
+        ending: list[Event] = [
+            TaskCancelled(workflow=workflow, task=task, reason=reason, at=at) for task in unfinished
+        ]
+        ending.append(
+            WorkflowFinished(
+                workflow=workflow, status="cancelled", duration=max(0.0, now - row.created), at=at
+            )
+        )
+        await self.store.append(
+            StoreBatch(
+                events=[
+                    EventRecord(workflow, last + i, e.kind, e.at, event_json(e))
+                    for i, e in enumerate(ending, 1)
+                ],
+                workflows=[dataclasses.replace(row, status="cancelled", updated=now, finished=now)],
+                owner=self.owner,
+                lease_s=self.cluster.lease_s,
+            )
+        )
+        self.stats.cancelled += 1
+        _log.info("engine %s cancelled %s as asked, without resuming it", self.owner, workflow)
 
     def lost(self, workflows: Sequence[str]) -> None:
         """The journal found these runs taken over by another engine."""

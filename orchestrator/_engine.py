@@ -1082,8 +1082,9 @@ class Engine:
 
     def _cancel_asked(self, run_id: str, reason: str) -> None:
         run = self._runs.get(run_id)
-        if run is not None and not run.done.done():
-            self.cancel(run_id, reason)
+        if run is not None:
+            run.cancel(reason)  # (nothing if it is complete or cancelling already)
+            self.wake()
 
     def cancel(self, workflow: Workflow | str, reason: str = "cancelled by the caller") -> None:
         """Cancel a running workflow: its running tasks are cancelled, the rest never start."""

@@ -69,8 +69,7 @@ def _chain(parent: int, n: int) -> tuple[int, ...]:
 
 
 def replay(router: PrefixRouter, seq: Iterator[Call]) -> list[str]:
-    """Each call's decision as "replica/matched/reason", then the replicas' work (to 9
-    digits: the same sums in another order differ in the last bits)."""
+    """Each call's decision as "replica/matched/reason", then the replicas' work."""
     out = []
     for call in seq:
         if call.forget is not None:
@@ -78,7 +77,7 @@ def replay(router: PrefixRouter, seq: Iterator[Call]) -> list[str]:
         choice = router.choose(call.hashes, call.loads, call.healthy, call.key)
         router.record(call.hashes, choice.replica, call.key)
         out.append(f"{choice.replica}/{choice.matched_blocks}/{choice.reason[0]}")
-    out.append(" ".join(f"{w:.9g}" for w in router.work()))
+    out.append(" ".join(repr(w) for w in router.work()))
     return out
 
 

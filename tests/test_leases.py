@@ -18,10 +18,14 @@ from orchestrator import (
     LeaseLostError,
     Registry,
     StoreBatch,
+    SystemClock,
     UsageError,
     Workflow,
     WorkflowRow,
+    rebuild,
 )
+from orchestrator._cluster import Leases
+from orchestrator._events import EVENT_ADAPTER
 
 
 def ev(workflow: str, seq: int, kind: str = "k") -> EventRecord:
@@ -243,8 +247,8 @@ def test_a_cancel_asked_through_the_store_reaches_the_engine_that_holds_or_claim
     make_store: StoreFactory,
 ) -> None:
     """No notifier: a cancel asked of a run engine a holds is found at a's next heartbeat;
-    one asked of a run that waits to be taken over, by the engine that claims it. A run
-    that finished cannot be asked."""
+    one asked of a run that waits to be taken over is ended as cancelled by the engine that
+    claims it, without running any of it. A run that finished cannot be asked."""
 
     async def main() -> None:
         Gate.reset()
@@ -267,16 +271,61 @@ def test_a_cancel_asked_through_the_store_reaches_the_engine_that_holds_or_claim
             assert stored is not None and stored.owner is None  # released at shutdown
             assert await sb.ask_cancel(second.id, "asked while nobody held it")
             Gate.reset()
+            # b cannot even resume it (no registry): it ends it as cancelled without running it.
             b = Engine(store=sb, cluster=Cluster(lease_s=0.4, engine_id="b"))
             async with b:
                 assert b.leases is not None
                 await asyncio.wait_for(b.leases.claimed.wait(), 20)
-                resumed = b.handle(second.id)
-                assert resumed is not None
-                result = await asyncio.wait_for(resumed.result(), 20)
-                assert result.status == "cancelled"
-                assert result.cancelled["held"] == "asked while nobody held it"
-            assert Gate.ran.get("held", 0) <= 1  # b may have started it before its next beat
+                assert b.handle(second.id) is None
+                assert b.leases.stats.cancelled == 1
+            assert Gate.ran == {}  # nothing of it ran again
+            stored = await sb.workflow(second.id)
+            assert stored is not None and stored.status == "cancelled"
+            kinds = [(e.kind, e.seq) for e in await sb.events(second.id)]
+            assert kinds[-2][0] == "task_cancelled" and kinds[-1][0] == "workflow_finished"
+            assert [seq for _, seq in kinds] == list(range(1, len(kinds) + 1))
+            image = rebuild(
+                [EVENT_ADAPTER.validate_json(e.data) for e in await sb.events(second.id)]
+            )
+            assert image.status == "cancelled"
+            assert image.tasks["held"].state == "cancelled"
+            assert image.tasks["first"].state == "done"
+            assert not await sb.ask_cancel(second.id, "again")
+
+    asyncio.run(main())
+
+
+def test_a_cancel_that_fails_does_not_stop_the_heartbeat(make_store: StoreFactory) -> None:
+    """A run that cannot be cancelled (here the callback raises) is logged; the heartbeat
+    goes on renewing."""
+
+    async def main() -> None:
+        async with make_store() as store:
+            await store.append(start("a", "w1", "w2"))
+            assert await store.ask_cancel("w1", "stop")
+            tried: list[str] = []
+
+            def cancel(workflow: str, reason: str) -> None:
+                tried.append(workflow)
+                raise RuntimeError("no such run here")
+
+            async def resume(ids: object) -> list[str]:
+                return []
+
+            leases = Leases(
+                Cluster(lease_s=5, engine_id="a", take_over=False),
+                store,
+                SystemClock(),
+                room=lambda: 0,
+                resume=resume,
+                let_go=lambda workflow: None,
+                mine=lambda: ["w1", "w2"],
+                cancel=cancel,
+            )
+            await leases.beat()
+            await leases.beat()
+            assert tried == ["w1", "w1"] and leases.stats.renewals == 2
+            assert await store.cancels("a") == [("w1", "stop")]
 
     asyncio.run(main())
 

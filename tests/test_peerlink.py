@@ -117,3 +117,27 @@ def test_a_message_over_the_limit_is_dropped_and_counted() -> None:
     assert (link.oversized, link.pieced, link.sent) == (1, 1, 1)
     with pytest.raises(ValueError, match="no room"):
         NotifierRouterLink(LocalNotifier(), frame_bytes=10)
+
+
+def test_a_receiver_refuses_messages_over_its_limit_and_sizes_are_checked() -> None:
+    """A sender with a larger limit than the receiver's: its 10,000-byte message is refused
+    piece by piece (nothing kept, nothing delivered); what follows still arrives."""
+
+    async def main() -> tuple[Heard, NotifierRouterLink]:
+        notifier = LocalNotifier()
+        heard = Heard()
+        async with (
+            NotifierRouterLink(notifier, "c", frame_bytes=500, max_message_bytes=100_000) as big,
+            NotifierRouterLink(notifier, "c", max_message_bytes=2_000) as receiver,
+        ):
+            receiver.subscribe(heard)
+            big.publish(b"z" * 10_000)
+            big.publish(b"small")
+            await heard.until(1)
+        return heard, receiver
+
+    heard, receiver = asyncio.run(main())
+    assert heard.messages == [b"small"]
+    assert receiver.incomplete >= 1 and receiver.partial_bytes == 0
+    with pytest.raises(ValueError, match="65,535 pieces"):
+        NotifierRouterLink(LocalNotifier(), frame_bytes=100, max_message_bytes=10_000_000)
