@@ -15,8 +15,9 @@ finished, and from the store whether any was lost or finished twice.
 Part 3, the simulated cluster (bench/scale_sim.py): 64 replicas and 8 engines in virtual
 time, and the router's cost per call.
 
-    python bench/scale.py --quick     # ~2 minutes
-    python bench/scale.py             # ~5 minutes
+    python bench/scale.py --quick     # ~8 minutes, 6 of them the simulated cluster
+    python bench/scale.py --no-sim    # parts 1 and 2 at full size: ~5 minutes
+    python bench/scale.py             # and the simulated cluster at full size: hours
 
 The last line of stdout is one JSON object with the figures.
 """
