@@ -43,6 +43,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +55,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
 from _cluster import ClusterRun, Kill, simulate_cluster  # noqa: E402
 
 from executors import PrefixRouter  # noqa: E402
-from workloads import many_agent_programs  # noqa: E402
+from workloads import Program, many_agent_programs  # noqa: E402
 
 PROFILE = "h100-llama3-8b"
 CACHE_BLOCKS = 25_000  # the profile's KV cache, in blocks of 16 tokens
@@ -82,7 +83,7 @@ def log(message: str) -> None:
 
 MODES: dict[str, dict[str, object]] = {
     # mode: how it differs from 8 engines sharing routing state and one admission budget
-    "one_engine": {"engines": 1},
+    "one_engine": {"engines": 1, "ceiling": True},
     "shared": {},
     "unshared": {"share_routes": False},
     "spread": {"spread_calls": True},  # each turn through another engine's router
@@ -91,29 +92,28 @@ MODES: dict[str, dict[str, object]] = {
 }
 
 
-def cluster(size: Size, seed: int, modes: list[str] | None = None) -> dict[str, ClusterRun]:
-    programs = many_agent_programs(size.programs, rate=ARRIVALS_PER_S, seed=seed)
-    calls = sum(p.llm_calls for p in programs)
-    log(
-        f"cluster: {size.programs:,} agent programs ({calls:,} LLM calls) on {size.replicas} "
-        f"x {PROFILE}, 1 engine against {size.engines}:"
-    )
+def run_modes(
+    programs: list[Program],
+    size: Size,
+    seed: int,
+    modes: Mapping[str, Mapping[str, object]],
+    **common: object,
+) -> dict[str, ClusterRun]:
+    """`simulate_cluster` once per mode (its options over `common`), each logged."""
     runs = {}
     # Millions of long-lived objects (the routers' models): collect young garbage less
     # often, or the collector takes a quarter of the time. Figures are unaffected.
     thresholds = gc.get_threshold()
     gc.set_threshold(100_000, 50, 100)
     try:
-        for mode in modes or list(MODES):
-            options = {"engines": size.engines, **MODES[mode]}
+        for mode, options in modes.items():
             run = simulate_cluster(
                 programs,
                 replicas=size.replicas,
-                ceiling=mode == "one_engine",
                 profile=PROFILE,
                 seed=seed,
                 mode=mode,
-                **options,  # type: ignore[arg-type]
+                **{"engines": size.engines, **common, **options},  # type: ignore[arg-type]
             )
             r = run.report
             log(
@@ -128,6 +128,16 @@ def cluster(size: Size, seed: int, modes: list[str] | None = None) -> dict[str, 
     finally:
         gc.set_threshold(*thresholds)
     return runs
+
+
+def cluster(size: Size, seed: int, modes: list[str] | None = None) -> dict[str, ClusterRun]:
+    programs = many_agent_programs(size.programs, rate=ARRIVALS_PER_S, seed=seed)
+    calls = sum(p.llm_calls for p in programs)
+    log(
+        f"cluster: {size.programs:,} agent programs ({calls:,} LLM calls) on {size.replicas} "
+        f"x {PROFILE}, 1 engine against {size.engines}:"
+    )
+    return run_modes(programs, size, seed, {m: MODES[m] for m in modes or MODES})
 
 
 # --- part 2: one admission budget over the engines -----------------------------------------
@@ -155,25 +165,7 @@ def budget(seed: int) -> dict[str, ClusterRun]:
         f"budget: {size.programs} agent programs on {size.replicas} x {PROFILE}, "
         f"{BUDGET_PER_REPLICA} calls in flight per replica over all engines:"
     )
-    runs = {}
-    for mode, options in BUDGET_MODES.items():
-        run = simulate_cluster(
-            programs,
-            replicas=size.replicas,
-            profile=PROFILE,
-            seed=seed,
-            mode=mode,
-            per_replica=BUDGET_PER_REPLICA,
-            **{"engines": size.engines, **options},  # type: ignore[arg-type]
-        )
-        r = run.report
-        log(
-            f"  {mode:<15} hit {r.cache_hit_share:.4f}  mean JCT {r.mean_jct:7.1f} s  p95 "
-            f"{r.p95_jct:7.1f} s  makespan {r.makespan:7.1f} s  peak in flight "
-            f"{run.peak_in_flight} of {run.limit}  ({run.wall_s:.0f} s wall)"
-        )
-        runs[mode] = run
-    return runs
+    return run_modes(programs, size, seed, BUDGET_MODES, per_replica=BUDGET_PER_REPLICA)
 
 
 # --- part 3: the router's decision cost --------------------------------------------------------

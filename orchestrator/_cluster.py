@@ -122,7 +122,7 @@ class Leases:
         resume: Callable[[Sequence[str]], Awaitable[list[str]]],
         let_go: Callable[[str], None],
         mine: Callable[[], Sequence[str]] = list,
-        cancel: Callable[[str, str], None] | None = None,
+        cancel: Callable[[str, str], object] | None = None,
     ) -> None:
         self.cluster = cluster
         self.owner = cluster.owner()
@@ -291,15 +291,17 @@ class Leases:
         """Write the end of a claimed run as cancelled, as the engine would have had it run
         here and been cancelled: its unfinished tasks cancelled, then the workflow."""
         row = await self.store.workflow(workflow)
-        records = await self.store.events(workflow)
-        if row is None or not records:
+        if row is None:
             return
-        last = records[-1].seq
         try:
-            unfinished = rebuild((await read_log(self.store, workflow))[0]).unfinished()
+            events, last = await read_log(self.store, workflow)
+            unfinished = rebuild(events).unfinished()
+        except StoreError:
+            raise
         except Exception as exc:  # a log it cannot read: the workflow's end is still written
             _log.warning("the log of %s cannot be read (%s): ending it as cancelled", workflow, exc)
-            unfinished = []
+            records = await self.store.events(workflow)
+            last, unfinished = (records[-1].seq if records else 0), []
         at = self._clock.monotonic()  # as the engine stamps its events
         now = time.time()
         ending: list[Event] = [

@@ -367,7 +367,7 @@ class Engine:
                     resume=self._resume_claimed,
                     let_go=self._let_go,
                     mine=lambda: list(self._runs),
-                    cancel=self._cancel_asked,
+                    cancel=self.cancel_if_running,
                 )
             self.durable = Durability(
                 self.store,
@@ -1080,11 +1080,16 @@ class Engine:
         finally:
             self.bus.unlisten(queue)
 
-    def _cancel_asked(self, run_id: str, reason: str) -> None:
+    def cancel_if_running(self, run_id: str, reason: str) -> bool:
+        """Cancel `run_id` if it runs in this engine; False if it does not (another engine
+        runs it, or it has ended). Never raises: for cancels asked from elsewhere, which may
+        meet the run as it ends."""
         run = self._runs.get(run_id)
-        if run is not None:
-            run.cancel(reason)  # (nothing if it is complete or cancelling already)
-            self.wake()
+        if run is None:
+            return False
+        run.cancel(reason)  # (nothing if it is complete or cancelling already)
+        self.wake()
+        return True
 
     def cancel(self, workflow: Workflow | str, reason: str = "cancelled by the caller") -> None:
         """Cancel a running workflow: its running tasks are cancelled, the rest never start."""

@@ -652,9 +652,7 @@ class Service:
         """An engine's API was asked to cancel a workflow; it runs here, maybe."""
         if not run_id:
             return  # a notifier's "look again" after it reconnected
-        handle = self.engine.handle(run_id)
-        if handle is not None:
-            handle.cancel("cancelled through the API")
+        self.engine.cancel_if_running(run_id, "cancelled through the API")
 
     async def _add_tasks(self, request: web.Request) -> web.Response:
         tenant = self._tenant(request)
