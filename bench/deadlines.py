@@ -6,21 +6,25 @@ time. Three ways to run the same programs and arrivals:
 
 - naive: every call sent as soon as it is ready, no hints, round-robin over replicas;
 - priority-only: plait (`slack` policy, prefix routing), the queries' urgency sent to the
-  servers (which order their queues by it), nothing held back (`Engine(headroom=None)`);
+  servers (which order their queues by it), nothing held back
+  (`Engine(headroom=None, gate=None)`);
 - plait: the same, with slack-rich work held back to the backend's learned throughput knee
-  while urgent work is around (`Engine()`'s default `Headroom`).
+  while urgent work is around (`Engine()`'s default `Headroom`), and queries started in
+  deadline order, as many at once as meets the most deadlines (the default `DeadlineGate`).
 
 Reported: the queries' deadline attainment, and the batch's throughput relative to the batch
 alone (the fastest of the modes running it alone; each mode's own alone run too).
 
 Part 2: text-to-SQL alone on one replica, at the first rate (1.0, 1.1, 1.2, ... queries/s)
 where naive attains under 0.5, against priority-only and plait (hopeless deadlines demoted
-and held), and plait with the queries submitted `late="cancel"` (a query whose deadline is
-shorter than most recent queries took is shed at once, and one still running at its
-deadline is cancelled; both count as misses; JCT figures are over the queries answered).
+and held), and plait with the queries submitted `late="cancel"` (a query that cannot make
+its deadline at the present load is shed while it waits to start, and one still running at
+its deadline is cancelled; both count as misses; JCT figures are over the queries answered),
+and the same without the deadline gate (every query started at once), to show what it adds.
 
     python bench/deadlines.py --quick    # 2,000 batch rows; about a minute
     python bench/deadlines.py            # 10,000 batch rows; a few minutes
+    python bench/deadlines.py --part 2 --seed 3   # one part, another sample
 
 The last line of stdout is one JSON object with the figures.
 """
@@ -44,6 +48,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
 
 from _harness import (  # noqa: E402
     Outcome,
+    Report,
     Runner,
     as_workflow,
     plait_backend,
@@ -53,9 +58,12 @@ from _harness import (  # noqa: E402
 
 from executors import Router, SimServer  # noqa: E402
 from orchestrator import (  # noqa: E402
+    DEFAULT_GATE,
     DEFAULT_HEADROOM,
     Clock,
+    DeadlineGate,
     Engine,
+    GateStats,
     Headroom,
     KeepAlive,
     KneeStats,
@@ -79,16 +87,21 @@ class Seen:
     """What a plait run learned (its knee), kept for the report."""
 
     knees: tuple[KneeStats, ...] = ()
+    gate: GateStats | None = None
     hopeless: int = 0
     shed: int = 0
     """Queries cancelled by `late="cancel"` (shed at submission or at their deadline)."""
 
 
 def plait_mixed(
-    headroom: Headroom | None, seen: Seen | None = None, lanes: int = 0, late: bool = False
+    headroom: Headroom | None,
+    seen: Seen | None = None,
+    lanes: int = 0,
+    late: bool = False,
+    gate: DeadlineGate | None = DEFAULT_GATE,
 ) -> Runner:
     """plait with the `slack` policy: queries (programs with a deadline) as interactive,
-    the rest as batch; `headroom` None is priority-only (nothing held back). `lanes`: the
+    the rest as batch; `headroom` and `gate` None is priority-only (nothing held back). `lanes`: the
     router keeps that many replicas for urgent calls (`Router(urgent_lanes=...)`). `late`:
     queries are submitted with `late="cancel"` (shed when recent queries took longer than
     their deadline, cancelled when it passes); a cancelled query counts as a miss."""
@@ -115,6 +128,7 @@ def plait_mixed(
             limits=limits,
             keep_alive=KeepAlive(),
             headroom=headroom,
+            gate=gate,
         ) as engine:
 
             async def one(program: Program) -> None:
@@ -147,6 +161,7 @@ def plait_mixed(
                     tg.create_task(one(program))
             if seen is not None:
                 seen.knees = engine.stats().knees
+                seen.gate = engine.stats().gate
         return sorted(outcomes, key=lambda o: o.arrival)
 
     return run
@@ -198,7 +213,7 @@ def part1(rows: int, rate: float, seed: int) -> tuple[dict[str, Mixed], float, S
     seen = Seen()
     runners: dict[str, Runner] = {
         "naive": run_naive,
-        "priority-only": plait_mixed(None),
+        "priority-only": plait_mixed(None, gate=None),
         "plait": plait_mixed(DEFAULT_HEADROOM, seen),
         "plait + lane": plait_mixed(DEFAULT_HEADROOM, lanes=1),
     }
@@ -251,7 +266,9 @@ def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
         raise SystemExit(f"naive attained 0.5 or more at every rate of {list(rates)}")
     rate, programs, naive = chosen
     seen = Seen()
-    priority = simulate(programs, plait_mixed(None), profile=PROFILE, seed=seed, mode="prio")
+    priority = simulate(
+        programs, plait_mixed(None, gate=None), profile=PROFILE, seed=seed, mode="prio"
+    )
     plait = simulate(
         programs, plait_mixed(DEFAULT_HEADROOM, seen), profile=PROFILE, seed=seed, mode="plait"
     )
@@ -263,11 +280,20 @@ def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
         seed=seed,
         mode="plait, late=cancel",
     )
+    # The same without the deadline gate (every query starts at once): what the gate adds.
+    ungated = simulate(
+        programs,
+        plait_mixed(DEFAULT_HEADROOM, late=True, gate=None),
+        profile=PROFILE,
+        seed=seed,
+        mode="plait, late=cancel, no gate",
+    )
     log(
         f"  at {rate}/s: naive {naive.deadline_attainment:.3f}, priority-only "
         f"{priority.deadline_attainment:.3f}, plait {plait.deadline_attainment:.3f} "
         f"({seen.hopeless} runs found hopeless), plait with late='cancel' "
-        f"{shedding.deadline_attainment:.3f} ({shed.shed} queries given up)"
+        f"{shedding.deadline_attainment:.3f} ({shed.shed} queries given up; gate: {shed.gate}), "
+        f"without the gate {ungated.deadline_attainment:.3f}"
     )
     return {
         "rate": rate,
@@ -276,32 +302,20 @@ def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
         "priority": priority,
         "plait": plait,
         "shedding": shedding,
+        "ungated": ungated,
         "shed": shed.shed,
+        "gate": shed.gate,
         "hopeless": seen.hopeless,
         "knees": seen.knees,
         "sweep": sweep,
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2,000 batch rows, fewer queries")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rate", type=float, default=1.0, help="queries/s during the batch")
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    rows = 2_000 if args.quick else 10_000
-    log(f"part 1: {rows:,} batch rows on {REPLICAS} replicas, queries at {args.rate}/s:")
-    mixed, reference, seen, n_sql = part1(rows, args.rate, args.seed)
-    n2 = 120 if args.quick else 300
-    log(f"part 2: {n2} text-to-SQL queries alone on one replica:")
-    # The first rate where naive attains under 0.5, in steps of 0.1 queries/s: coarser steps
-    # overshoot into overload, where no scheduler can meet 0.8 (one replica serves at most
-    # ~1.6 of these queries a second, docs/admission.md).
-    alone = part2(n2, tuple(round(1.0 + 0.1 * i, 1) for i in range(21)), args.seed)
-
+def report_part1(
+    rows: int, rate: float, mixed: dict[str, Mixed], reference: float, seen: Seen, n_sql: int
+) -> dict[str, object]:
     print(
-        f"\nPart 1: {rows:,} batch rows + {n_sql} text-to-SQL queries at {args.rate}/s, "
+        f"\nPart 1: {rows:,} batch rows + {n_sql} text-to-SQL queries at {rate}/s, "
         f"{REPLICAS} x {PROFILE} (simulated); batch alone: {reference:.1f} s (fastest mode)"
     )
     print(f"{'mode':<14} {'attain.':>7} {'JCT mean':>8} {'JCT p95':>8} {'batch s':>8} "
@@ -319,19 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{knee.per_call_s_per_token or 0:.2e} x in-flight s; knee {knee.knee} of "
             f"{knee.limit} (cap {knee.cap_urgent} with urgent work, {knee.cap_alone} without)"
         )
-    naive2, prio2, plait2 = alone["naive"], alone["priority"], alone["plait"]
-    shed2 = alone["shedding"]
-    print(f"\nPart 2: {alone['programs']} text-to-SQL queries alone at {alone['rate']}/s, "
-          f"1 x {PROFILE}")  # fmt: skip
-    print(f"{'mode':<18} {'attain.':>7} {'JCT mean':>8} {'JCT p95':>8}")
-    modes2 = (
-        ("naive", naive2), ("priority-only", prio2), ("plait", plait2),
-        ("plait, late=cancel", shed2),
-    )  # fmt: skip
-    for name, r in modes2:
-        print(f"{name:<18} {r.deadline_attainment:>7.3f} {r.mean_jct:>8.1f} {r.p95_jct:>8.1f}")  # type: ignore[attr-defined]
     plait = mixed["plait"]
-    figures = {
+    return {
         "interactive_attainment": round(plait.attainment, 4),
         "batch_throughput_share": round(plait.share(reference), 4),
         "batch_throughput_share_own_alone": round(plait.share(plait.alone_makespan), 4),
@@ -344,24 +347,77 @@ def main(argv: list[str] | None = None) -> int:
         "batch_alone_s": round(reference, 2),
         "batch_rows": rows,
         "queries": n_sql,
-        "query_rate_per_s": args.rate,
+        "query_rate_per_s": rate,
         "knee": [
             {"backend": k.backend, "knee": k.knee, "limit": k.limit, "samples": k.samples}
             for k in seen.knees
         ],
+    }
+
+
+def report_part2(alone: dict[str, object]) -> dict[str, object]:
+    reports: dict[str, Report] = {
+        "naive": alone["naive"],  # type: ignore[dict-item]
+        "priority-only": alone["priority"],  # type: ignore[dict-item]
+        "plait": alone["plait"],  # type: ignore[dict-item]
+        "plait, late=cancel": alone["shedding"],  # type: ignore[dict-item]
+        "  same, no gate": alone["ungated"],  # type: ignore[dict-item]
+    }
+    print(f"\nPart 2: {alone['programs']} text-to-SQL queries alone at {alone['rate']}/s, "
+          f"1 x {PROFILE}")  # fmt: skip
+    print(f"{'mode':<18} {'attain.':>7} {'JCT mean':>8} {'JCT p95':>8}")
+    for name, r in reports.items():
+        print(f"{name:<18} {r.deadline_attainment:>7.3f} {r.mean_jct:>8.1f} {r.p95_jct:>8.1f}")
+    gate = alone["gate"]
+    if isinstance(gate, GateStats):
+        print(
+            f"the deadline gate (late=cancel run) learned: a run takes {gate.base_s or 0:.2f} + "
+            f"{gate.per_run_s or 0:.3f} x runs in flight s; cap {gate.cap}; {gate.held} runs "
+            f"waited, {gate.shed} found hopeless while waiting"
+        )
+    attained = {name: round(r.deadline_attainment, 4) for name, r in reports.items()}
+    return {
         "sql_rate_per_s": alone["rate"],
-        "sql_attainment_naive": round(naive2.deadline_attainment, 4),  # type: ignore[attr-defined]
-        "sql_attainment_priority_only": round(prio2.deadline_attainment, 4),  # type: ignore[attr-defined]
-        "sql_attainment_plait": round(plait2.deadline_attainment, 4),  # type: ignore[attr-defined]
-        "sql_attainment_plait_late_cancel": round(shed2.deadline_attainment, 4),  # type: ignore[attr-defined]
+        "sql_attainment_naive": attained["naive"],
+        "sql_attainment_priority_only": attained["priority-only"],
+        "sql_attainment_plait": attained["plait"],
+        "sql_attainment_plait_late_cancel": attained["plait, late=cancel"],
+        "sql_attainment_plait_late_cancel_no_gate": attained["  same, no gate"],
+        "sql_gate_cap": gate.cap if isinstance(gate, GateStats) else None,
         "sql_queries_given_up": alone["shed"],
         "sql_hopeless_runs": alone["hopeless"],
         "sql_sweep": alone["sweep"],
-        "quick": args.quick,
-        "seed": args.seed,
-        "profile": PROFILE,
-        "wall_s": round(time.perf_counter() - started, 1),
     }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2,000 batch rows, fewer queries")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rate", type=float, default=1.0, help="queries/s during the batch")
+    parser.add_argument("--part", choices=("1", "2"), help="run only this part (default: both)")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    figures: dict[str, object] = {}
+    if args.part in (None, "1"):
+        rows = 2_000 if args.quick else 10_000
+        log(f"part 1: {rows:,} batch rows on {REPLICAS} replicas, queries at {args.rate}/s:")
+        mixed, reference, seen, n_sql = part1(rows, args.rate, args.seed)
+        figures.update(report_part1(rows, args.rate, mixed, reference, seen, n_sql))
+    if args.part in (None, "2"):
+        n2 = 120 if args.quick else 300
+        log(f"part 2: {n2} text-to-SQL queries alone on one replica:")
+        # The first rate where naive attains under 0.5, in steps of 0.1 queries/s: coarser
+        # steps overshoot into overload, where no scheduler can meet 0.8 (one replica serves
+        # at most ~1.6 of these queries a second, docs/admission.md).
+        alone = part2(n2, tuple(round(1.0 + 0.1 * i, 1) for i in range(21)), args.seed)
+        figures.update(report_part2(alone))
+    figures.update(
+        quick=args.quick,
+        seed=args.seed,
+        profile=PROFILE,
+        wall_s=round(time.perf_counter() - started, 1),
+    )
     print(json.dumps(figures, separators=(",", ":")))
     return 0
 

@@ -63,6 +63,7 @@ from ._events import (
     WorkflowStarted,
     WorkflowStatus,
 )
+from ._gate import DEFAULT_GATE, DeadlineGate, GateStats
 from ._journal import Journal, JournalStats, read_events, restore
 from ._keepalive import CacheBudget, KeepAlive, PausePredictor
 from ._knee import DEFAULT_HEADROOM, Headroom, KneeController, KneeStats
@@ -212,6 +213,9 @@ __all__ = [
     "KeepAlive",
     "DEFAULT_HEADROOM",
     "Headroom",
+    "DeadlineGate",
+    "DEFAULT_GATE",
+    "GateStats",
     "KneeController",
     "KneeStats",
     "Limits",

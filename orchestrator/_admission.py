@@ -158,13 +158,16 @@ class Admission:
         limits: Mapping[str, Limits],
         static_key: Callable[[Any], Any] | None = None,
         held: Callable[[Any, str], bool] | None = None,
+        gated: Callable[[Any], bool] | None = None,
     ) -> None:
         """`static_key`, if given, ranks programs once and for all (lower first); otherwise
         `admit` ranks the waiting programs every time with the key it is given. `held`
-        says whether a program must wait for a resource with `kv_tokens` (hold-back)."""
+        says whether a program must wait for a resource with `kv_tokens` (hold-back); `gated`
+        whether a program must wait for every resource (the deadline gate holds it)."""
         self._resources = {name: _Resource(name, lim) for name, lim in limits.items()}
         self._static_key = static_key
         self._held = held
+        self._gated = gated
         self._pending = False  # some resource may have both free slots and waiting work
         self.urgent: Callable[[Any], bool] | None = None
         """Set with shared limits: whether a program is urgent (its demand is reported
@@ -272,6 +275,9 @@ class Admission:
             if free <= 0 or res.waiting == 0:
                 continue
             held = self._held if res.limits.kv_tokens is not None else None
+            gated = self._gated
+            if gated is not None:
+                held = _either(gated, held)
             cap = caps(res.name) if caps is not None and rich is not None else None
             if self._static_key is not None:
                 self._admit_static(res, free, admitted, held, cap, rich)
@@ -395,3 +401,11 @@ class Admission:
             )
             for r in self._resources.values()
         ]
+
+
+def _either(
+    gated: Callable[[Any], bool], held: Callable[[Any, str], bool] | None
+) -> Callable[[Any, str], bool]:
+    if held is None:
+        return lambda program, resource: gated(program)
+    return lambda program, resource: gated(program) or held(program, resource)

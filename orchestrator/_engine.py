@@ -53,6 +53,7 @@ from ._events import (
     WorkflowResumed,
     WorkflowStarted,
 )
+from ._gate import DEFAULT_GATE, DeadlineGate, GateStats, RunGate
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._knee import DEFAULT_HEADROOM, Headroom, KneeController, KneeStats, slack_rich
@@ -114,6 +115,8 @@ class EngineStats:
     resources: tuple[ResourceStats, ...]
     knees: tuple[KneeStats, ...] = ()
     """What each LLM backend's headroom controller learned (empty with `headroom=None`)."""
+    gate: GateStats | None = None
+    """What the deadline gate learned (None with `gate=None`)."""
 
 
 class RunHandle:
@@ -183,6 +186,8 @@ class Engine:
     `headroom` (on by default; None turns it off) holds slack-rich work (batch, far
     deadlines, hopeless ones) back to each LLM backend's learned throughput knee while
     urgent work is around, so urgent calls find short decode steps (docs/admission.md).
+    `gate` (on by default; None turns it off) starts runs with a deadline in deadline order,
+    as many at once as it learned meets the most deadlines (`DeadlineGate`).
     """
 
     def __init__(
@@ -202,6 +207,7 @@ class Engine:
         store_patience: float = 60.0,
         retention: Retention | None = None,
         headroom: Headroom | None = DEFAULT_HEADROOM,
+        gate: DeadlineGate | None = DEFAULT_GATE,
         cluster: Cluster | None = None,
         slots: SlotBroker | None = None,
     ) -> None:
@@ -213,7 +219,11 @@ class Engine:
             merged.setdefault(name, Limits())
         merged.update(limits or {})
         static = self._static_key if self.policy.static else None
-        self.admission = Admission(merged, static_key=static, held=self._held_back)
+        self.admission = Admission(merged, static_key=static, held=self._held_back, gated=_gated)
+        if gate is not None and not isinstance(gate, DeadlineGate):
+            raise UsageError(f"Engine(gate=...) takes a DeadlineGate or None, got {gate!r}")
+        self.gate = None if gate is None else RunGate(gate)
+        """The deadline gate's state (docs/admission.md)."""
         self.headroom = headroom
         # A fixed `Limits.batch_in_flight` holds work back even with headroom=None.
         self.knees = {
@@ -496,6 +506,8 @@ class Engine:
 
     def _admit(self) -> None:
         admission = self.admission
+        if self.gate is not None:
+            self._open_gate()
         if not admission.pending:
             return
         now = self.clock.monotonic()
@@ -523,6 +535,33 @@ class Engine:
                     item.future.set_result(None)
             else:
                 self._start(run, cast(TaskRun, item))
+
+    def _open_gate(self) -> None:
+        """Let runs with a deadline in as the gate allows; a waiting run found hopeless is
+        shed if it was submitted with `late="cancel"` (it has cost nothing yet)."""
+        assert self.gate is not None
+        now = self.clock.monotonic()
+        opened, hopeless = self.gate.release(now)
+        for run in hopeless:
+            assert isinstance(run, Run) and run.deadline is not None
+            if run.hopeless_at is None:
+                run.hopeless_at = now
+                expected = self.gate.expected(now)
+                self.bus.emit(
+                    run.id,
+                    DeadlineHopeless(
+                        workflow=run.id, deadline=run.deadline, remaining=expected, at=now
+                    ),
+                )
+            if run.late == "cancel":
+                run.cancel(
+                    f"shed: waiting to start, its deadline ({run.deadline - now:.1f} s from "
+                    f"now) is shorter than what a run takes at this load "
+                    f"({self.gate.expected(now):.1f} s)"
+                )
+                self.wake()
+        if opened:
+            self.admission.look_again()
 
     def _key(self, run: Run, now: float) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(now), now)
@@ -815,6 +854,8 @@ class Engine:
         """A `late="cancel"` run: cancelled when its deadline passes, and at once if most
         recent runs of its workflow's name took longer than the whole deadline."""
         run.late = "cancel"
+        if self.gate is not None and self.gate.learned:
+            return  # the gate sheds it while it waits, by what a run takes at this load
         took = self.run_times.typical(run.workflow.name)
         if took is None or took <= deadline:
             return
@@ -1123,8 +1164,12 @@ class Engine:
         if run.deadline is not None or run.priority_class == "interactive":
             self._watched.add(run)
             self.admission.look_again()  # urgent work may have arrived: caps may change
+        if self.gate is not None and run.deadline is not None:
+            self.gate.arrive(run, self.clock.monotonic())
 
     def _drop_run(self, run: Run) -> None:
+        if self.gate is not None and run.deadline is not None:
+            self.gate.withdraw(run, self.clock.monotonic())
         if self._runs.get(run.id) is run:
             del self._runs[run.id]
             self._tenant_runs[run.tenant] -= 1
@@ -1156,6 +1201,11 @@ class Engine:
         result = run.result()
         if run.deadline is not None and result.ok:
             self.run_times.observe(run.workflow.name, result.finished_at - result.started_at)
+        if self.gate is not None and run.deadline is not None:
+            # A run cancelled at its deadline took at least that long: leaving it out would
+            # teach the gate that runs are quicker than they are.
+            now = self.clock.monotonic()
+            self.gate.ended(run, now, result.ok or (run.late == "cancel" and now >= run.deadline))
         if run.deadline_timer is not None:
             run.deadline_timer.cancel()
             run.deadline_timer = None
@@ -1193,7 +1243,13 @@ class Engine:
             self._finished,
             tuple(self.admission.stats()),
             tuple(knee.stats() for knee in self.knees.values()),
+            None if self.gate is None else self.gate.stats(),
         )
+
+
+def _gated(run: Run) -> bool:
+    """Whether the deadline gate holds `run` (nothing of it may start yet)."""
+    return run.held
 
 
 def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:

@@ -226,6 +226,8 @@ class Run:
         self.late: Late = "finish"
         """"cancel": cancelled when the deadline passes (`Engine.submit(late=...)`)."""
         self.deadline_timer: asyncio.TimerHandle | None = None
+        self.held = False
+        """The deadline gate holds it: nothing of it starts yet (`orchestrator._gate`)."""
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, program={self.program})"

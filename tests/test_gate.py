@@ -1,0 +1,237 @@
+"""The deadline gate: runs with a deadline start earliest deadline first, as many at once as
+the gate learned meets the most deadlines; a waiting run that cannot make it is shed
+(`late="cancel"`) or moved behind the rest (virtual time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from orchestrator import (
+    DeadlineGate,
+    Engine,
+    Limits,
+    TaskContext,
+    UnknownResourceError,
+    UsageError,
+    VirtualClock,
+    Workflow,
+)
+from orchestrator._gate import RunGate
+
+
+@dataclass
+class _Run:
+    """What the gate reads of a run."""
+
+    deadline: float | None
+    started_at: float = 0.0
+    late: str = "finish"
+    complete: bool = False
+    held: bool = False
+
+
+def _teach(gate: RunGate, a: float, b: float, levels: range, now: float = 0.0) -> float:
+    """Runs that each take `a + b x level` seconds with `level` runs in flight, level by
+    level: the gate sees exactly that line."""
+    for level in levels:
+        runs = [_Run(deadline=now + 1_000.0, started_at=now) for _ in range(level)]
+        for run in runs:
+            gate.arrive(run, now)
+        opened, _ = gate.release(now)
+        assert len(opened) == level  # nothing is capped while it learns
+        now += a + b * level
+        for run in runs:
+            gate.ended(run, now, ok=True)
+    return now
+
+
+def _budgets(gate: RunGate, seconds: float, n: int = 50) -> None:
+    """Deadlines submitted recently: `n` runs given `seconds` each (withdrawn at once)."""
+    for _ in range(n):
+        run = _Run(deadline=seconds)
+        gate.arrive(run, 0.0)
+        run.complete = True
+        gate.withdraw(run, 0.0)
+
+
+def test_nothing_waits_until_enough_runs_have_ended() -> None:
+    gate = RunGate(DeadlineGate(min_seen=10))
+    _teach(gate, 2.0, 1.0, range(1, 4))  # 6 runs over three levels
+    assert gate.cap() is None and not gate.learned
+    runs = [_Run(deadline=5.0) for _ in range(30)]
+    for run in runs:
+        gate.arrive(run, 100.0)
+    opened, hopeless = gate.release(100.0)
+    assert len(opened) == 30 and hopeless == []
+    assert not any(run.held for run in runs)
+
+
+def test_the_cap_is_the_level_that_meets_the_most_deadlines_per_second() -> None:
+    """Runs take 2 + n seconds with n in flight and every deadline is 10 s: up to 8 at once
+    all are met (8 runs per 10 s); a ninth makes every one late."""
+    gate = RunGate(DeadlineGate())
+    _teach(gate, 2.0, 1.0, range(1, 7))
+    stats = gate.stats()
+    assert stats.base_s == pytest.approx(2.0) and stats.per_run_s == pytest.approx(1.0)
+    _budgets(gate, 10.0, n=200)  # the recent deadlines are all 10 s
+    assert gate.cap() == 8
+
+
+def test_runs_that_do_not_slow_each_other_are_never_held() -> None:
+    gate = RunGate(DeadlineGate())
+    _teach(gate, 5.0, 0.0, range(1, 7))
+    _budgets(gate, 6.0)
+    assert gate.cap() is None
+    runs = [_Run(deadline=1_000.0) for _ in range(50)]
+    for run in runs:
+        gate.arrive(run, 0.0)
+    assert len(gate.release(0.0)[0]) == 50
+
+
+def test_waiting_runs_start_earliest_deadline_first_as_runs_end() -> None:
+    gate = RunGate(DeadlineGate())
+    now = _teach(gate, 2.0, 1.0, range(1, 7))
+    _budgets(gate, 10.0, n=200)
+    cap = gate.cap()
+    assert cap == 8
+    first = [_Run(deadline=now + 900.0, started_at=now) for _ in range(cap)]
+    for run in first:
+        gate.arrive(run, now)
+    assert len(gate.release(now)[0]) == cap
+    late, soon, middle = (_Run(deadline=now + d, started_at=now) for d in (800.0, 200.0, 500.0))
+    for run in (late, soon, middle):
+        gate.arrive(run, now)
+    assert gate.release(now) == ([], [])  # full: all three wait
+    assert late.held and soon.held and middle.held
+    order = []
+    for run in first[:3]:
+        gate.ended(run, now + 1.0, ok=True)
+        opened, _ = gate.release(now + 1.0)
+        order.extend(opened)
+    assert order == [soon, middle, late]
+    assert not soon.held
+
+
+def test_a_waiting_run_that_cannot_make_it_is_shed_or_moved_behind() -> None:
+    """Runs take 2 + n s. With none in flight, a `late="cancel"` run with 2.5 s left is
+    shed before it starts; a default one with 2.8 s is let in only after every run that can
+    still make it."""
+    gate = RunGate(DeadlineGate())
+    now = _teach(gate, 2.0, 1.0, range(1, 7))
+    _budgets(gate, 10.0, n=200)
+    hopeless_cancel = _Run(deadline=now + 2.5, late="cancel")
+    hopeless_finish = _Run(deadline=now + 2.8)
+    feasible = _Run(deadline=now + 9.0)
+    for run in (hopeless_cancel, hopeless_finish, feasible):
+        gate.arrive(run, now)
+    opened, hopeless = gate.release(now)
+    assert hopeless == [hopeless_cancel, hopeless_finish]
+    assert opened == [feasible, hopeless_finish]  # room for both: the hopeless one last
+    assert hopeless_cancel.held  # the engine cancels it; the gate never lets it in
+    assert gate.stats().shed == 2
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(UsageError, match="min_seen"):
+        DeadlineGate(min_seen=1)
+    with pytest.raises(UsageError, match="sure"):
+        DeadlineGate(sure=1.5)
+    with pytest.raises(UsageError, match="memory"):
+        DeadlineGate(min_seen=50, memory=20)
+    with pytest.raises(UsageError, match="DeadlineGate or None"):
+        Engine(gate=3)  # type: ignore[arg-type]
+
+
+# --- in the engine ---------------------------------------------------------------------------
+
+
+@dataclass
+class _SharedServer:
+    """One server whose every call slows the others: a call takes `base + per x n` seconds,
+    n the calls running when it starts."""
+
+    clock: VirtualClock
+    base: float = 2.0
+    per: float = 1.0
+    running: int = 0
+    calls: int = 0
+    peak: list[int] = field(default_factory=list)
+
+    async def call(self, ctx: TaskContext) -> None:
+        self.running += 1
+        self.calls += 1
+        self.peak.append(self.running)
+        try:
+            await self.clock.sleep(self.base + self.per * self.running)
+        finally:
+            self.running -= 1
+
+
+def _one_call(server: _SharedServer) -> Workflow:
+    wf = Workflow("query")
+    wf.add("answer", server.call)
+    return wf
+
+
+def _overload(gate: DeadlineGate | None) -> tuple[int, int, int, _SharedServer, object]:
+    """80 runs, one a second, each with 10 s: more than the server can answer in time."""
+    clock = VirtualClock()
+    server = _SharedServer(clock)
+
+    async def main() -> tuple[int, int, int, object]:
+        async with Engine(
+            clock=clock, policy="slack", gate=gate, limits={"local": Limits(1_000)}
+        ) as engine:
+            handles = []
+            for _ in range(80):
+                handles.append(
+                    engine.submit(
+                        _one_call(server), deadline=10.0, priority="interactive", late="cancel"
+                    )
+                )
+                await clock.sleep(1.0)
+            results = [await h for h in handles]
+            met = sum(r.ok and r.finished_at <= r.deadline for r in results)  # type: ignore[operator]
+            never_ran = sum(r.llm_calls == 0 and "answer" in r.cancelled for r in results)
+            shed = sum("shed" in r.cancelled.get("answer", "") for r in results)
+            return met, never_ran, shed, engine.stats().gate
+
+    met, never_ran, shed, stats = clock.run(main())
+    return met, never_ran, shed, server, stats
+
+
+def test_the_gate_meets_more_deadlines_on_an_overloaded_server() -> None:
+    met_none, _, shed_none, server_none, stats_none = _overload(None)
+    met, _, shed, server, stats = _overload(DeadlineGate())
+    assert stats_none is None and shed_none == 0
+    assert stats is not None and stats.cap is not None  # type: ignore[attr-defined]
+    # Without the gate every run starts at once, the server slows for all, and most of
+    # them are cancelled at their deadline; with it, runs past the cap wait and those that
+    # cannot make it are shed before they call the server.
+    assert met > met_none
+    assert shed > 0 and server.calls == 80 - shed
+    assert max(server.peak[-30:]) <= stats.cap  # type: ignore[attr-defined]
+    assert max(server_none.peak) > stats.cap  # type: ignore[attr-defined]
+
+
+def test_a_refused_run_leaves_nothing_waiting_at_the_gate() -> None:
+    """A run refused at submission (an unknown resource) was never let in: the gate
+    forgets it, and a run submitted after it starts."""
+    clock = VirtualClock()
+    server = _SharedServer(clock)
+
+    async def main() -> tuple[object, bool]:
+        async with Engine(clock=clock, gate=DeadlineGate()) as engine:
+            wf = Workflow("query")
+            wf.add("answer", server.call, resource="nowhere")
+            with pytest.raises(UnknownResourceError):
+                engine.submit(wf, deadline=10.0)
+            waiting = engine.stats().gate
+            result = await engine.run(_one_call(server), deadline=10.0)
+            return waiting, result.ok
+
+    waiting, ok = clock.run(main())
+    assert waiting is not None and waiting.waiting == 0 and waiting.in_flight == 0  # type: ignore[attr-defined]
+    assert ok
