@@ -113,6 +113,7 @@ class _Resource:
         "in_flight",
         "limits",
         "name",
+        "parked",
         "peak",
         "queues",
         "rejected",
@@ -129,6 +130,9 @@ class _Resource:
         self.queues: dict[Hashable, deque[tuple[int, Queued]]] = {}
         self.heap: list[tuple[Any, Hashable]] = []
         """With a static key: the programs that have a queue here, best first."""
+        self.parked: dict[Hashable, deque[tuple[int, Queued]]] = {}
+        """Queues of programs the deadline gate holds, out of the way of every admission
+        pass until `reopen` (not in `queues`, nor in `heap`)."""
         self.in_flight = 0
         self.waiting = 0
         self.admitted = 0
@@ -190,6 +194,8 @@ class Admission:
             )
         queue = res.queues.get(program)
         if queue is None:
+            queue = res.parked.get(program)
+        if queue is None:
             queue = res.queues[program] = deque()
             if self._static_key is not None:
                 heapq.heappush(res.heap, (self._static_key(program), program))
@@ -227,6 +233,7 @@ class Admission:
         res = self._resources[resource]
         urgent = self.urgent
         waiting_urgent = 0
+        parked = sum(len(queue) for queue in res.parked.values())  # held: not wanted yet
         if urgent is not None:
             for program, queue in res.queues.items():
                 if urgent(program):
@@ -235,7 +242,7 @@ class Admission:
         return (
             res.in_flight,
             waiting_urgent + urgent_flying,
-            max(0, res.waiting - waiting_urgent) + res.in_flight - urgent_flying,
+            max(0, res.waiting - parked - waiting_urgent) + res.in_flight - urgent_flying,
         )
 
     def release(self, resource: str, item: Queued | None = None) -> None:
@@ -248,6 +255,20 @@ class Admission:
             res.urgent.discard(id(item))
             res.urgent_in_flight -= 1
         self._pending = True
+
+    def reopen(self, program: Hashable) -> None:
+        """The deadline gate let `program` in: its parked queues wait to be admitted again."""
+        for res in self._resources.values():
+            queue = res.parked.pop(program, None)
+            if queue is None:
+                continue
+            res.queues[program] = queue
+            if self._static_key is not None:
+                heapq.heappush(res.heap, (self._static_key(program), program))
+            self._pending = True
+
+    def _park(self, res: _Resource, program: Hashable) -> None:
+        res.parked[program] = res.queues.pop(program)
 
     def look_again(self) -> None:
         """Something outside the counters changed (a held-back program may go now)."""
@@ -275,14 +296,15 @@ class Admission:
             if free <= 0 or res.waiting == 0:
                 continue
             held = self._held if res.limits.kv_tokens is not None else None
-            gated = self._gated
-            if gated is not None:
-                held = _either(gated, held)
             cap = caps(res.name) if caps is not None and rich is not None else None
             if self._static_key is not None:
                 self._admit_static(res, free, admitted, held, cap, rich)
                 continue
             queues = res.queues
+            gated = self._gated
+            if gated is not None:
+                for program in [p for p in queues if gated(p)]:
+                    self._park(res, program)
             programs = sorted(queues, key=key) if len(queues) > 1 else list(queues)
             waited = False
             for program in programs:
@@ -310,8 +332,13 @@ class Admission:
     ) -> None:
         heap = res.heap
         skipped = []
+        gated = self._gated
         while heap and free > 0:
             program = heap[0][1]
+            if gated is not None and program in res.queues and gated(program):
+                heapq.heappop(heap)
+                self._park(res, program)
+                continue
             if held is not None and held(program, res.name):
                 skipped.append(heapq.heappop(heap))
                 continue
@@ -382,6 +409,7 @@ class Admission:
     def forget(self, program: Hashable) -> None:
         """Drop a finished program's (already discarded) queue entries."""
         for res in self._resources.values():
+            res.parked.pop(program, None)
             if res.queues.pop(program, None) is not None and self._static_key is not None:
                 res.heap = [entry for entry in res.heap if entry[1] is not program]
                 heapq.heapify(res.heap)
@@ -401,11 +429,3 @@ class Admission:
             )
             for r in self._resources.values()
         ]
-
-
-def _either(
-    gated: Callable[[Any], bool], held: Callable[[Any, str], bool] | None
-) -> Callable[[Any, str], bool]:
-    if held is None:
-        return lambda program, resource: gated(program)
-    return lambda program, resource: gated(program) or held(program, resource)

@@ -542,26 +542,24 @@ class Engine:
         assert self.gate is not None
         now = self.clock.monotonic()
         opened, hopeless = self.gate.release(now)
-        for run in hopeless:
+        for run, took in hopeless:
             assert isinstance(run, Run) and run.deadline is not None
             if run.hopeless_at is None:
                 run.hopeless_at = now
-                expected = self.gate.expected(now)
                 self.bus.emit(
                     run.id,
                     DeadlineHopeless(
-                        workflow=run.id, deadline=run.deadline, remaining=expected, at=now
+                        workflow=run.id, deadline=run.deadline, remaining=took, at=now
                     ),
                 )
             if run.late == "cancel":
                 run.cancel(
                     f"shed: waiting to start, its deadline ({run.deadline - now:.1f} s from "
-                    f"now) is shorter than what a run takes at this load "
-                    f"({self.gate.expected(now):.1f} s)"
+                    f"now) is shorter than what runs take at this load ({took:.1f} s)"
                 )
                 self.wake()
-        if opened:
-            self.admission.look_again()
+        for run in opened:
+            self.admission.reopen(cast(Run, run))
 
     def _key(self, run: Run, now: float) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(now), now)

@@ -14,8 +14,9 @@ The cap is the `n` that maximises deadlines met per second,
 and runs past it wait at the engine, earliest deadline first (nothing of theirs reaches a
 backend). A waiting run whose deadline can no longer be met if it started now is hopeless:
 with `late="cancel"` it is shed before it costs anything; otherwise it waits behind every
-run that can still be met. Until `min_seen` runs have ended, over at least two levels, or
-when the fit says more runs at once do not slow any of them, nothing waits.
+run that can still be met (one run in ten let in comes from those). Until `min_seen` runs
+have ended, over at least two levels, or while the fit says more runs at once do not slow
+any of them, nothing waits.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class GateStats:
     per_run_s: float | None
     """The seconds one more run in flight adds to each (`b`)."""
     held: int
-    """Runs that waited at the gate, in all."""
+    """Runs let in (or gone) after waiting at the gate, in all."""
     shed: int
     """Waiting runs found hopeless (shed if `late="cancel"`, else moved behind the rest)."""
 
@@ -95,13 +96,21 @@ class Gated(Protocol):
 
 _SPREAD = 20
 """Quantiles of the fit's residuals that the share of deadlines met is averaged over."""
+_LATE_EVERY = 10
+"""While runs that can still make their deadline wait, one of every this many runs let in
+is a run already judged late (oldest deadline first), so that those still finish."""
+_EXACT = 64
+"""Levels up to this are searched one by one for the cap; above it, 2% apart."""
 
 
 class _Entry:
-    __slots__ = ("area_at_open", "gone", "opened_at", "run")
+    __slots__ = ("area_at_open", "gone", "opened_at", "round", "run")
 
-    def __init__(self, run: Gated) -> None:
+    def __init__(self, run: Gated, round_: int) -> None:
         self.run = run
+        self.round = round_
+        """The gate's release round when it arrived: let in later than the next one, it
+        waited."""
         self.opened_at = 0.0
         self.area_at_open = 0.0
         self.gone = False
@@ -125,7 +134,10 @@ class RunGate:
         self._fit: tuple[float, float] | None = None
         self._spread: list[float] = [0.0]
         self._cap: int | None = None
-        self._stale = False
+        self._new_seen = 0
+        self._new_budgets = 0
+        self._round = 0
+        self._since_late = 0
         self.held = 0
         self.shed = 0
 
@@ -135,41 +147,47 @@ class RunGate:
         """A run with a deadline was submitted: it waits until `release` lets it in."""
         assert run.deadline is not None
         self._budgets.append(run.deadline - run.started_at)
-        self._stale = True
+        self._new_budgets += 1
         run.held = True
-        if self._cap is not None and len(self._open) >= self._cap:
-            self.held += 1
-        entry = self._queued[id(run)] = _Entry(run)
+        entry = self._queued[id(run)] = _Entry(run, self._round)
         heapq.heappush(self._waiting, (run.deadline, next(self._order), entry))
 
-    def release(self, now: float) -> tuple[list[Gated], list[Gated]]:
+    def release(self, now: float) -> tuple[list[Gated], list[tuple[Gated, float]]]:
         """Let waiting runs in while fewer than the cap are in flight, earliest deadline
-        first. Returns (runs let in, runs found hopeless on the way). A hopeless run with
-        `late="cancel"` stays held for the caller to cancel; any other is moved behind the
-        runs that can still be met, and let in only when none of those waits."""
+        first. Returns (runs let in, runs found hopeless on the way, each with the seconds
+        it was judged by). A hopeless run with `late="cancel"` stays held for the caller to
+        cancel; any other is moved behind the runs that can still be met, which let one of
+        them in for every ten let in (`_LATE_EVERY`)."""
+        self._round += 1
         opened: list[Gated] = []
-        hopeless: list[Gated] = []
+        hopeless: list[tuple[Gated, float]] = []
         cap = self.cap()
-        fit = self._fit
         while self._waiting or self._late:
             if cap is not None and len(self._open) >= cap:
                 break
-            queue = self._waiting if self._waiting else self._late
+            take_late = bool(self._late) and (
+                not self._waiting or self._since_late >= _LATE_EVERY - 1
+            )
+            queue = self._late if take_late else self._waiting
             deadline, order, entry = heapq.heappop(queue)
             run = entry.run
             if entry.gone or run.complete:
                 self._queued.pop(id(run), None)
                 continue
-            if queue is self._waiting and fit is not None:
+            if not take_late and self._fit is not None:
                 share = self.settings.sure if run.late == "cancel" else 0.5
-                if now + self._expect(len(self._open) + 1, share) > deadline:
+                took = self._expect(len(self._open) + 1, share)
+                if now + took > deadline:
                     self.shed += 1
-                    hopeless.append(run)
+                    hopeless.append((run, took))
                     if run.late != "cancel":  # else the caller cancels it: it never starts
                         heapq.heappush(self._late, (deadline, order, entry))
                     continue
+            self._since_late = 0 if take_late or not self._late else self._since_late + 1
             self._advance(now)
             del self._queued[id(run)]
+            if self._round > entry.round + 1:
+                self.held += 1
             entry.opened_at = now
             entry.area_at_open = self._area
             self._open[id(run)] = entry
@@ -178,7 +196,8 @@ class RunGate:
         return opened, hopeless
 
     def ended(self, run: Gated, now: float, ok: bool) -> None:
-        """A run let in has ended; one that succeeded teaches the fit."""
+        """A run let in has ended; `ok`: it teaches the fit (it succeeded, or it was
+        cancelled at its deadline: it took at least what it took)."""
         self._advance(now)
         entry = self._open.pop(id(run), None)
         if entry is None:
@@ -187,7 +206,7 @@ class RunGate:
         if ok and took > 0:
             level = (self._area - entry.area_at_open) / took
             self._seen.append((max(level, 1.0), took))
-            self._stale = True
+            self._new_seen += 1
 
     def withdraw(self, run: Gated, now: float) -> None:
         """A run leaves without teaching anything (cancelled, failed, waiting or not)."""
@@ -196,6 +215,8 @@ class RunGate:
         entry = self._queued.pop(id(run), None)
         if entry is not None:
             entry.gone = True
+            if self._round > entry.round + 1:
+                self.held += 1
         run.held = False
 
     def _advance(self, now: float) -> None:
@@ -206,14 +227,19 @@ class RunGate:
     # --- learning ----------------------------------------------------------------------------
 
     def cap(self) -> int | None:
-        if self._stale:
-            self._stale = False
-            fit = self._fitted()
+        """Runs with a deadline allowed in flight (None: any number). Refitted once enough
+        has changed since the last fit: every run while few were seen, then every 5% of
+        `memory` (and as many new deadlines), so a burst of thousands costs a few fits."""
+        every = max(1, len(self._seen) // 20)
+        if self._new_seen >= every or (self._fit is not None and self._new_budgets >= every):
+            refit = self._new_seen > 0
+            self._new_seen = self._new_budgets = 0
+            fit = self._fitted() if refit else self._fit
+            # Without a new fit the last good one stands: once runs are capped their
+            # levels bunch up, and a slope fitted to one level says nothing.
             if fit is not None:
                 self._fit = fit
                 self._cap = self._best(*fit)
-            # Else the last good fit stands: once runs are capped their levels bunch up,
-            # and a slope fitted to one level says nothing.
         return self._cap
 
     def _fitted(self) -> tuple[float, float] | None:
@@ -236,26 +262,27 @@ class RunGate:
         return a, b
 
     def _best(self, a: float, b: float) -> int | None:
-        """The number of runs at once that meets the most deadlines per second; None when
-        that is more than the runs ever seen at once (the gate would not bind)."""
+        """The number of runs at once that meets the most deadlines per second, searched up
+        to twice the highest level recent runs saw. Best at that top: None if no cap was
+        in force (the gate would not bind), else the top (the cap grows with what was seen,
+        never at once to any number)."""
         budgets = sorted(self._budgets)
         if not budgets:
-            return None
+            return self._cap
         top = max(2, int(max(x for x, _ in self._seen) * 2) + 1)
-        best, best_value = None, 0.0
-        total = len(budgets)
-        spread = self._spread
-        for n in range(1, top + 1):
+        best, best_value = 1, -1.0
+        total = len(budgets) * len(self._spread)
+        for n in _levels(top):
             took = a + b * n
             if took <= 0:
                 continue
             # Runs taking about `took` at this level, spread as the fit's residuals are.
-            met = sum(total - bisect.bisect_left(budgets, took + r) for r in spread)
-            value = n / took * met / (total * len(spread))
+            met = sum(len(budgets) - bisect.bisect_left(budgets, took + r) for r in self._spread)
+            value = n / took * met / total
             if value > best_value * (1 + 1e-9):
                 best, best_value = n, value
-        if best is None or best >= top:
-            return None
+        if best >= top:
+            return None if self._cap is None else top
         return best
 
     @property
@@ -263,11 +290,6 @@ class RunGate:
         """Whether the gate has a fit (it predicts run times, and sheds hopeless runs)."""
         self.cap()
         return self._fit is not None
-
-    def expected(self, now: float) -> float:
-        """Seconds a run let in now would take, by the fit (0 before there is one)."""
-        self.cap()
-        return 0.0 if self._fit is None else self._expect(len(self._open) + 1)
 
     def _expect(self, level: int, share: float = 0.5) -> float:
         """Seconds a run takes at `level` runs in flight: `share` of them take no longer."""
@@ -281,14 +303,23 @@ class RunGate:
     def stats(self) -> GateStats:
         cap = self.cap()
         fit = self._fit
-        waiting = len(self._queued)
         return GateStats(
             cap=cap,
             in_flight=len(self._open),
-            waiting=waiting,
+            waiting=len(self._queued),
             seen=len(self._seen),
             base_s=None if fit is None else fit[0],
             per_run_s=None if fit is None else fit[1],
             held=self.held,
             shed=self.shed,
         )
+
+
+def _levels(top: int) -> list[int]:
+    """1, 2, ... `_EXACT`, then levels 2% apart, up to `top`."""
+    levels = list(range(1, min(top, _EXACT) + 1))
+    n = float(_EXACT)
+    while levels[-1] < top:
+        n *= 1.02
+        levels.append(min(top, int(n)))
+    return levels
