@@ -233,7 +233,12 @@ class Admission:
         res = self._resources[resource]
         urgent = self.urgent
         waiting_urgent = 0
-        parked = sum(len(queue) for queue in res.parked.values())  # held: not wanted yet
+        parked = sum(  # held by the gate: not wanted yet (live entries only)
+            1
+            for queue in res.parked.values()
+            for seq, task in queue
+            if task.state == "ready" and task.ready_seq == seq
+        )
         if urgent is not None:
             for program, queue in res.queues.items():
                 if urgent(program):

@@ -99,6 +99,8 @@ _SPREAD = 20
 _LATE_EVERY = 10
 """While runs that can still make their deadline wait, one of every this many runs let in
 is a run already judged late (oldest deadline first), so that those still finish."""
+_BUNCHED = 0.25
+"""Levels whose variance is under this (a spread of about half a run) carry no slope."""
 _EXACT = 64
 """Levels up to this are searched one by one for the cap; above it, 2% apart."""
 
@@ -235,24 +237,31 @@ class RunGate:
             refit = self._new_seen > 0
             self._new_seen = self._new_budgets = 0
             fit = self._fitted() if refit else self._fit
-            # Without a new fit the last good one stands: once runs are capped their
-            # levels bunch up, and a slope fitted to one level says nothing.
-            if fit is not None:
+            if fit is None:
+                self._fit = self._cap = None  # more runs at once do not slow them
+            else:
                 self._fit = fit
                 self._cap = self._best(*fit)
         return self._cap
 
     def _fitted(self) -> tuple[float, float] | None:
+        """The line through what recent runs took; None while too few were seen or when
+        more runs at once do not slow them. When their levels bunch up (runs capped at one
+        level), the slope says nothing new: the last one is kept, and only the intercept
+        follows what runs take now, so a cap can still move."""
         seen = self._seen
         if len(seen) < self.settings.min_seen:
-            return None
+            return self._fit
         n = len(seen)
         mean_x = sum(x for x, _ in seen) / n
         mean_y = sum(y for _, y in seen) / n
         sxx = sum((x - mean_x) ** 2 for x, _ in seen)
-        if sxx <= 1e-9 * n:  # one level only: nothing says what more runs would do
-            return None
-        b = sum((x - mean_x) * (y - mean_y) for x, y in seen) / sxx
+        if sxx <= _BUNCHED * n:
+            if self._fit is None:
+                return None  # one level only: nothing says what more runs would do
+            b = self._fit[1]
+        else:
+            b = sum((x - mean_x) * (y - mean_y) for x, y in seen) / sxx
         a = mean_y - b * mean_x
         if b <= 0 or a + b <= 0:
             return None  # more runs at once do not slow them (or the fit is noise)
@@ -263,13 +272,14 @@ class RunGate:
 
     def _best(self, a: float, b: float) -> int | None:
         """The number of runs at once that meets the most deadlines per second, searched up
-        to twice the highest level recent runs saw. Best at that top: None if no cap was
-        in force (the gate would not bind), else the top (the cap grows with what was seen,
-        never at once to any number)."""
+        to twice the highest level recent runs saw (or the cap in force, if higher: a
+        quiet spell does not shrink it). Best at that top: None if no cap was in force
+        (the gate would not bind), else the top (the cap grows with what was seen, never
+        at once to any number)."""
         budgets = sorted(self._budgets)
         if not budgets:
             return self._cap
-        top = max(2, int(max(x for x, _ in self._seen) * 2) + 1)
+        top = max(2, int(max(x for x, _ in self._seen) * 2) + 1, self._cap or 0)
         best, best_value = 1, -1.0
         total = len(budgets) * len(self._spread)
         for n in _levels(top):

@@ -350,3 +350,37 @@ def test_a_held_program_is_parked_out_of_every_admission_pass_until_reopened(
     admission.release("gpu")
     assert [p for p, _ in admission.admit(key)] == ["held7"]
     assert admission.stats()[0].waiting == 49
+
+
+def test_a_cap_is_lifted_when_runs_stop_slowing_each_other_and_kept_over_a_quiet_spell() -> None:
+    gate = RunGate(DeadlineGate())
+    _teach(gate, 2.0, 1.0, range(1, 7))
+    _budgets(gate, 10.0, n=200)
+    assert gate.cap() == 8
+    _budgets(gate, 1_000.0, n=200)
+    assert gate.cap() == 13  # roomy deadlines, a cap in force: twice the highest level
+    for _ in range(70):  # a quiet spell, one or two at once, long enough to fill the memory
+        _teach(gate, 2.0, 1.0, range(1, 3), now=1_000.0)
+    assert gate.stats().seen == 200
+    assert gate.cap() == 13  # few at once lately says nothing against the cap
+    for _ in range(20):  # then runs take 3 s however many run at once
+        _teach(gate, 3.0, 0.0, range(1, 9), now=3_000.0)
+    assert gate.cap() is None and not gate.learned
+
+
+def test_admission_demand_leaves_out_held_work_but_not_other_programs() -> None:
+    """A held program's tasks replaced while parked leave stale entries behind: the demand
+    reported for shared limits counts the other program's waiting work in full."""
+    held = {"held"}
+    admission = Admission({"gpu": Limits(max_in_flight=1)}, gated=lambda p: p in held)
+    parked = [_Item("gpu", i) for i in range(5)]
+    for item in parked:
+        admission.push("held", item)
+    admission.push("other", _Item("gpu", 10))
+    assert [p for p, _ in admission.admit(lambda p: p)] == ["other"]
+    for item in parked:  # replaced while parked: their entries are stale now
+        item.state = "replaced"
+        admission.discard(item)
+    for i in range(5):
+        admission.push("other", _Item("gpu", 20 + i))
+    assert admission.demand("gpu") == (1, 0, 6)  # 1 in flight + 5 waiting, none held
