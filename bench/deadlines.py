@@ -99,12 +99,16 @@ def plait_mixed(
     lanes: int = 0,
     late: bool = False,
     gate: DeadlineGate | None = DEFAULT_GATE,
+    lane_programs: int | None = None,
 ) -> Runner:
     """plait with the `slack` policy: queries (programs with a deadline) as interactive,
-    the rest as batch; `headroom` and `gate` None is priority-only (nothing held back). `lanes`: the
-    router keeps that many replicas for urgent calls (`Router(urgent_lanes=...)`). `late`:
-    queries are submitted with `late="cancel"` (shed when recent queries took longer than
-    their deadline, cancelled when it passes); a cancelled query counts as a miss."""
+    the rest as batch; `headroom` and `gate` None is priority-only (nothing held back).
+    `lanes`: the router keeps that many replicas for urgent calls
+    (`Router(urgent_lanes=...)`); `lane_programs`: a lane takes the calls of that many batch
+    programs at once instead of a count of calls (`Router(lane_batch_programs=...)`).
+    `late`: queries are submitted with `late="cancel"` (shed when they cannot make their
+    deadline at the present load, cancelled when it passes); a cancelled query counts as a
+    miss."""
 
     async def run(
         programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
@@ -118,6 +122,7 @@ def plait_mixed(
                 block_tokens=block,
                 cache_blocks=sims[0].profile.num_blocks if sims else None,
                 urgent_lanes=lanes,
+                lane_batch_programs=lane_programs,
             )
         limits = {"default": Limits(PER_REPLICA * len(servers)), "tools": Limits(100_000)}
         outcomes: list[Outcome] = []
@@ -216,6 +221,7 @@ def part1(rows: int, rate: float, seed: int) -> tuple[dict[str, Mixed], float, S
         "priority-only": plait_mixed(None, gate=None),
         "plait": plait_mixed(DEFAULT_HEADROOM, seen),
         "plait + lane": plait_mixed(DEFAULT_HEADROOM, lanes=1),
+        "lane, programs": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_programs=1),
     }
     alone: dict[str, float] = {}
     for mode, runner in runners.items():
@@ -340,6 +346,8 @@ def report_part1(
         "batch_throughput_share_own_alone": round(plait.share(plait.alone_makespan), 4),
         "interactive_attainment_lane": round(mixed["plait + lane"].attainment, 4),
         "batch_throughput_share_lane": round(mixed["plait + lane"].share(reference), 4),
+        "interactive_attainment_lane_programs": round(mixed["lane, programs"].attainment, 4),
+        "batch_throughput_share_lane_programs": round(mixed["lane, programs"].share(reference), 4),
         "interactive_attainment_naive": round(mixed["naive"].attainment, 4),
         "interactive_attainment_priority_only": round(mixed["priority-only"].attainment, 4),
         "batch_throughput_share_naive": round(mixed["naive"].share(reference), 4),

@@ -156,6 +156,9 @@ class RouterSettings(ConfigSection):
     """Replicas kept for urgent (interactive) calls while there are any; batch calls use
     them only up to `lane_batch_in_flight` at once meanwhile (docs/admission.md)."""
     lane_batch_in_flight: int = Field(default=2, ge=0)
+    lane_batch_programs: int | None = Field(default=None, ge=0)
+    """Instead of counting calls: the batch programs a lane takes at once (their calls go
+    there together)."""
 
     @model_validator(mode="after")
     def _members(self) -> RouterSettings:
@@ -210,6 +213,9 @@ class SimSettings(ConfigSection):
     """Replicas kept for urgent (interactive) calls while there are any; batch calls use
     them only up to `lane_batch_in_flight` at once meanwhile (docs/admission.md)."""
     lane_batch_in_flight: int = Field(default=2, ge=0)
+    lane_batch_programs: int | None = Field(default=None, ge=0)
+    """Instead of counting calls: the batch programs a lane takes at once (their calls go
+    there together)."""
 
 
 # --- building -----------------------------------------------------------------------------
@@ -262,6 +268,7 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         clock=clock,
         urgent_lanes=settings.urgent_lanes,
         lane_batch_in_flight=settings.lane_batch_in_flight,
+        lane_batch_programs=settings.lane_batch_programs,
     )
     if not settings.group_prefixes:
         return router
@@ -308,6 +315,7 @@ def build_sim(name: str, settings: SimSettings, clock: Clock | None) -> LLMBacke
             clock=clock,
             urgent_lanes=settings.urgent_lanes,
             lane_batch_in_flight=settings.lane_batch_in_flight,
+            lane_batch_programs=settings.lane_batch_programs,
         )
     if not settings.group_prefixes:
         return backend

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -88,8 +89,10 @@ class Router(
     start-up): the router then models each server's LRU eviction instead of assuming that
     what it sent somewhere stays there. `urgent_lanes` (default 0: none): that many replicas
     are kept for urgent (interactive) calls while there are any, with at most
-    `lane_batch_in_flight` batch calls on each (see `_lanes`; docs/admission.md, "Urgent
-    lanes"). `peers`: a link to the routers of other engines in front of the same replicas
+    `lane_batch_in_flight` batch calls on each, or, with `lane_batch_programs`, the calls of
+    at most that many batch programs (a program's calls go there together, so its shared
+    prefix is computed once; see `_lanes`; docs/admission.md, "Urgent lanes").
+    `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and
     each router's picture of the caches and of recent work covers every engine's calls.
@@ -109,6 +112,7 @@ class Router(
         clock: Clock | None = None,
         urgent_lanes: int = 0,
         lane_batch_in_flight: int = 2,
+        lane_batch_programs: int | None = None,
         lane_quiet_s: float = 5.0,
         peers: RouterLink | None = None,
     ) -> None:
@@ -157,15 +161,24 @@ class Router(
         self._overloaded = [0] * n
         self._ejections = [0] * n
         self._checks_failed = [0] * n
-        if urgent_lanes < 0 or lane_batch_in_flight < 0 or lane_quiet_s < 0:
+        if (
+            urgent_lanes < 0
+            or lane_batch_in_flight < 0
+            or lane_quiet_s < 0
+            or (lane_batch_programs is not None and lane_batch_programs < 0)
+        ):
             raise UsageError(
                 f"Router(urgent_lanes={urgent_lanes}, lane_batch_in_flight="
-                f"{lane_batch_in_flight}, lane_quiet_s={lane_quiet_s}): none may be negative"
+                f"{lane_batch_in_flight}, lane_batch_programs={lane_batch_programs}, "
+                f"lane_quiet_s={lane_quiet_s}): none may be negative"
             )
         self.urgent_lanes = urgent_lanes
         self.lane_batch_in_flight = lane_batch_in_flight
+        self.lane_batch_programs = lane_batch_programs
         self.lane_quiet_s = lane_quiet_s
         self._batch_in_flight = [0] * n
+        self._batch_programs: list[Counter[str]] = [Counter() for _ in range(n)]
+        """Per replica: batch calls in flight by program (with `lane_batch_programs`)."""
         self._urgent_seen: float | None = None
         self._urgent_in_flight = 0
         self._stack: contextlib.AsyncExitStack | None = None
@@ -302,7 +315,7 @@ class Router(
         for _ in range(n):
             self._readmit()
             allowed = [h and not t for h, t in zip(self._healthy, tried, strict=True)]
-            lanes = self._lanes(allowed, urgent)
+            lanes = self._lanes(allowed, urgent, hints.program_id)
             if any(lanes):  # else every lane is tried or down: the others serve it
                 allowed = lanes
             try:
@@ -320,6 +333,8 @@ class Router(
             self._requests[i] += 1
             self._batch_in_flight[i] += not urgent
             self._urgent_in_flight += urgent
+            if not urgent and self.lane_batch_programs is not None:
+                self._batch_programs[i][hints.program_id] += 1
             try:
                 return await self.backends[i].complete(request, hints)
             except BackendUnavailableError as exc:
@@ -338,6 +353,11 @@ class Router(
                 self._in_flight[i] -= 1
                 self._batch_in_flight[i] -= not urgent
                 self._urgent_in_flight -= urgent
+                if not urgent and self.lane_batch_programs is not None:
+                    on = self._batch_programs[i]
+                    on[hints.program_id] -= 1
+                    if on[hints.program_id] <= 0:
+                        del on[hints.program_id]
         if busy:
             waits = [e.retry_after for e in busy if e.retry_after is not None]
             raise BackendOverloadedError(
@@ -363,12 +383,14 @@ class Router(
         """What this router sent and heard on its link (None without one)."""
         return self.peering.stats() if self.peering is not None else None
 
-    def _lanes(self, allowed: list[bool], urgent: bool) -> list[bool]:
+    def _lanes(self, allowed: list[bool], urgent: bool, program: str) -> list[bool]:
         """With `urgent_lanes`: the replicas this call may go to. The first `urgent_lanes`
         healthy replicas are lanes (while another is left for batch work): urgent calls go
-        only there; batch calls go there only up to `lane_batch_in_flight` at once while an
-        urgent call is in flight or was routed in the last `lane_quiet_s` seconds, so that
-        urgent calls find short steps (a batch's prefill shares every step of its server)."""
+        only there; batch calls go there only up to `lane_batch_in_flight` at once (with
+        `lane_batch_programs`: only calls of a program already there, or of a new one while
+        fewer programs than that are) while an urgent call is in flight or was routed in
+        the last `lane_quiet_s` seconds, so that urgent calls find short steps (a batch's
+        prefill shares every step of its server)."""
         if self.urgent_lanes == 0:
             return allowed
         healthy = [i for i, h in enumerate(self._healthy) if h]
@@ -382,6 +404,13 @@ class Router(
         recent = self._urgent_seen is not None and now - self._urgent_seen <= self.lane_quiet_s
         if not recent and self._urgent_in_flight == 0:
             return allowed
+        programs = self.lane_batch_programs
+        if programs is not None:
+            on = self._batch_programs
+            return [
+                a and (i not in lanes or program in on[i] or len(on[i]) < programs)
+                for i, a in enumerate(allowed)
+            ]
         cap = self.lane_batch_in_flight
         return [
             a and (i not in lanes or self._batch_in_flight[i] < cap) for i, a in enumerate(allowed)

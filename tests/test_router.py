@@ -439,8 +439,38 @@ def test_batch_calls_on_a_lane_are_capped_while_urgent_work_is_around(clock: Vir
     assert seen == [3]  # the urgent call and 2 of the 20 batch calls; 18 on the other replica
 
 
+def test_a_lane_by_programs_takes_a_program_s_calls_together(clock: VirtualClock) -> None:
+    """With `lane_batch_programs=1` the lane takes the calls of one batch program while
+    urgent work is around, and none of another's; the count of calls no longer applies
+    (here 0, which alone would keep every batch call off the lane)."""
+    llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=10.0) for i in range(2)}
+    document = {p: f"{p}: " + " ".join(f"{p}-word{k}" for k in range(200)) for p in ("a", "b")}
+    asked = {p: [_ask(f"{document[p]} question {i}") for i in range(5)] for p in ("a", "b")}
+
+    async def main() -> None:
+        async with Router(
+            llms, clock=clock, urgent_lanes=1, lane_batch_in_flight=0, lane_batch_programs=1
+        ) as router:
+            urgent = Hints(program_id="q", priority_class="interactive")
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(router.complete(_ask("urgent"), urgent))
+                await asyncio.sleep(0)  # in flight on the lane
+                for program, requests in asked.items():
+                    for request in requests:
+                        tg.create_task(router.complete(request, Hints(program_id=program)))
+
+    clock.run(main())
+    lane = "r0"
+    on_lane = {
+        p for p, requests in asked.items() if any(served_by(llms, r) == lane for r in requests)
+    }
+    assert len(on_lane) == 1  # one program's calls on the lane, the other's kept off
+
+
 def test_lanes_need_a_replica_left_for_batch_and_no_negative_settings() -> None:
     llms = {"a": FunctionLLM(lambda req, hints: "ok"), "b": FunctionLLM(lambda req, hints: "ok")}
     with pytest.raises(UsageError, match="urgent_lanes=-1"):
         Router(llms, urgent_lanes=-1)
+    with pytest.raises(UsageError, match="lane_batch_programs=-1"):
+        Router(llms, urgent_lanes=1, lane_batch_programs=-1)
     assert not Router(llms).isolates_urgent()  # off by default
