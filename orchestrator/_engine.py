@@ -507,7 +507,7 @@ class Engine:
     def _admit(self) -> None:
         admission = self.admission
         if self.gate is not None:
-            self._open_gate()
+            self._open_gate()  # every round, also with nothing waiting: it refits on time
         if not admission.pending:
             return
         now = self.clock.monotonic()
@@ -544,20 +544,13 @@ class Engine:
         opened, hopeless = self.gate.release(now)
         for run, took in hopeless:
             assert isinstance(run, Run) and run.deadline is not None
-            if run.hopeless_at is None:
-                run.hopeless_at = now
-                self.bus.emit(
-                    run.id,
-                    DeadlineHopeless(
-                        workflow=run.id, deadline=run.deadline, remaining=took, at=now
-                    ),
-                )
+            self._hopeless(run, took, now)
             if run.late == "cancel":
-                run.cancel(
+                self.cancel_if_running(
+                    run.id,
                     f"shed: waiting to start, its deadline ({run.deadline - now:.1f} s from "
-                    f"now) is shorter than what runs take at this load ({took:.1f} s)"
+                    f"now) is shorter than what runs take at this load ({took:.1f} s)",
                 )
-                self.wake()
         for run in opened:
             self.admission.reopen(cast(Run, run))
 
@@ -582,17 +575,21 @@ class Engine:
                 view = run.view(now)
                 slack = slack_of(view, now)
                 if slack is not None and slack < 0:
-                    run.hopeless_at = now
-                    self.bus.emit(
-                        run.id,
-                        DeadlineHopeless(
-                            workflow=run.id, deadline=run.deadline, remaining=view.remaining,
-                            at=now,
-                        ),
-                    )  # fmt: skip
+                    self._hopeless(run, view.remaining, now)
             if not urgent and not self._slack_rich(run, now):
                 urgent = True
         return urgent
+
+    def _hopeless(self, run: Run, remaining: float, now: float) -> None:
+        """Tell, once, that `run` cannot meet its deadline: it needs `remaining` seconds."""
+        if run.hopeless_at is not None:
+            return
+        assert run.deadline is not None
+        run.hopeless_at = now
+        self.bus.emit(
+            run.id,
+            DeadlineHopeless(workflow=run.id, deadline=run.deadline, remaining=remaining, at=now),
+        )
 
     def _static_key(self, run: Run) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(0.0), 0.0)
@@ -857,18 +854,12 @@ class Engine:
         took = self.run_times.typical(run.workflow.name)
         if took is None or took <= deadline:
             return
-        now = self.clock.monotonic()
-        assert run.deadline is not None
-        run.hopeless_at = now
-        self.bus.emit(
+        self._hopeless(run, took, self.clock.monotonic())
+        self.cancel_if_running(
             run.id,
-            DeadlineHopeless(workflow=run.id, deadline=run.deadline, remaining=took, at=now),
-        )
-        run.cancel(
             f"shed: its deadline ({deadline:.1f} s) is shorter than what most recent runs of "
-            f"{run.workflow.name!r} took ({took:.1f} s)"
+            f"{run.workflow.name!r} took ({took:.1f} s)",
         )
-        self.wake()
 
     def _check_accepting(self) -> None:
         if self.durable is not None and self.durable.error is not None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ._errors import UsageError
+from ._knee import least_squares
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +107,7 @@ _EXACT = 64
 
 
 class _Entry:
-    __slots__ = ("area_at_open", "gone", "opened_at", "round", "run")
+    __slots__ = ("area_at_open", "opened_at", "round", "run")
 
     def __init__(self, run: Gated, round_: int) -> None:
         self.run = run
@@ -115,8 +116,6 @@ class _Entry:
         waited."""
         self.opened_at = 0.0
         self.area_at_open = 0.0
-        self.gone = False
-        """Withdrawn while waiting: skipped when it comes up."""
 
 
 class RunGate:
@@ -173,8 +172,10 @@ class RunGate:
             queue = self._late if take_late else self._waiting
             deadline, order, entry = heapq.heappop(queue)
             run = entry.run
-            if entry.gone or run.complete:
-                self._queued.pop(id(run), None)
+            if self._queued.get(id(run)) is not entry:
+                continue  # withdrawn while it waited
+            if run.complete:
+                del self._queued[id(run)]
                 continue
             if not take_late and self._fit is not None:
                 share = self.settings.sure if run.late == "cancel" else 0.5
@@ -214,11 +215,9 @@ class RunGate:
         """A run leaves without teaching anything (cancelled, failed, waiting or not)."""
         if id(run) in self._open:
             self.ended(run, now, ok=False)
-        entry = self._queued.pop(id(run), None)
-        if entry is not None:
-            entry.gone = True
-            if self._round > entry.round + 1:
-                self.held += 1
+        entry = self._queued.pop(id(run), None)  # if it waited: skipped when it comes up
+        if entry is not None and self._round > entry.round + 1:
+            self.held += 1
         run.held = False
 
     def _advance(self, now: float) -> None:
@@ -252,16 +251,11 @@ class RunGate:
         seen = self._seen
         if len(seen) < self.settings.min_seen:
             return self._fit
-        n = len(seen)
-        mean_x = sum(x for x, _ in seen) / n
-        mean_y = sum(y for _, y in seen) / n
-        sxx = sum((x - mean_x) ** 2 for x, _ in seen)
-        if sxx <= _BUNCHED * n:
+        mean_x, mean_y, b = least_squares(((1.0, x, y) for x, y in seen), _BUNCHED)
+        if b is None:
             if self._fit is None:
                 return None  # one level only: nothing says what more runs would do
             b = self._fit[1]
-        else:
-            b = sum((x - mean_x) * (y - mean_y) for x, y in seen) / sxx
         a = mean_y - b * mean_x
         if b <= 0 or a + b <= 0:
             return None  # more runs at once do not slow them (or the fit is noise)

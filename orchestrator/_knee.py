@@ -21,6 +21,7 @@ no clock, no I/O; `Admission` applies its answer.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ._errors import UsageError
@@ -103,6 +104,21 @@ _MIN_WEIGHT = 10
 """Observations a level needs before its measured throughput counts on its own."""
 
 
+def least_squares(
+    points: Iterable[tuple[float, float, float]], min_spread: float = 0.0
+) -> tuple[float, float, float | None]:
+    """(mean x, mean y, slope) of weighted points `(w, x, y)` by least squares; the slope
+    is None when the x's spread no more than `min_spread` (their weighted variance)."""
+    points = list(points)
+    total = sum(w for w, _, _ in points)
+    mx = sum(w * x for w, x, _ in points) / total
+    my = sum(w * y for w, _, y in points) / total
+    sxx = sum(w * (x - mx) ** 2 for w, x, _ in points)
+    if sxx <= min_spread * total:
+        return mx, my, None
+    return mx, my, sum(w * (x - mx) * (y - my) for w, x, y in points) / sxx
+
+
 def _bucket(level: float) -> int:
     """Levels grouped geometrically (1, 2, 3, 4, 5, 6, 8, 9, 11, 13, 16, ...: ~20% apart)."""
     return int(math.log(max(level, 1.0)) / math.log(1.2))
@@ -146,13 +162,9 @@ class KneeController:
         points = list(self._levels.values())
         if len(points) < 2:
             return None
-        total = sum(w for w, _, _ in points)
-        mx = sum(w * x for w, x, _ in points) / total
-        my = sum(w * y for w, _, y in points) / total
-        sxx = sum(w * (x - mx) ** 2 for w, x, _ in points)
-        if sxx <= 0:
+        mx, my, b = least_squares((w, x, y) for w, x, y in points)
+        if b is None:
             return None
-        b = sum(w * (x - mx) * (y - my) for w, x, y in points) / sxx
         a = my - b * mx
         if a <= 0:  # the line crosses zero: the fixed cost is all in the noise
             a = min(y for _, _, y in points) * 0.5
