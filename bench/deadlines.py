@@ -12,6 +12,12 @@ time. Three ways to run the same programs and arrivals:
   while urgent work is around (`Engine()`'s default `Headroom`), and queries started in
   deadline order, as many at once as meets the most deadlines (the default `DeadlineGate`).
 
+Three opt-in rows keep one replica as an urgent lane (`Router(urgent_lanes=1)`): "plait +
+lane" lets at most 2 batch calls onto it while queries are around, "lane, programs" the
+calls of one batch program, and "lane, paced" the same with that program's uncached prompt
+computed in pieces of 128 tokens first (`lane_prefill_tokens`); `--lane P:N` adds rows for
+other settings.
+
 Reported: the queries' deadline attainment, and the batch's throughput relative to the batch
 alone (the fastest of the modes running it alone; each mode's own alone run too).
 
@@ -25,6 +31,7 @@ and the same without the deadline gate (every query started at once), to show wh
     python bench/deadlines.py --quick    # 2,000 batch rows; about a minute
     python bench/deadlines.py            # 10,000 batch rows; a few minutes
     python bench/deadlines.py --part 2 --seed 3   # one part, another sample
+    python bench/deadlines.py --part 1 --lane 2:128 --lane 2:-   # more lane settings
 
 The last line of stdout is one JSON object with the figures.
 """
@@ -100,12 +107,15 @@ def plait_mixed(
     late: bool = False,
     gate: DeadlineGate | None = DEFAULT_GATE,
     lane_programs: int | None = None,
+    lane_prefill: int | None = None,
 ) -> Runner:
     """plait with the `slack` policy: queries (programs with a deadline) as interactive,
     the rest as batch; `headroom` and `gate` None is priority-only (nothing held back).
     `lanes`: the router keeps that many replicas for urgent calls
     (`Router(urgent_lanes=...)`); `lane_programs`: a lane takes the calls of that many batch
-    programs at once instead of a count of calls (`Router(lane_batch_programs=...)`).
+    programs at once instead of a count of calls (`Router(lane_batch_programs=...)`);
+    `lane_prefill`: their uncached prompts are sent ahead in pieces of that many tokens
+    (`Router(lane_prefill_tokens=...)`).
     `late`: queries are submitted with `late="cancel"` (shed when they cannot make their
     deadline at the present load, cancelled when it passes); a cancelled query counts as a
     miss."""
@@ -123,6 +133,7 @@ def plait_mixed(
                 cache_blocks=sims[0].profile.num_blocks if sims else None,
                 urgent_lanes=lanes,
                 lane_batch_programs=lane_programs,
+                lane_prefill_tokens=lane_prefill,
             )
         limits = {"default": Limits(PER_REPLICA * len(servers)), "tools": Limits(100_000)}
         outcomes: list[Outcome] = []
@@ -212,7 +223,18 @@ def outcomes_of(
     return kept
 
 
-def part1(rows: int, rate: float, seed: int) -> tuple[dict[str, Mixed], float, Seen, int]:
+PACED = 128
+"""The paced row's `lane_prefill_tokens` (with one program on the lane): the best trade of
+the sweep in docs/admission.md ("Paced prefill on lanes")."""
+
+
+def lane_mode(programs: int, prefill: int | None) -> str:
+    return f"lane {programs}p {prefill}t" if prefill else f"lane {programs}p"
+
+
+def part1(
+    rows: int, rate: float, seed: int, lanes: Sequence[tuple[int, int | None]] = ()
+) -> tuple[dict[str, Mixed], float, Seen, int]:
     documents, questions = rows // 10, 10
     batch = batch_programs(documents, questions, seed=seed)
     seen = Seen()
@@ -222,7 +244,12 @@ def part1(rows: int, rate: float, seed: int) -> tuple[dict[str, Mixed], float, S
         "plait": plait_mixed(DEFAULT_HEADROOM, seen),
         "plait + lane": plait_mixed(DEFAULT_HEADROOM, lanes=1),
         "lane, programs": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_programs=1),
+        "lane, paced": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_programs=1, lane_prefill=PACED),
     }
+    for programs, prefill in lanes:
+        runners[lane_mode(programs, prefill)] = plait_mixed(
+            DEFAULT_HEADROOM, lanes=1, lane_programs=programs, lane_prefill=prefill
+        )
     alone: dict[str, float] = {}
     for mode, runner in runners.items():
         started = time.perf_counter()
@@ -348,6 +375,14 @@ def report_part1(
         "batch_throughput_share_lane": round(mixed["plait + lane"].share(reference), 4),
         "interactive_attainment_lane_programs": round(mixed["lane, programs"].attainment, 4),
         "batch_throughput_share_lane_programs": round(mixed["lane, programs"].share(reference), 4),
+        "interactive_attainment_lane_paced": round(mixed["lane, paced"].attainment, 4),
+        "batch_throughput_share_lane_paced": round(mixed["lane, paced"].share(reference), 4),
+        "lane_paced_prefill_tokens": PACED,
+        "lane_sweep": {
+            m.mode: [round(m.attainment, 4), round(m.share(reference), 4)]
+            for m in mixed.values()
+            if m.mode.startswith("lane ")
+        },
         "interactive_attainment_naive": round(mixed["naive"].attainment, 4),
         "interactive_attainment_priority_only": round(mixed["priority-only"].attainment, 4),
         "batch_throughput_share_naive": round(mixed["naive"].share(reference), 4),
@@ -398,19 +433,39 @@ def report_part2(alone: dict[str, object]) -> dict[str, object]:
     }
 
 
+def _lane_setting(parser: argparse.ArgumentParser, text: str) -> tuple[int, int | None]:
+    programs, _, prefill = text.partition(":")
+    try:
+        setting = (int(programs), None if prefill in ("", "-") else int(prefill))
+    except ValueError:
+        parser.error(f"--lane {text!r}: give P:N, e.g. 2:128 (or 2:- for no pacing)")
+    if setting[0] < 0 or (setting[1] is not None and setting[1] < 16):
+        parser.error(f"--lane {text!r}: P must be >= 0 and N >= 16 (a block)")
+    return setting
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="2,000 batch rows, fewer queries")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=1.0, help="queries/s during the batch")
     parser.add_argument("--part", choices=("1", "2"), help="run only this part (default: both)")
+    parser.add_argument(
+        "--lane",
+        action="append",
+        default=[],
+        metavar="P:N",
+        help="part 1: also run one urgent lane taking P batch programs, their prompts paced "
+        "in pieces of N tokens (N '-': not paced); repeatable",
+    )
     args = parser.parse_args(argv)
+    lanes = [_lane_setting(parser, text) for text in args.lane]
     started = time.perf_counter()
     figures: dict[str, object] = {}
     if args.part in (None, "1"):
         rows = 2_000 if args.quick else 10_000
         log(f"part 1: {rows:,} batch rows on {REPLICAS} replicas, queries at {args.rate}/s:")
-        mixed, reference, seen, n_sql = part1(rows, args.rate, args.seed)
+        mixed, reference, seen, n_sql = part1(rows, args.rate, args.seed, lanes)
         figures.update(report_part1(rows, args.rate, mixed, reference, seen, n_sql))
     if args.part in (None, "2"):
         n2 = 120 if args.quick else 300

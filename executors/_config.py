@@ -159,6 +159,9 @@ class RouterSettings(ConfigSection):
     lane_batch_programs: int | None = Field(default=None, ge=0)
     """Instead of counting calls: the batch programs a lane takes at once (their calls go
     there together)."""
+    lane_prefill_tokens: int | None = Field(default=None, ge=1)
+    """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
+    pieces of at most this many tokens before the call (paced prefill)."""
 
     @model_validator(mode="after")
     def _members(self) -> RouterSettings:
@@ -216,6 +219,9 @@ class SimSettings(ConfigSection):
     lane_batch_programs: int | None = Field(default=None, ge=0)
     """Instead of counting calls: the batch programs a lane takes at once (their calls go
     there together)."""
+    lane_prefill_tokens: int | None = Field(default=None, ge=1)
+    """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
+    pieces of at most this many tokens before the call (paced prefill)."""
 
 
 # --- building -----------------------------------------------------------------------------
@@ -269,6 +275,7 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         urgent_lanes=settings.urgent_lanes,
         lane_batch_in_flight=settings.lane_batch_in_flight,
         lane_batch_programs=settings.lane_batch_programs,
+        lane_prefill_tokens=settings.lane_prefill_tokens,
     )
     if not settings.group_prefixes:
         return router
@@ -316,6 +323,7 @@ def build_sim(name: str, settings: SimSettings, clock: Clock | None) -> LLMBacke
             urgent_lanes=settings.urgent_lanes,
             lane_batch_in_flight=settings.lane_batch_in_flight,
             lane_batch_programs=settings.lane_batch_programs,
+            lane_prefill_tokens=settings.lane_prefill_tokens,
         )
     if not settings.group_prefixes:
         return backend

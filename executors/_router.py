@@ -48,7 +48,9 @@ from orchestrator import (
 from ._peerlink import NotifierRouterLink
 from ._peers import Peering, PeerStats, RouterLink
 from ._prefix import Tokenize, prompt_hashes
+from ._priming import Pieces, piece_ends, prefix_request, priming_hints
 from ._routing import PrefixRouter
+from ._simtext import CHARS_PER_TOKEN, render
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,7 @@ class Router(
         lane_batch_in_flight: int = 2,
         lane_batch_programs: int | None = None,
         lane_quiet_s: float = 5.0,
+        lane_prefill_tokens: int | None = None,
         peers: RouterLink | None = None,
     ) -> None:
         if not backends:
@@ -172,10 +175,18 @@ class Router(
                 f"{lane_batch_in_flight}, lane_batch_programs={lane_batch_programs}, "
                 f"lane_quiet_s={lane_quiet_s}): none may be negative"
             )
+        if lane_prefill_tokens is not None and lane_prefill_tokens < block_tokens:
+            raise UsageError(
+                f"Router(lane_prefill_tokens={lane_prefill_tokens}) must be at least "
+                f"block_tokens ({block_tokens}), or None to send prompts whole"
+            )
         self.urgent_lanes = urgent_lanes
         self.lane_batch_in_flight = lane_batch_in_flight
         self.lane_batch_programs = lane_batch_programs
         self.lane_quiet_s = lane_quiet_s
+        self.lane_prefill_tokens = lane_prefill_tokens
+        self.pieces = Pieces()
+        """Prefill pieces sent ahead of batch calls on lanes (`lane_prefill_tokens`)."""
         self._batch_in_flight = [0] * n
         self._batch_programs: list[Counter[str]] = [Counter() for _ in range(n)]
         """Per replica: batch calls in flight by program (with `lane_batch_programs`)."""
@@ -327,6 +338,8 @@ class Router(
                 break
             i = choice.replica
             tried[i] = True
+            pace = not urgent and self._paced(i)
+            held = self.policy.held_prefix(hashes, i) if pace else 0
             placement = self.policy.record(hashes, i, hints.prefix_key, pending=True)
             seq = self.peering.placed(placement) if self.peering is not None else -1
             self._in_flight[i] += 1
@@ -336,6 +349,8 @@ class Router(
             if not urgent and self.lane_batch_programs is not None:
                 self._batch_programs[i][hints.program_id] += 1
             try:
+                if pace:
+                    await self._prime(i, request, hints, hashes, held)
                 return await self.backends[i].complete(request, hints)
             except BackendUnavailableError as exc:
                 self._failures[i] += 1
@@ -370,6 +385,58 @@ class Router(
             f"no backend of this router could serve the call ({n} tried or ejected); "
             f"last error: {unavailable}",
         ) from unavailable
+
+    # --- paced prefill on lanes --------------------------------------------------------------
+
+    def _paced(self, replica: int) -> bool:
+        """Whether a batch call to `replica` has its prompt computed in pieces first: with
+        `lane_prefill_tokens`, on a lane while urgent work is around."""
+        if self.lane_prefill_tokens is None or self.urgent_lanes == 0:
+            return False
+        healthy = [i for i, h in enumerate(self._healthy) if h]
+        if len(healthy) <= self.urgent_lanes or replica not in healthy[: self.urgent_lanes]:
+            return False
+        return self._urgent_around()
+
+    def _urgent_around(self) -> bool:
+        seen = self._urgent_seen
+        recent = seen is not None and self._now() - seen <= self.lane_quiet_s
+        return recent or self._urgent_in_flight > 0
+
+    async def _prime(
+        self, replica: int, request: LLMRequest, hints: Hints, hashes: Sequence[int], held: int
+    ) -> None:
+        """Leave all but the last `lane_prefill_tokens` of `request`'s uncached prompt in
+        `replica`'s prefix cache, a piece of at most that many tokens at a time
+        (`_priming`): so no step of that server carries more than a piece of this call's
+        prefill. A piece that another call is sending is waited for, not sent again. A
+        piece that fails ends the pacing: the call itself then computes the rest."""
+        assert self.lane_prefill_tokens is not None
+        piece = self.lane_prefill_tokens // self.block_tokens
+        mine = set(piece_ends(held, len(hashes), piece))
+        scale = float(CHARS_PER_TOKEN)
+        if self.tokenize is not None and mine:
+            text = render(request.messages)
+            scale = len(text) / max(1, len(self.tokenize(text)))
+        for end in range(piece, len(hashes), piece):
+            last = hashes[end - 1]
+            flying = self.pieces.waiting(replica, last)
+            if flying is not None:
+                self.pieces.shared += 1
+                await flying.wait()
+                continue
+            if end not in mine:
+                continue
+            primer = prefix_request(request, round(end * self.block_tokens * scale))
+            if primer is None:
+                continue
+            event = self.pieces.start(replica, last)
+            try:
+                await self.backends[replica].complete(primer, priming_hints(hints))
+            except BackendError:
+                return  # the call goes as it is; its own errors are handled as ever
+            finally:
+                self.pieces.finish(replica, last, event)
 
     # --- peers -------------------------------------------------------------------------------
 

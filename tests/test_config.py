@@ -693,3 +693,14 @@ def test_python_api_runs_a_workflow_on_configured_backends(clock: VirtualClock) 
     result = clock.run(go())
     assert result.ok and result.llm_calls == 1
     assert result.duration > 0  # the simulated GPU took (virtual) time to answer
+
+
+def test_paced_prefill_on_lanes_is_configured_and_checked() -> None:
+    lanes = {"kind": "sim", "replicas": 2, "urgent_lanes": 1, "lane_batch_programs": 1}
+    [router] = backends_from_config(
+        {"backends": {"d": {**lanes, "lane_prefill_tokens": 128}}}
+    ).values()
+    assert isinstance(router, Router) and router.lane_prefill_tokens == 128
+    assert router.lane_batch_programs == 1 and router.urgent_lanes == 1
+    with pytest.raises(UsageError, match=r"lane_prefill_tokens=8\) must be at least block"):
+        backends_from_config({"backends": {"d": {**lanes, "lane_prefill_tokens": 8}}})

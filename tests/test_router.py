@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
-from executors import FunctionLLM
+from executors import FunctionLLM, SimServer
 from executors._prefix import prompt_hashes
 from executors._router import Router
+from executors._simtext import render
 from orchestrator import (
     BackendOverloadedError,
     BackendUnavailableError,
@@ -467,10 +468,144 @@ def test_a_lane_by_programs_takes_a_program_s_calls_together(clock: VirtualClock
     assert len(on_lane) == 1  # one program's calls on the lane, the other's kept off
 
 
+def _document_calls(program: str, questions: int, words: int = 1200) -> list[LLMRequest]:
+    document = f"{program}: " + " ".join(f"{program}-w{k:05d}" for k in range(words))
+    return [
+        LLMRequest(
+            (Message("system", SYSTEM), Message("user", f"{document}\n\nquestion {q}?")),
+            "m",
+            max_tokens=8,
+        )
+        for q in range(questions)
+    ]
+
+
+def _rendered(request: LLMRequest) -> str:
+    return render(request.messages)
+
+
+async def _lane_in_use(router: Router, tg: asyncio.TaskGroup) -> None:
+    """An urgent call in flight on the lane, and three batch calls of another program on the
+    other replica (slower), so that the next batch program's calls go to the lane."""
+    tg.create_task(router.complete(_ask("urgent"), Hints("q", priority_class="interactive")))
+    await asyncio.sleep(0)
+    for i in range(3):  # one prefix of their own: they stay together
+        request = LLMRequest((Message("user", "other work " * 50 + str(i)),), "m", max_tokens=8)
+        tg.create_task(router.complete(request, Hints(program_id="x")))
+        await asyncio.sleep(0)
+
+
+def test_paced_prefill_sends_a_lane_s_batch_prompt_in_aligned_pieces_once(
+    clock: VirtualClock,
+) -> None:
+    """With `lane_prefill_tokens=256` a batch call on the lane while urgent work is around is
+    preceded by one-token requests for its prompt's prefix, each 256 tokens (1,024
+    characters) longer than the last, until at most 256 uncached tokens are left. The five
+    calls of one document share the pieces: each is sent once, in order, before any call."""
+    llms = {
+        "r0": FunctionLLM(lambda req, hints: "ok", latency=1.0),
+        "r1": FunctionLLM(lambda req, hints: "ok", latency=100.0),
+    }
+    calls = _document_calls("a", 5)
+
+    async def main() -> tuple[int, int]:
+        async with Router(
+            llms, clock=clock, urgent_lanes=1, lane_batch_programs=1, lane_prefill_tokens=256
+        ) as router:
+            async with asyncio.TaskGroup() as tg:
+                await _lane_in_use(router, tg)
+                for request in calls:
+                    tg.create_task(router.complete(request, Hints(program_id="a")))
+            return router.pieces.sent, router.pieces.shared
+
+    sent, shared = clock.run(main())
+    lane = llms["r0"].calls
+    pieces = [c for c in lane if c.request.max_tokens == 1]
+    full = _rendered(calls[0])
+    ends = [len(_rendered(c.request)) - len("\n<|assistant|>\n") for c in pieces]
+    assert ends == [1024 * k for k in range(1, len(pieces) + 1)]  # aligned, one after another
+    prefixes = [_rendered(c.request)[:end] for c, end in zip(pieces, ends, strict=True)]
+    assert all(full.startswith(prefix) for prefix in prefixes)
+    assert len(full) - ends[-1] <= 1024 + 64  # at most a piece (and a part block) left
+    assert sent == len(pieces) and shared > 0  # the other four calls waited for them
+    times = [c.at for c in pieces]
+    assert times == sorted(times) and len(set(times)) == len(times)  # one piece at a time
+    on_lane = [c.at for c in lane if c.request in calls]
+    assert len(on_lane) >= 3 and min(on_lane) > times[-1]  # the calls go once it is in
+
+
+def test_paced_prefill_leaves_the_prompt_cached_on_the_simulated_server(
+    clock: VirtualClock,
+) -> None:
+    """On the simulated server the pieces really land in its prefix cache: the call finds all
+    but its last piece cached (and its step computes no more than that)."""
+    calls = _document_calls("a", 1, words=3000)
+
+    async def main() -> tuple[int, int, int]:
+        other = FunctionLLM(lambda req, hints: "ok", latency=100.0)
+        async with SimServer("h100-llama3-8b", clock=clock) as lane:
+            router = Router(
+                {"lane": lane, "other": other},
+                clock=clock,
+                urgent_lanes=1,
+                lane_batch_programs=1,
+                lane_prefill_tokens=512,
+            )
+            async with router:
+                async with asyncio.TaskGroup() as tg:
+                    await _lane_in_use(router, tg)
+                    answer = tg.create_task(router.complete(calls[0], Hints(program_id="a")))
+                usage = answer.result().usage
+                assert usage.cached_prompt_tokens is not None
+                return usage.prompt_tokens, usage.cached_prompt_tokens, router.pieces.sent
+
+    prompt, cached, sent = clock.run(main())
+    assert sent >= 10  # a ~9,000-token prompt in pieces of 512
+    assert prompt - cached <= 512 + 16
+
+
+def test_paced_prefill_only_on_lanes_while_urgent_work_is_around(clock: VirtualClock) -> None:
+    """No pieces without urgent work around, none for urgent calls, none off the lane; a piece
+    that fails ends the pacing and the call itself still goes."""
+    calls = _document_calls("a", 1)
+
+    def flaky(request: LLMRequest, hints: Hints) -> str:
+        if request.max_tokens == 1:
+            raise BackendUnavailableError("piece refused")
+        return "ok"
+
+    slow = FunctionLLM(lambda req, hints: "ok", latency=100.0)
+    llms = {"r0": FunctionLLM(flaky, latency=1.0), "r1": slow}
+
+    async def main() -> tuple[int, str]:
+        async with Router(
+            llms, clock=clock, urgent_lanes=1, lane_batch_programs=1, lane_prefill_tokens=256
+        ) as router:
+            await router.complete(calls[0], Hints(program_id="a"))  # nothing urgent yet
+            quiet = router.pieces.sent
+            urgent = Hints(program_id="q", priority_class="interactive")
+            await router.complete(_document_calls("u", 1)[0], urgent)  # urgent: not paced
+            async with asyncio.TaskGroup() as tg:
+                await _lane_in_use(router, tg)
+                answer = tg.create_task(
+                    router.complete(_document_calls("b", 1)[0], Hints(program_id="b"))
+                )
+            return quiet, answer.result().text
+
+    quiet, text = clock.run(main())
+    assert quiet == 0
+    pieces = [c for llm in llms.values() for c in llm.calls if c.request.max_tokens == 1]
+    assert len(pieces) <= 1  # at most the one that failed on the lane
+    assert all(c in llms["r0"].calls for c in pieces)
+    assert text == "ok"  # the call went although its piece failed
+
+
 def test_lanes_need_a_replica_left_for_batch_and_no_negative_settings() -> None:
     llms = {"a": FunctionLLM(lambda req, hints: "ok"), "b": FunctionLLM(lambda req, hints: "ok")}
     with pytest.raises(UsageError, match="urgent_lanes=-1"):
         Router(llms, urgent_lanes=-1)
     with pytest.raises(UsageError, match="lane_batch_programs=-1"):
         Router(llms, urgent_lanes=1, lane_batch_programs=-1)
+    with pytest.raises(UsageError, match="lane_prefill_tokens=8"):
+        Router(llms, urgent_lanes=1, lane_prefill_tokens=8)  # less than a block
     assert not Router(llms).isolates_urgent()  # off by default
