@@ -61,30 +61,45 @@ def piece_ends(held: int, total: int, piece: int) -> list[int]:
     return ends
 
 
+class Piece:
+    """One piece in flight: whoever needs it waits, and learns whether it landed."""
+
+    __slots__ = ("_done", "landed")
+
+    def __init__(self) -> None:
+        self._done = asyncio.Event()
+        self.landed = False
+
+    async def wait(self) -> bool:
+        await self._done.wait()
+        return self.landed
+
+
 class Pieces:
     """The pieces in flight, per replica and last block hash: a second call that needs one
     waits for the first call's request instead of sending it again."""
 
     def __init__(self) -> None:
-        self._flying: dict[tuple[int, int], asyncio.Event] = {}
+        self._flying: dict[tuple[int, int], Piece] = {}
         self.sent = 0
         """Pieces sent."""
         self.shared = 0
         """Pieces a call waited for instead of sending."""
 
-    def waiting(self, replica: int, last: int) -> asyncio.Event | None:
+    def waiting(self, replica: int, last: int) -> Piece | None:
         return self._flying.get((replica, last))
 
-    def start(self, replica: int, last: int) -> asyncio.Event:
-        event = asyncio.Event()
-        self._flying[(replica, last)] = event
+    def start(self, replica: int, last: int) -> Piece:
+        piece = Piece()
+        self._flying[(replica, last)] = piece
         self.sent += 1
-        return event
+        return piece
 
-    def finish(self, replica: int, last: int, event: asyncio.Event) -> None:
-        if self._flying.get((replica, last)) is event:
+    def finish(self, replica: int, last: int, piece: Piece, *, landed: bool) -> None:
+        if self._flying.get((replica, last)) is piece:
             del self._flying[(replica, last)]
-        event.set()
+        piece.landed = landed
+        piece._done.set()
 
 
 def priming_hints(hints: Hints) -> Hints:

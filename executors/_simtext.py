@@ -66,11 +66,20 @@ def block_hashes(text: str, block_size: int, *, parent: int = 0) -> list[int]:
     this is the simulator's hottest loop (a 60k-token agent context is 4,000 blocks).
     """
     span = block_size * CHARS_PER_TOKEN
-    data = text.encode()
-    if len(data) != len(text):  # non-ASCII: blocks are counted in characters
-        data = text.encode("utf-32-le")
-        span *= 4
-    return chained_hashes(data, span, parent)
+    if text.isascii():
+        return chained_hashes(text.encode(), span, parent)
+    # Non-ASCII: blocks are counted in characters, and each is hashed as the ASCII path would
+    # hash it where it is ASCII (else as UTF-32), so a block's hash does not depend on the
+    # text after it: a prompt's ASCII prefix has the same hashes alone and in the prompt.
+    out: list[int] = []
+    prev = parent
+    crc, adler = zlib.crc32, zlib.adler32
+    for i in range(0, len(text) - span + 1, span):
+        chunk = text[i : i + span]
+        data = chunk.encode() if chunk.isascii() else chunk.encode("utf-32-le")
+        prev = hash((prev, crc(data), adler(data)))
+        out.append(prev)
+    return out
 
 
 def chained_hashes(data: bytes, span: int, parent: int = 0) -> list[int]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import zlib
 from typing import Any
 
 import pytest
@@ -531,15 +533,19 @@ def test_paced_prefill_sends_a_lane_s_batch_prompt_in_aligned_pieces_once(
     times = [c.at for c in pieces]
     assert times == sorted(times) and len(set(times)) == len(times)  # one piece at a time
     on_lane = [c.at for c in lane if c.request in calls]
-    assert len(on_lane) >= 3 and min(on_lane) > times[-1]  # the calls go once it is in
+    assert len(on_lane) >= 4 and min(on_lane) > times[-1]  # the calls go once it is in
 
 
+@pytest.mark.parametrize("ending", ["", " café?"])
 def test_paced_prefill_leaves_the_prompt_cached_on_the_simulated_server(
-    clock: VirtualClock,
+    clock: VirtualClock, ending: str
 ) -> None:
     """On the simulated server the pieces really land in its prefix cache: the call finds all
-    but its last piece cached (and its step computes no more than that)."""
-    calls = _document_calls("a", 1, words=3000)
+    but its last piece cached (and its step computes no more than that), also when text
+    after the pieces is not ASCII."""
+    [call] = _document_calls("a", 1, words=3000)
+    last = call.messages[-1]
+    calls = [LLMRequest((*call.messages[:-1], Message("user", last.content + ending)), "m")]
 
     async def main() -> tuple[int, int, int]:
         other = FunctionLLM(lambda req, hints: "ok", latency=100.0)
@@ -567,11 +573,12 @@ def test_paced_prefill_leaves_the_prompt_cached_on_the_simulated_server(
 def test_paced_prefill_only_on_lanes_while_urgent_work_is_around(clock: VirtualClock) -> None:
     """No pieces without urgent work around, none for urgent calls, none off the lane; a piece
     that fails ends the pacing and the call itself still goes."""
-    calls = _document_calls("a", 1)
+    [call_b] = _document_calls("b", 1)
+    quiet_call = LLMRequest((Message("user", "quiet " * 2000),), "m", max_tokens=8)
 
     def flaky(request: LLMRequest, hints: Hints) -> str:
         if request.max_tokens == 1:
-            raise BackendUnavailableError("piece refused")
+            raise BackendOverloadedError("piece refused", status=429)
         return "ok"
 
     slow = FunctionLLM(lambda req, hints: "ok", latency=100.0)
@@ -581,23 +588,95 @@ def test_paced_prefill_only_on_lanes_while_urgent_work_is_around(clock: VirtualC
         async with Router(
             llms, clock=clock, urgent_lanes=1, lane_batch_programs=1, lane_prefill_tokens=256
         ) as router:
-            await router.complete(calls[0], Hints(program_id="a"))  # nothing urgent yet
+            await router.complete(quiet_call, Hints(program_id="a"))  # nothing urgent yet
             quiet = router.pieces.sent
             urgent = Hints(program_id="q", priority_class="interactive")
             await router.complete(_document_calls("u", 1)[0], urgent)  # urgent: not paced
             async with asyncio.TaskGroup() as tg:
                 await _lane_in_use(router, tg)
-                answer = tg.create_task(
-                    router.complete(_document_calls("b", 1)[0], Hints(program_id="b"))
-                )
+                answer = tg.create_task(router.complete(call_b, Hints(program_id="b")))
             return quiet, answer.result().text
 
     quiet, text = clock.run(main())
     assert quiet == 0
     pieces = [c for llm in llms.values() for c in llm.calls if c.request.max_tokens == 1]
-    assert len(pieces) <= 1  # at most the one that failed on the lane
-    assert all(c in llms["r0"].calls for c in pieces)
-    assert text == "ok"  # the call went although its piece failed
+    assert len(pieces) == 1 and pieces[0] in llms["r0"].calls  # the one refused, on the lane
+    assert text == "ok"  # the call went although its piece was refused
+    assert served_by(llms, call_b) == "r0"  # as it is, to the lane, which stays in service
+
+
+def test_a_piece_that_does_not_land_is_sent_by_the_call_waiting_for_it(
+    clock: VirtualClock,
+) -> None:
+    """Two calls share a document; the first is cancelled while its second piece is in
+    flight. The second call, which waited for that piece, sends it and the rest itself:
+    no request to the lane carries more than a piece of uncached prompt."""
+    llms = {
+        "r0": FunctionLLM(lambda req, hints: "ok", latency=1.0),
+        "r1": FunctionLLM(lambda req, hints: "ok", latency=100.0),
+    }
+    first, second = _document_calls("a", 2)
+
+    async def main() -> None:
+        async with Router(
+            llms, clock=clock, urgent_lanes=1, lane_batch_programs=1, lane_prefill_tokens=256
+        ) as router:
+            async with asyncio.TaskGroup() as tg:
+                await _lane_in_use(router, tg)
+                doomed = tg.create_task(router.complete(first, Hints(program_id="a")))
+                await asyncio.sleep(0)
+                answer = tg.create_task(router.complete(second, Hints(program_id="a")))
+                await clock.sleep(1.5)  # the first call's second piece is in flight
+                doomed.cancel()
+            assert answer.result().text == "ok"
+
+    clock.run(main())
+    lane = [c.request for c in llms["r0"].calls if c.hints.program_id == "a"]
+    ends = [len(_rendered(r)) for r in lane]
+    grown = [b - a for a, b in itertools.pairwise([0, *ends])]
+    assert lane[-1] is second and len(lane) > 3
+    assert max(grown) <= 1024 + 64 + 20  # a piece (or the call's tail) at a time
+
+
+def test_with_a_tokenizer_pieces_are_cut_by_its_tokens(clock: VirtualClock) -> None:
+    """Text denser in tokens than the prompt's average (digits, one token each) still gets
+    pieces of about `lane_prefill_tokens` tokens, not twice that."""
+
+    def tokenize(text: str) -> list[int]:
+        out: list[int] = []
+        for word in text.split(" "):
+            pieces = word if word.isdigit() else [word[i : i + 4] for i in range(0, len(word), 4)]
+            out.extend(zlib.crc32(p.encode()) for p in [*pieces, " "])
+        return out
+
+    prose = " ".join(f"w{k:03d}" for k in range(1500))
+    digits = " ".join("1234567890" for _ in range(300))
+    request = LLMRequest((Message("user", f"{prose} {digits} ?"),), "m", max_tokens=8)
+    llms = {
+        "r0": FunctionLLM(lambda req, hints: "ok", latency=1.0),
+        "r1": FunctionLLM(lambda req, hints: "ok", latency=100.0),
+    }
+
+    async def main() -> None:
+        async with (
+            Router(
+                llms,
+                clock=clock,
+                urgent_lanes=1,
+                lane_batch_programs=1,
+                lane_prefill_tokens=256,
+                tokenize=tokenize,
+            ) as router,
+            asyncio.TaskGroup() as tg,
+        ):
+            await _lane_in_use(router, tg)
+            tg.create_task(router.complete(request, Hints(program_id="a")))
+
+    clock.run(main())
+    pieces = [c.request for c in llms["r0"].calls if c.request.max_tokens == 1]
+    sizes = [len(tokenize(render(p.messages))) for p in pieces]
+    grown = [b - a for a, b in itertools.pairwise([0, *sizes])]
+    assert len(pieces) > 5 and max(grown) <= 256 * 1.3
 
 
 def test_lanes_need_a_replica_left_for_batch_and_no_negative_settings() -> None:
