@@ -391,14 +391,20 @@ class Router(
     def _paced(self, replica: int) -> bool:
         """Whether a batch call to `replica` has its prompt computed in pieces first: with
         `lane_prefill_tokens`, on a lane while urgent work is around."""
-        if self.lane_prefill_tokens is None or self.urgent_lanes == 0:
-            return False
-        healthy = [i for i, h in enumerate(self._healthy) if h]
-        if len(healthy) <= self.urgent_lanes or replica not in healthy[: self.urgent_lanes]:
+        if self.lane_prefill_tokens is None or replica not in self._lane_set():
             return False
         return self._urgent_around()
 
+    def _lane_set(self) -> set[int]:
+        """The lanes: the first `urgent_lanes` healthy replicas, while another is left for
+        batch work (else none)."""
+        if self.urgent_lanes == 0:
+            return set()
+        healthy = [i for i, h in enumerate(self._healthy) if h]
+        return set(healthy[: self.urgent_lanes]) if len(healthy) > self.urgent_lanes else set()
+
     def _urgent_around(self) -> bool:
+        """An urgent call is in flight, or one was routed in the last `lane_quiet_s`."""
         seen = self._urgent_seen
         recent = seen is not None and self._now() - seen <= self.lane_quiet_s
         return recent or self._urgent_in_flight > 0
@@ -463,18 +469,13 @@ class Router(
         fewer programs than that are) while an urgent call is in flight or was routed in
         the last `lane_quiet_s` seconds, so that urgent calls find short steps (a batch's
         prefill shares every step of its server)."""
-        if self.urgent_lanes == 0:
+        lanes = self._lane_set()
+        if not lanes:
             return allowed
-        healthy = [i for i, h in enumerate(self._healthy) if h]
-        if len(healthy) <= self.urgent_lanes:
-            return allowed
-        lanes = set(healthy[: self.urgent_lanes])
-        now = self._now()
         if urgent:
-            self._urgent_seen = now
+            self._urgent_seen = self._now()
             return [a and i in lanes for i, a in enumerate(allowed)]
-        recent = self._urgent_seen is not None and now - self._urgent_seen <= self.lane_quiet_s
-        if not recent and self._urgent_in_flight == 0:
+        if not self._urgent_around():
             return allowed
         programs = self.lane_batch_programs
         if programs is not None:
