@@ -10,8 +10,9 @@ from conftest import StoreFactory
 from prometheus_client.parser import text_string_to_metric_families
 from test_service import Api, Gate, on_stores
 
+from agents import Agent
 from executors import FunctionLLM, echo
-from orchestrator import Engine, Hints, LLMRequest, Message, Usage
+from orchestrator import Engine, Hints, LLMRequest, Message, Usage, Workflow
 from orchestrator._events import CallRetrying, TaskRetrying, TaskSucceeded, WorkflowFinished
 from orchestrator.service._metrics import Metrics
 
@@ -147,3 +148,39 @@ def test_cluster_figures_leases_shared_limits_and_router_peers(make_store: Store
     assert m["plait_router_peer_messages_total", L(direction="published", resource="gpu")] >= 1
     assert m["plait_router_peer_messages_total", L(direction="received", resource="gpu")] >= 1
     assert not any(n.startswith(("plait_cluster_", "plait_shared_", "plait_router_")) for n in solo)
+
+
+def test_the_knee_and_the_deadline_gate_are_on_metrics() -> None:
+    """Admission's learned figures: a run with a deadline in flight counts at the gate,
+    and each backend's caps are there from the start (the knee once it is learned)."""
+
+    async def main() -> None:
+        called, answered = asyncio.Event(), asyncio.Event()
+
+        async def slow(request: LLMRequest, hints: Hints) -> str:
+            called.set()
+            await answered.wait()
+            return "ok"
+
+        async with Engine(backends={"default": FunctionLLM(slow)}) as engine:
+            metrics = Metrics(engine)
+            wf = Workflow("w")
+            wf.add("a", Agent("a", "You answer.").ask("hi"))
+            handle = engine.submit(wf, deadline=60.0, priority="interactive")
+            await called.wait()  # the gate let the run in: its call reached the backend
+            m = scrape(metrics.exposition().decode())
+            assert m["plait_gate_in_flight", ()] == 1
+            assert m["plait_gate_waiting", ()] == 0
+            assert m["plait_gate_held_total", ()] == 0
+            assert m["plait_gate_hopeless_total", ()] == 0
+            assert ("plait_gate_cap", ()) not in m  # nothing learned yet: no cap
+            limit = m["plait_in_flight_limit", (("resource", "default"),)]
+            assert m["plait_headroom_cap", L(case="alone", resource="default")] <= limit
+            assert m["plait_headroom_cap", L(case="urgent", resource="default")] <= limit
+            assert ("plait_headroom_knee", (("resource", "default"),)) not in m
+            answered.set()
+            assert (await handle.result()).ok
+            m = scrape(metrics.exposition().decode())
+            assert m["plait_gate_in_flight", ()] == 0
+
+    asyncio.run(main())

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._engine import Engine
+from .._engine import Engine, EngineStats
 from .._events import Event
 from ..batch import BatchProgress
 
@@ -201,8 +201,58 @@ class _Live(Collector):
             value=met / (met + missed) if met + missed else 1.0,
         )
 
+        yield from _admission_figures(stats)
         yield from _batch_figures(m.batches(), m.batch_counts())
         yield from _cluster_figures(m.engine)
+
+
+def _admission_figures(stats: EngineStats) -> Iterator[Metric]:
+    """What deadline-aware admission learned (docs/admission.md): each backend's knee and
+    the caps it answers, and the deadline gate's cap and queue."""
+    if stats.knees:
+        knee = GaugeMetricFamily(
+            "plait_headroom_knee",
+            "Calls in flight past which a backend's throughput gains little (learned; absent "
+            "until two levels were seen)",
+            labels=["resource"],
+        )
+        cap = GaugeMetricFamily(
+            "plait_headroom_cap",
+            "Calls in flight up to which slack-rich work is admitted, with urgent work around "
+            "(case 'urgent') and without ('alone')",
+            labels=["resource", "case"],
+        )
+        for k in stats.knees:
+            if k.knee is not None:
+                knee.add_metric([k.backend], k.knee)
+            cap.add_metric([k.backend, "urgent"], k.cap_urgent)
+            cap.add_metric([k.backend, "alone"], k.cap_alone)
+        yield knee
+        yield cap
+    gate = stats.gate
+    if gate is None:
+        return
+    if gate.cap is not None:
+        yield GaugeMetricFamily(
+            "plait_gate_cap",
+            "Runs with a deadline let in at once by the deadline gate (absent: no cap now)",
+            value=gate.cap,
+        )
+    yield GaugeMetricFamily(
+        "plait_gate_in_flight", "Runs with a deadline let in and not ended", value=gate.in_flight
+    )
+    yield GaugeMetricFamily(
+        "plait_gate_waiting", "Runs with a deadline waiting at the gate", value=gate.waiting
+    )
+    yield CounterMetricFamily(
+        "plait_gate_held", "Runs let in (or gone) after waiting at the gate", value=gate.held
+    )
+    yield CounterMetricFamily(
+        "plait_gate_hopeless",
+        "Waiting runs found unable to meet their deadline at the present load (shed with "
+        "late='cancel', else moved behind the rest)",
+        value=gate.shed,
+    )
 
 
 def _cluster_figures(engine: Engine) -> Iterator[Metric]:
