@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import math
 import sys
@@ -63,7 +64,7 @@ from _harness import (  # noqa: E402
     simulate,
 )
 
-from executors import Router, SimServer  # noqa: E402
+from executors import Router, SimServer, get_profile  # noqa: E402
 from orchestrator import (  # noqa: E402
     DEFAULT_GATE,
     DEFAULT_HEADROOM,
@@ -77,11 +78,13 @@ from orchestrator import (  # noqa: E402
     Limits,
     LLMBackend,
 )
-from workloads import Program, batch_programs, sql_programs  # noqa: E402
+from workloads import LLMStep, Program, batch_programs, sql_programs  # noqa: E402
 
 PROFILE = "h100-llama3-8b"
 REPLICAS = 4
 PER_REPLICA = 256
+TARGET_ATTAINMENT = 0.95
+TARGET_SHARE = 0.85
 """plait's in-flight limit per replica: the simulated server's max_num_seqs."""
 
 
@@ -209,18 +212,157 @@ def p95(values: Sequence[float]) -> float:
 
 def outcomes_of(
     programs: Sequence[Program], runner: Runner, replicas: int, mode: str
-) -> list[Outcome]:
+) -> tuple[list[Outcome], Report]:
+    """The programs' outcomes, and the run's report (its servers' busy time and steps)."""
     kept: list[Outcome] = []
 
     async def keep(
-        programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
+        programs: Sequence[Program], servers: Sequence[SimServer], clock: Clock
     ) -> list[Outcome]:
         out = await runner(programs, servers, clock)
         kept.extend(out)
         return out
 
-    simulate(programs, keep, profile=PROFILE, replicas=replicas, mode=mode)
-    return kept
+    report = simulate(programs, keep, profile=PROFILE, replicas=replicas, mode=mode)
+    return kept, report
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A query's window, arrival to deadline, and the steps it needs in it beyond the
+    batch's own: its critical tokens, less the steps the batch's own rate puts there."""
+
+    start: float
+    end: float
+    need: float
+
+
+@dataclass(frozen=True, slots=True)
+class Ceiling:
+    """An estimate of the most batch share a schedule could keep while meeting the target
+    share of deadlines, on the simulator's cost model (docs/admission.md, "How far a
+    lane can go"). The batch ends at M only if the servers' time up to M holds the batch's
+    own busy time, the tokens of every query that must end by M (deadline by M, not one of
+    those let miss), and, since every step has a fixed cost, the steps those queries need
+    beyond the batch's own. It counts each query's tokens as the mean query's and only
+    the steps of queries whose windows do not overlap, so it errs high."""
+
+    reference: float
+    replicas: int
+    batch_busy_s: float
+    """Replica-seconds the fastest batch-alone run kept its servers busy."""
+    query_work_s: float
+    """Replica-seconds of the queries' own tokens: their busy time alone on one replica, less
+    each step's fixed cost."""
+    step_s: float
+    batch_savings: int
+    """Steps the batch could save at most: its steps alone less its output tokens over the
+    server's `max_num_seqs` (every step full)."""
+    windows: tuple[Window, ...]
+    misses: int
+    """Queries that may miss at the target attainment."""
+
+    @property
+    def steady(self) -> float:
+        """The ceiling with every query due by the batch's end (with the steps they need),
+        as for a batch that outlasts the queries: what a lane can keep while they come."""
+        met = max(0, len(self.windows) - self.misses)
+        need = least_need(self.windows, min(self.misses, len(self.windows)))
+        cost = self.query_work_s / max(1, len(self.windows)) * met
+        cost += self.step_s * max(0.0, need - self.batch_savings)
+        return self.reference / max(self.reference, (self.batch_busy_s + cost) / self.replicas)
+
+    def share(self, steps: bool) -> float:
+        """The ceiling: the fastest batch alone over the least makespan M that holds what
+        must be done by M; `steps`: counting the fixed cost of the steps queries need (else
+        their tokens only)."""
+        per_query = self.query_work_s / max(1, len(self.windows))
+        ends = sorted({w.end for w in self.windows})
+        lowest = max(self.reference, self.batch_busy_s / self.replicas)
+        cost = 0.0
+        for i, at in enumerate([0.0, *ends]):
+            if i:
+                due = [w for w in self.windows if w.end <= at]
+                met = max(0, len(due) - self.misses)
+                cost = per_query * met
+                if steps:
+                    need = least_need(due, min(self.misses, len(due)))
+                    cost += self.step_s * max(0.0, need - self.batch_savings)
+            makespan = max(at, (self.batch_busy_s + cost) / self.replicas, lowest)
+            if i == len(ends) or makespan < ends[i]:
+                return self.reference / makespan
+        raise AssertionError("unreachable: the last piece has no end")
+
+
+def most_need(windows: Sequence[Window]) -> tuple[float, list[Window]]:
+    """The most steps any set of windows that do not overlap needs (they cannot share a
+    step), and that set."""
+    by_end = sorted(windows, key=lambda w: w.end)
+    ends = [w.end for w in by_end]
+    best: list[tuple[float, list[Window]]] = [(0.0, [])]
+    for j, w in enumerate(by_end):
+        before = best[bisect.bisect_right(ends, w.start, 0, j)]
+        with_it = (before[0] + w.need, [*before[1], w])
+        best.append(with_it if with_it[0] > best[j][0] else best[j])
+    return best[-1]
+
+
+def least_need(windows: Sequence[Window], misses: int) -> float:
+    """`most_need`, least over which `misses` queries are let miss. Letting a query miss
+    only lowers the need if it is in the set that needs the most, so only those are tried."""
+    need, chosen = most_need(windows)
+    if misses == 0 or need == 0.0:
+        return need
+    return min(least_need([w for w in windows if w is not c], misses - 1) for c in chosen)
+
+
+def critical_tokens(program: Program) -> int:
+    """Output tokens on the program's longest chain of calls: the steps it needs one after
+    another (a call's prefill step gives its first token)."""
+    steps = {s.id: s for s in program.steps if isinstance(s, LLMStep)}
+    longest: dict[str, int] = {}
+
+    def chain(step_id: str) -> int:
+        if step_id not in longest:
+            step = steps[step_id]
+            longest[step_id] = step.max_tokens + max(
+                (chain(a) for a in step.after if a in steps), default=0
+            )
+        return longest[step_id]
+
+    return max((chain(s) for s in steps), default=0)
+
+
+def ceiling(
+    batch: Sequence[Program],
+    sql: Sequence[Program],
+    alone: Report,
+    reference: float,
+    attainment: float = TARGET_ATTAINMENT,
+) -> Ceiling:
+    """`alone`: the fastest batch-alone run. Runs the queries alone on one replica for
+    their own tokens."""
+    profile = get_profile(PROFILE)
+    by_itself = simulate(sql, plait_mixed(DEFAULT_HEADROOM), profile=PROFILE, mode="sql alone")
+    query_work = by_itself.server.busy_s - profile.step_overhead_s * by_itself.server.steps
+    batch_tokens = sum(s.max_tokens for p in batch for s in p.steps if isinstance(s, LLMStep))
+    least = math.ceil(batch_tokens / profile.max_num_seqs)
+    rate = alone.server.steps / (REPLICAS * reference)
+    windows = tuple(
+        Window(p.arrival, p.arrival + p.deadline, max(0.0, critical_tokens(p) - rate * p.deadline))
+        for p in sql
+        if p.deadline is not None
+    )
+    return Ceiling(
+        reference=reference,
+        replicas=REPLICAS,
+        batch_busy_s=alone.server.busy_s,
+        query_work_s=query_work,
+        step_s=profile.step_overhead_s,
+        batch_savings=max(0, alone.server.steps - least),
+        windows=windows,
+        misses=len(windows) - math.ceil(attainment * len(windows) - 1e-9),
+    )
 
 
 PACED = 128
@@ -234,7 +376,7 @@ def lane_mode(programs: int, prefill: int | None) -> str:
 
 def part1(
     rows: int, rate: float, seed: int, lanes: Sequence[tuple[int, int | None]] = ()
-) -> tuple[dict[str, Mixed], float, Seen, int]:
+) -> tuple[dict[str, Mixed], float, Seen, int, Ceiling]:
     documents, questions = rows // 10, 10
     batch = batch_programs(documents, questions, seed=seed)
     seen = Seen()
@@ -251,19 +393,22 @@ def part1(
             DEFAULT_HEADROOM, lanes=1, lane_programs=programs, lane_prefill=prefill
         )
     alone: dict[str, float] = {}
+    reports: dict[str, Report] = {}
     for mode, runner in runners.items():
         started = time.perf_counter()
-        out = outcomes_of(batch, runner, REPLICAS, f"{mode}-alone")
+        out, reports[mode] = outcomes_of(batch, runner, REPLICAS, f"{mode}-alone")
         alone[mode] = max(o.finished for o in out)
         log(f"  batch alone, {mode}: {alone[mode]:.1f} s ({time.perf_counter() - started:.1f} s)")
-    reference = min(alone.values())
+    fastest = min(alone, key=lambda mode: alone[mode])
+    reference = alone[fastest]
     # Queries arrive throughout the batch's run (as long as the fastest batch alone).
     n_sql = max(1, round(rate * reference))
     sql = sql_programs(n_sql, rate=rate, seed=seed)
+    bound = ceiling(batch, sql, reports[fastest], reference)
     mixed: dict[str, Mixed] = {}
     for mode, runner in runners.items():
         started = time.perf_counter()
-        out = outcomes_of([*batch, *sql], runner, REPLICAS, mode)
+        out, _ = outcomes_of([*batch, *sql], runner, REPLICAS, mode)
         queries, rows_done = split(out)
         jcts = [o.jct for o in queries]
         mixed[mode] = Mixed(
@@ -281,7 +426,7 @@ def part1(
             f"({m.share(reference):.3f}x of the fastest alone) "
             f"({time.perf_counter() - started:.1f} s)"
         )
-    return mixed, reference, seen, n_sql
+    return mixed, reference, seen, n_sql, bound
 
 
 def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
@@ -345,7 +490,13 @@ def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
 
 
 def report_part1(
-    rows: int, rate: float, mixed: dict[str, Mixed], reference: float, seen: Seen, n_sql: int
+    rows: int,
+    rate: float,
+    mixed: dict[str, Mixed],
+    reference: float,
+    seen: Seen,
+    n_sql: int,
+    bound: Ceiling,
 ) -> dict[str, object]:
     print(
         f"\nPart 1: {rows:,} batch rows + {n_sql} text-to-SQL queries at {rate}/s, "
@@ -366,6 +517,14 @@ def report_part1(
             f"{knee.per_call_s_per_token or 0:.2e} x in-flight s; knee {knee.knee} of "
             f"{knee.limit} (cap {knee.cap_urgent} with urgent work, {knee.cap_alone} without)"
         )
+    print(
+        f"ceiling (an estimate, docs/admission.md): the queries' own tokens take "
+        f"{bound.query_work_s:.1f} replica-s beside the batch's {bound.batch_busy_s:.1f}: "
+        f"at most {bound.share(steps=False):.3f}x; with the fixed cost of the steps that "
+        f"meeting {TARGET_ATTAINMENT} of the deadlines needs, at most "
+        f"{bound.share(steps=True):.3f}x (target {TARGET_SHARE}); {bound.steady:.3f}x if "
+        f"every query were due by the batch's end"
+    )
     plait = mixed["plait"]
     return {
         "interactive_attainment": round(plait.attainment, 4),
@@ -387,6 +546,9 @@ def report_part1(
         "interactive_attainment_priority_only": round(mixed["priority-only"].attainment, 4),
         "batch_throughput_share_naive": round(mixed["naive"].share(reference), 4),
         "batch_throughput_share_priority_only": round(mixed["priority-only"].share(reference), 4),
+        "batch_share_ceiling_tokens": round(bound.share(steps=False), 4),
+        "batch_share_ceiling": round(bound.share(steps=True), 4),
+        "batch_share_ceiling_all_due": round(bound.steady, 4),
         "batch_alone_s": round(reference, 2),
         "batch_rows": rows,
         "queries": n_sql,
@@ -465,8 +627,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.part in (None, "1"):
         rows = 2_000 if args.quick else 10_000
         log(f"part 1: {rows:,} batch rows on {REPLICAS} replicas, queries at {args.rate}/s:")
-        mixed, reference, seen, n_sql = part1(rows, args.rate, args.seed, lanes)
-        figures.update(report_part1(rows, args.rate, mixed, reference, seen, n_sql))
+        mixed, reference, seen, n_sql, bound = part1(rows, args.rate, args.seed, lanes)
+        figures.update(report_part1(rows, args.rate, mixed, reference, seen, n_sql, bound))
     if args.part in (None, "2"):
         n2 = 120 if args.quick else 300
         log(f"part 2: {n2} text-to-SQL queries alone on one replica:")
