@@ -99,6 +99,8 @@ class Seen:
     knees: tuple[KneeStats, ...] = ()
     gate: GateStats | None = None
     hopeless: int = 0
+    hopeless_met: int = 0
+    """Of those found hopeless, the ones that met their deadline after all."""
     shed: int = 0
     """Queries cancelled by `late="cancel"` (shed at submission or at their deadline)."""
 
@@ -171,6 +173,7 @@ def plait_mixed(
                     raise RuntimeError(f"{program.id} {result.status}: {dict(result.failures)}")
                 if seen is not None and result.hopeless_at is not None:
                     seen.hopeless += 1
+                    seen.hopeless_met += bool(result.deadline_met)
                 outcomes.append(
                     Outcome(program.id, program.arrival, clock.monotonic(), program.deadline)
                 )
@@ -469,7 +472,8 @@ def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
     log(
         f"  at {rate}/s: naive {naive.deadline_attainment:.3f}, priority-only "
         f"{priority.deadline_attainment:.3f}, plait {plait.deadline_attainment:.3f} "
-        f"({seen.hopeless} runs found hopeless), plait with late='cancel' "
+        f"({seen.hopeless} runs found hopeless, {seen.hopeless_met} of them met their deadline "
+        f"after all), plait with late='cancel' "
         f"{shedding.deadline_attainment:.3f} ({shed.shed} queries given up; gate: {shed.gate}), "
         f"without the gate {ungated.deadline_attainment:.3f}"
     )
@@ -484,6 +488,7 @@ def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
         "shed": shed.shed,
         "gate": shed.gate,
         "hopeless": seen.hopeless,
+        "hopeless_met": seen.hopeless_met,
         "knees": seen.knees,
         "sweep": sweep,
     }
@@ -591,6 +596,7 @@ def report_part2(alone: dict[str, object]) -> dict[str, object]:
         "sql_gate_cap": gate.cap if isinstance(gate, GateStats) else None,
         "sql_queries_given_up": alone["shed"],
         "sql_hopeless_runs": alone["hopeless"],
+        "sql_hopeless_runs_met": alone["hopeless_met"],
         "sql_sweep": alone["sweep"],
     }
 

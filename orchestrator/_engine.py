@@ -64,7 +64,15 @@ from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry
 from ._resume import Decision, ResumePlan, decision_for, plan_resume
 from ._retention import Retention, Sweeper
 from ._run import Durations, Late, Run, RunResult, RunServices, RunTimes
-from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key, slack_of
+from ._scheduler import (
+    CLASS_RANK,
+    Policy,
+    PriorityClass,
+    alone_slack_of,
+    get_policy,
+    program_key,
+    slack_of,
+)
 from ._slots import SharedLimits, SlotBroker
 from ._store import Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable
@@ -562,20 +570,25 @@ class Engine:
             return run.priority_class != "interactive"
         view = run.view(now)
         headroom = self.headroom or DEFAULT_HEADROOM
-        return slack_rich(run.priority_class, slack_of(view, now), view.remaining, headroom)
+        alone = alone_slack_of(view, now)
+        if alone is not None and alone < 0:
+            return True  # hopeless: it must not crowd out those that can still be met
+        slack = max(0.0, slack_of(view, now) or 0.0)  # late only at this load: urgent
+        return slack_rich(run.priority_class, slack, view.remaining, headroom)
 
     def _look_at_deadlines(self, now: float) -> bool:
         """Whether urgent work is around (a run that is not slack-rich); tells each run that
-        has just become hopeless (its remaining critical path is longer than the time left)."""
+        has just become hopeless (its remaining critical path, even at the least its tasks
+        have taken, is longer than the time left)."""
         urgent = False
         for run in self._watched:
             if run.complete:
                 continue
             if run.deadline is not None and run.hopeless_at is None:
                 view = run.view(now)
-                slack = slack_of(view, now)
-                if slack is not None and slack < 0:
-                    self._hopeless(run, view.remaining, now)
+                alone = alone_slack_of(view, now)
+                if alone is not None and alone < 0:
+                    self._hopeless(run, run.deadline - now - alone, now)
             if not urgent and not self._slack_rich(run, now):
                 urgent = True
         return urgent

@@ -115,15 +115,20 @@ class DeadlineMissed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeadlineHopeless:
-    """The run can no longer meet its deadline even alone: its estimated remaining critical
-    path is longer than the time left (sent once, when admission first sees it). From then on
-    it ranks below the runs that can still make theirs, and waits with slack-rich work for
-    headroom (docs/admission.md); it still runs to its end."""
+    """The run can no longer meet its deadline: its remaining critical path, even at the
+    least its tasks have taken, is longer than the time left (sent once, when admission
+    first sees it; for a `late="cancel"` run, at what they take at the present load). The
+    deadline gate sends it too, for a run waiting to start whose time left is less than
+    what runs take at the present load. From then on it ranks below the runs that can still
+    make theirs and, if it cannot make it even alone, waits with slack-rich work for
+    headroom (docs/admission.md); it still runs to its end unless submitted with
+    `late="cancel"`."""
 
     workflow: str
     deadline: float
     remaining: float
-    """The estimated seconds of work left on its critical path at that moment."""
+    """The estimated seconds of work left on its critical path at that moment (the gate:
+    what a run takes at the present load)."""
     at: float
     kind: Literal["deadline_hopeless"] = "deadline_hopeless"
 

@@ -120,21 +120,31 @@ class Durations:
     """How long each kind of task (its action's label) has taken lately, from admission to
     its end: an exponential mean over the finished ones, so that under load (longer queues
     and steps at the servers) the estimate grows with what the tasks really take. Used for a
-    task without an estimate of its own; `default` until one of its kind has finished."""
+    task without an estimate of its own; `default` until one of its kind has finished.
 
-    __slots__ = ("_mean", "default", "weight")
+    Also the least each kind has taken (`least`): what it needs with the least load seen,
+    which tells a deadline that cannot be met even alone from one that is only late at the
+    present load."""
+
+    __slots__ = ("_least", "_mean", "default", "weight")
 
     def __init__(self, default: float, weight: float = 0.2) -> None:
         self.default = default
         self.weight = weight
         self._mean: dict[str, float] = {}
+        self._least: dict[str, float] = {}
 
     def observe(self, label: str, seconds: float) -> None:
         mean = self._mean.get(label)
         self._mean[label] = seconds if mean is None else mean + self.weight * (seconds - mean)
+        least = self._least.get(label)
+        self._least[label] = seconds if least is None else min(least, seconds)
 
     def estimate(self, label: str) -> float:
         return self._mean.get(label, self.default)
+
+    def least(self, label: str) -> float:
+        return self._least.get(label, self.default)
 
 
 Late = Literal["finish", "cancel"]
@@ -220,7 +230,8 @@ class Run:
         self.done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self.complete = False
         """Every task is final and none is running: the run can be finished."""
-        self._remaining: float | None = None
+        self._remaining: tuple[float, float] | None = None
+        """The remaining critical path, lately and at the least (`_critical_paths`)."""
         self.hopeless_at: float | None = None
         """Set once admission finds the deadline out of reach (see `DeadlineHopeless`)."""
         self.late: Late = "finish"
@@ -240,27 +251,40 @@ class Run:
     # --- scheduling ------------------------------------------------------------------------
 
     def view(self, now: float) -> ProgramView:
-        remaining = 0.0
+        remaining = least = 0.0
         if self.services.policy.needs_remaining and self.deadline is not None:
             if self._remaining is None:
-                learned = self.services.durations
-                default = self.services.default_estimate
-                unfinished = {
-                    r.task.id: (
-                        r.task.estimate
-                        if r.task.estimate is not None
-                        else default
-                        if learned is None
-                        else learned.estimate(r.task.action.label)
-                    )
-                    for r in self.records.values()
-                    if r.state not in FINAL_STATES
-                }
-                self._remaining = remaining_critical_path(self.workflow.graph, unfinished)
-            remaining = self._remaining
+                self._remaining = self._critical_paths()
+            remaining, least = self._remaining
+            if self.late == "cancel":
+                # Given up once late: what it needs is what tasks take at the present load,
+                # so one late at this load makes way at once instead of using capacity
+                # others need and being cancelled at its deadline anyway.
+                least = remaining
         return ProgramView(
-            self.program, self.priority_class, self.attained, self.deadline, remaining
+            self.program, self.priority_class, self.attained, self.deadline, remaining, least
         )
+
+    def _critical_paths(self) -> tuple[float, float]:
+        """The remaining critical path at what tasks take lately, and at the least they
+        have taken (a task's own estimate, or the default, stands for both)."""
+        learned = self.services.durations
+        default = self.services.default_estimate
+        lately: dict[str, float] = {}
+        least: dict[str, float] = {}
+        for r in self.records.values():
+            if r.state in FINAL_STATES:
+                continue
+            task = r.task
+            if task.estimate is not None:
+                lately[task.id] = least[task.id] = task.estimate
+            elif learned is None:
+                lately[task.id] = least[task.id] = default
+            else:
+                lately[task.id] = learned.estimate(task.action.label)
+                least[task.id] = learned.least(task.action.label)
+        graph = self.workflow.graph
+        return remaining_critical_path(graph, lately), remaining_critical_path(graph, least)
 
     # --- what a task's context asks (facts for its LLM calls) -----------------------------
 

@@ -7,10 +7,13 @@ program by the order in which they became ready. No clock, no I/O: `now` is an a
 - `fcfs`: earlier programs first (Continuum's program-level FCFS).
 - `las`: least attained service first, which favours short programs (Autellix's PLAS).
 - `slack`: least slack first, slack = deadline - now - remaining critical path
-  (HEXGEN-Text2SQL's urgency); programs without a deadline come after those with one.
-  A program with negative slack cannot make its deadline even alone (it is *hopeless*):
-  it ranks after every program that still can, least late first, so one lost deadline
-  does not take feasible ones down with it (EDF's domino effect under overload).
+  (HEXGEN-Text2SQL's urgency), the path at what its tasks take lately (under the present
+  load); programs without a deadline come after those with one. A program with negative
+  slack will likely miss at this load: it ranks after every program that still can, least
+  late first, so one lost deadline does not take feasible ones down with it (EDF's domino
+  effect under overload). Whether it is *hopeless* (cannot make it even alone: the path at
+  the least its tasks have taken is longer than the time left; `alone_slack_of`) is the
+  engine's to say, not the order's.
 """
 
 from __future__ import annotations
@@ -40,7 +43,11 @@ class ProgramView:
     deadline: float | None = None
     """Absolute time on the engine clock, or None."""
     remaining: float = 0.0
-    """Estimated seconds of the longest remaining path through the program's DAG."""
+    """Estimated seconds of the longest remaining path through the program's DAG, at what
+    its tasks take lately."""
+    least_remaining: float | None = None
+    """The same path at the least its tasks have taken (what it needs even alone; None:
+    `remaining`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,17 +109,27 @@ class Slack:
             return math.inf
         slack = view.deadline - now - view.remaining
         if slack < 0:
-            return HOPELESS_KEY + min(-slack, 1e7)
+            return LATE_KEY + min(-slack, 1e7)
         return slack
 
 
-HOPELESS_KEY = 1e8
-"""Where `slack` ranks hopeless programs: after any feasible slack, before no deadline."""
+LATE_KEY = 1e8
+"""Where `slack` ranks programs late at the present load: after any feasible slack, before
+no deadline."""
 
 
 def slack_of(view: ProgramView, now: float) -> float | None:
-    """Seconds to spare if the program ran alone from now; None without a deadline."""
+    """Seconds to spare at what the program's tasks take lately; None without a deadline."""
     return None if view.deadline is None else view.deadline - now - view.remaining
+
+
+def alone_slack_of(view: ProgramView, now: float) -> float | None:
+    """Seconds to spare even alone (at the least its tasks have taken); negative: the
+    program is hopeless. None without a deadline."""
+    if view.deadline is None:
+        return None
+    least = view.remaining if view.least_remaining is None else view.least_remaining
+    return view.deadline - now - least
 
 
 POLICIES: Mapping[str, Callable[[], Policy]] = {"fcfs": Fcfs, "las": Las, "slack": Slack}

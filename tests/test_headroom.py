@@ -29,7 +29,8 @@ from orchestrator import (
 )
 from orchestrator._admission import Admission
 from orchestrator._knee import slack_rich
-from orchestrator._run import RunTimes
+from orchestrator._run import Durations, RunTimes
+from orchestrator._scheduler import alone_slack_of, slack_of
 
 A, B = 0.005, 0.0001
 """Seconds per token = A + B x calls in flight: the synthetic server of these tests."""
@@ -114,6 +115,70 @@ def test_slack_ranks_hopeless_programs_after_feasible_ones_least_late_first() ->
     none = ProgramView(4, "interactive")
     ordered = order_programs(Slack(), [none, later, hopeless, feasible], now=0.0)
     assert [v.program for v in ordered] == [1, 2, 3, 4]
+
+
+def test_late_at_the_present_load_ranks_after_feasible_but_is_hopeless_only_alone() -> None:
+    """A program whose tasks take longer lately (under load) than its time left ranks after
+    those that can still make it, least late first; it is hopeless (held back, reported)
+    only if even the least its tasks have taken is too long."""
+    feasible = ProgramView(1, "interactive", deadline=20.0, remaining=15.0)  # slack 5
+    loaded = ProgramView(2, "interactive", deadline=8.0, remaining=10.0, least_remaining=6.0)
+    hopeless = ProgramView(3, "interactive", deadline=8.0, remaining=12.0, least_remaining=9.0)
+    ordered = order_programs(Slack(), [hopeless, feasible, loaded], now=0.0)
+    assert [v.program for v in ordered] == [1, 2, 3]
+    assert slack_of(loaded, 0.0) == -2.0 and alone_slack_of(loaded, 0.0) == 2.0
+    assert alone_slack_of(hopeless, 0.0) == -1.0
+    # Without a least (a view built by hand), the path lately stands for it.
+    assert alone_slack_of(ProgramView(4, deadline=8.0, remaining=10.0), 0.0) == -2.0
+
+
+def test_durations_keep_the_least_each_kind_took() -> None:
+    durations = Durations(default=1.0)
+    assert durations.least("ask") == 1.0 == durations.estimate("ask")
+    for seconds in (2.0, 0.5, 4.0, 4.0):
+        durations.observe("ask", seconds)
+    assert durations.least("ask") == 0.5
+    assert durations.estimate("ask") > 2.0  # the mean follows what it takes lately
+
+
+def _loaded_then_deadline(late: str) -> tuple[float | None, bool]:
+    """Steps of one kind take 1 s alone, then 4 s under load (the learned mean climbs); a
+    3-step run with 6 s to go is late at that load, but not at the least the steps took.
+    Returns when it was found hopeless (None: never) and whether it met its deadline."""
+    clock = VirtualClock()
+    seconds = {"now": 1.0}
+
+    async def step(ctx: TaskContext) -> None:
+        await ctx.clock.sleep(seconds["now"])
+
+    def chain(n: int) -> Workflow:
+        wf = Workflow("steps")
+        for i in range(n):
+            wf.add(f"s{i}", step, after=(f"s{i - 1}",) if i else ())
+        return wf
+
+    async def main() -> tuple[float | None, bool]:
+        async with Engine(clock=clock, policy="slack") as engine:
+            await engine.run(chain(1))  # 1 s alone
+            seconds["now"] = 4.0
+            await engine.run(chain(3))  # 4 s a step under load
+            seconds["now"] = 1.5  # the load eases
+            result = await engine.run(chain(3), deadline=6, priority="interactive", late=late)
+            return result.hopeless_at, bool(result.deadline_met)
+
+    return clock.run(main())
+
+
+def test_a_run_late_only_at_the_present_load_is_not_called_hopeless() -> None:
+    hopeless_at, met = _loaded_then_deadline("finish")
+    assert hopeless_at is None  # 3 steps at the least 1 s fit in 6 s
+    assert met  # and the load eased: it made it
+
+
+def test_a_run_given_up_when_late_judges_by_the_present_load() -> None:
+    """`late="cancel"`: what it needs is what tasks take now, so it makes way at once."""
+    hopeless_at, _ = _loaded_then_deadline("cancel")
+    assert hopeless_at is not None
 
 
 @dataclass
