@@ -156,6 +156,20 @@ class LLMCalls:
         self._timers: set[asyncio.TimerHandle] = set()
         self.memo: CallMemo | None = None
         """Set by a durable engine: call results are recorded and reused from there."""
+        self._replayed: set[tuple[str, str]] = set()
+        """(program, task) whose results came (in part) from a record, not from running:
+        what such a task took says nothing of what its kind takes (`take_replayed`)."""
+
+    def mark_replayed(self, program: str, task: str) -> None:
+        """The task's result was recalled from a record (`take_replayed` says so once)."""
+        self._replayed.add((program, task))
+
+    def take_replayed(self, program: str, task: str) -> bool:
+        """Whether the task's result, or one of its calls, came from a record; forgets it."""
+        if (program, task) in self._replayed:
+            self._replayed.discard((program, task))
+            return True
+        return False
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -292,6 +306,7 @@ class LLMCalls:
         key = call_key(site, request)
         recorded = await memo.recall(program.id, key)
         if recorded is not None:
+            self._replayed.add((program.id, site.task_id))
             return RESPONSE_ADAPTER.validate_json(recorded)
         response = await send()
         memo.remember(program.id, key, RESPONSE_ADAPTER.dump_json(response))

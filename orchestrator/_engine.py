@@ -552,8 +552,11 @@ class Engine:
         opened, hopeless = self.gate.release(now)
         for run, took in hopeless:
             assert isinstance(run, Run) and run.deadline is not None
-            self._hopeless(run, took, now)
             if run.late == "cancel":
+                # Given up: it is hopeless at the present load. (A run that finishes anyway
+                # is only moved behind by the gate; hopeless is for what is out of reach
+                # even alone, which admission judges once it runs.)
+                self._hopeless(run, took, now)
                 self.cancel_if_running(
                     run.id,
                     f"shed: waiting to start, its deadline ({run.deadline - now:.1f} s from "
@@ -620,7 +623,9 @@ class Engine:
     def _apply(self, outcome: _Outcome) -> None:
         run, record = outcome.run, outcome.task
         self.admission.release(record.resource, record)
-        if outcome.state == "done":
+        replayed = self.calls.take_replayed(run.id, record.id)
+        if outcome.state == "done" and not replayed:
+            # A task answered from a record took no time: it says nothing of its kind.
             self.durations.observe(record.task.action.label, outcome.elapsed)
         if not outcome.llm_calls:
             task = record.task
@@ -714,6 +719,7 @@ class Engine:
         key (before a crash) is its result; else it runs and its result is recorded."""
         found, result = await durable.memo.recall_result(run.id, ctx.idempotency_key)
         if found:
+            self.calls.mark_replayed(run.id, record.id)
             return result
         result = await self._attempts(run, record, ctx)
         check_serializable(record.id, result)

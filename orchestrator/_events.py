@@ -115,20 +115,19 @@ class DeadlineMissed:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeadlineHopeless:
-    """The run can no longer meet its deadline: its remaining critical path, even at the
-    least its tasks have taken, is longer than the time left (sent once, when admission
-    first sees it; for a `late="cancel"` run, at what they take at the present load). The
-    deadline gate sends it too, for a run waiting to start whose time left is less than
-    what runs take at the present load. From then on it ranks below the runs that can still
-    make theirs and, if it cannot make it even alone, waits with slack-rich work for
-    headroom (docs/admission.md); it still runs to its end unless submitted with
-    `late="cancel"`."""
+    """The run can no longer meet its deadline even alone: its remaining critical path, at
+    the least its tasks have taken, is longer than the time left (sent once, when admission
+    first sees it). From then on it ranks below the runs that can still make theirs and
+    waits with slack-rich work for headroom (docs/admission.md); it still runs to its end.
+    A run submitted with `late="cancel"` is judged at what its tasks take at the present
+    load instead, or by the deadline gate while it waits to start (what runs take at the
+    present load), and is given up (cancelled) right after this event."""
 
     workflow: str
     deadline: float
     remaining: float
-    """The estimated seconds of work left on its critical path at that moment (the gate:
-    what a run takes at the present load)."""
+    """The estimated seconds of work left on its critical path at that moment (for a run
+    the gate gives up: what a run takes at the present load)."""
     at: float
     kind: Literal["deadline_hopeless"] = "deadline_hopeless"
 

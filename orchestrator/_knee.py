@@ -251,8 +251,9 @@ def slack_rich(
 ) -> bool:
     """Whether a program may wait for headroom: batch work without a deadline, a deadline
     far away (slack above both `rich_slack_s` and `rich_slack_ratio` x the remaining critical
-    path), or one that is hopeless (negative slack: it cannot be met even alone, so it must
-    not crowd out those that can). Interactive work without a deadline is never held back."""
+    path), or one that is hopeless (negative slack: it must not crowd out those that can;
+    the engine passes a negative slack only for a run out of reach even alone). Interactive
+    work without a deadline is never held back."""
     if slack is None:
         return priority_class != "interactive"
     if slack < 0:

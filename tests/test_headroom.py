@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from executors import SimServer
+from agents import Agent
+from executors import FunctionLLM, SimServer
 from orchestrator import (
     DEFAULT_HEADROOM,
     Engine,
@@ -446,3 +447,44 @@ def test_run_times_answer_a_high_quantile_of_the_last_runs() -> None:
     assert times.typical("q") == 29.0  # the last 10 are 20..29; the 0.9 quantile is the top
     times.observe("q", 0.5)
     assert times.typical("q") == 29.0
+
+
+class _Record:
+    """A call memo that answers any program's call it has seen (as a resumed run's are)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, bytes] = {}
+
+    async def recall(self, program: str, key: str) -> bytes | None:
+        return self.kept.get(key)
+
+    def remember(self, program: str, key: str, result: bytes) -> None:
+        self.kept[key] = result
+
+
+def test_a_task_answered_from_a_record_teaches_no_duration() -> None:
+    """A resumed task whose call is answered from the record ends at once: that is not
+    what its kind takes, so neither the mean nor the least learns it."""
+    clock = VirtualClock()
+    agent = Agent("asker", "You answer.")
+
+    async def main() -> tuple[float, float, float, float]:
+        llm = FunctionLLM(lambda request, hints: "ok", latency=2.0, clock=clock)
+        async with Engine(backends={"default": llm}, clock=clock) as engine:
+            engine.calls.memo = _Record()
+            wf = Workflow("w")
+            wf.add("ask", agent.ask("hi"))
+            label = wf.task("ask").action.label
+            await engine.run(wf)
+            sent = engine.durations.least(label), engine.durations.estimate(label)
+            started = clock.monotonic()
+            again = Workflow("w")
+            again.add("ask", agent.ask("hi"))
+            await engine.run(again)
+            assert len(llm.calls) == 1  # the second was answered from the record
+            assert clock.monotonic() == started  # at once
+            return (*sent, engine.durations.least(label), engine.durations.estimate(label))
+
+    least, mean, least_after, mean_after = clock.run(main())
+    assert least == mean == 2.0
+    assert (least_after, mean_after) == (2.0, 2.0)
