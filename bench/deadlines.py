@@ -271,19 +271,22 @@ class Ceiling:
     """Queries that may miss at the target attainment."""
 
     @property
-    def steady(self) -> float:
+    def steady(self) -> float | None:
         """The ceiling with every query due by the batch's end (with the steps they need),
-        as for a batch that outlasts the queries: what a lane can keep while they come."""
+        as for a batch that outlasts the queries: what a lane can keep while they come.
+        None: too many ways to choose the misses (`least_need`)."""
         met = max(0, len(self.windows) - self.misses)
         need = least_need(self.windows, min(self.misses, len(self.windows)))
+        if need is None:
+            return None
         cost = self.query_work_s / max(1, len(self.windows)) * met
         cost += self.step_s * max(0.0, need - self.batch_savings)
         return self.reference / max(self.reference, (self.batch_busy_s + cost) / self.replicas)
 
-    def share(self, steps: bool) -> float:
+    def share(self, steps: bool) -> float | None:
         """The ceiling: the fastest batch alone over the least makespan M that holds what
         must be done by M; `steps`: counting the fixed cost of the steps queries need (else
-        their tokens only)."""
+        their tokens only; None: too many ways to choose the misses)."""
         per_query = self.query_work_s / max(1, len(self.windows))
         ends = sorted({w.end for w in self.windows})
         lowest = max(self.reference, self.batch_busy_s / self.replicas)
@@ -295,6 +298,8 @@ class Ceiling:
                 cost = per_query * met
                 if steps:
                     need = least_need(due, min(self.misses, len(due)))
+                    if need is None:
+                        return None
                     cost += self.step_s * max(0.0, need - self.batch_savings)
             makespan = max(at, (self.batch_busy_s + cost) / self.replicas, lowest)
             if i == len(ends) or makespan < ends[i]:
@@ -315,15 +320,27 @@ def most_need(windows: Sequence[Window]) -> tuple[float, list[Window]]:
     return best[-1]
 
 
-def least_need(windows: Sequence[Window], misses: int) -> float:
+MAX_TRIED = 20_000
+"""Sets of misses `least_need` tries at most (about a second and a half; the sets grow
+steeply with the misses: 6 of 120 queries take a few hundred, 12 of 240 tens of thousands)."""
+
+
+class _TooMany(Exception):
+    pass
+
+
+def least_need(windows: Sequence[Window], misses: int) -> float | None:
     """`most_need`, least over which `misses` queries are let miss. Letting a query miss
     only lowers the need if it is in the set that needs the most, so only those are tried;
-    each set of misses is tried once, whatever the order it was reached in."""
+    each set of misses is tried once, whatever the order it was reached in. None if that
+    is more than `MAX_TRIED` sets."""
     seen: dict[frozenset[int], float] = {}
 
     def least(missed: frozenset[int], left: int) -> float:
         if missed in seen:
             return seen[missed]
+        if len(seen) >= MAX_TRIED:
+            raise _TooMany
         kept = [w for i, w in enumerate(windows) if i not in missed]
         need, chosen = most_need(kept)
         if left > 0 and need > 0.0:
@@ -332,7 +349,10 @@ def least_need(windows: Sequence[Window], misses: int) -> float:
         seen[missed] = need
         return need
 
-    return least(frozenset(), misses)
+    try:
+        return least(frozenset(), misses)
+    except _TooMany:
+        return None
 
 
 def critical_tokens(program: Program) -> int:
@@ -538,13 +558,21 @@ def report_part1(
             f"{knee.per_call_s_per_token or 0:.2e} x in-flight s; knee {knee.knee} of "
             f"{knee.limit} (cap {knee.cap_urgent} with urgent work, {knee.cap_alone} without)"
         )
+    tokens, with_steps, steady = bound.share(steps=False), bound.share(steps=True), bound.steady
+
+    def shown(share: float | None) -> str:
+        return (
+            "(not estimated: too many ways to choose the misses)"
+            if share is None
+            else (f"{share:.3f}x")
+        )
+
     print(
         f"ceiling (an estimate, docs/admission.md): the queries' own tokens take "
         f"{bound.query_work_s:.1f} replica-s beside the batch's {bound.batch_busy_s:.1f}: "
-        f"at most {bound.share(steps=False):.3f}x; with the fixed cost of the steps that "
-        f"meeting {TARGET_ATTAINMENT} of the deadlines needs, at most "
-        f"{bound.share(steps=True):.3f}x (target {TARGET_SHARE}); {bound.steady:.3f}x if "
-        f"every query were due by the batch's end"
+        f"at most {shown(tokens)}; with the fixed cost of the steps that meeting "
+        f"{TARGET_ATTAINMENT} of the deadlines needs, at most {shown(with_steps)} (target "
+        f"{TARGET_SHARE}); {shown(steady)} if every query were due by the batch's end"
     )
     plait = mixed["plait"]
     return {
@@ -567,9 +595,9 @@ def report_part1(
         "interactive_attainment_priority_only": round(mixed["priority-only"].attainment, 4),
         "batch_throughput_share_naive": round(mixed["naive"].share(reference), 4),
         "batch_throughput_share_priority_only": round(mixed["priority-only"].share(reference), 4),
-        "batch_share_ceiling_tokens": round(bound.share(steps=False), 4),
-        "batch_share_ceiling": round(bound.share(steps=True), 4),
-        "batch_share_ceiling_all_due": round(bound.steady, 4),
+        "batch_share_ceiling_tokens": None if tokens is None else round(tokens, 4),
+        "batch_share_ceiling": None if with_steps is None else round(with_steps, 4),
+        "batch_share_ceiling_all_due": None if steady is None else round(steady, 4),
         "batch_alone_s": round(reference, 2),
         "batch_rows": rows,
         "queries": n_sql,

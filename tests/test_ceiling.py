@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import random
 
+import deadlines
+import pytest
 from deadlines import Ceiling, Window, least_need, most_need
 
 
@@ -95,3 +97,15 @@ def test_steady_counts_every_query_as_due() -> None:
     # Both due: 8 replica-s of tokens, 300 steps of 10 ms: (40 + 8 + 3) / 4 = 12.75 s.
     assert ceiling(late).steady == 10.0 / 12.75
     assert ceiling(late, misses=1).steady == 10.0 / ((40.0 + 4.0 + 1.0) / 4)
+
+
+def test_too_many_ways_to_choose_the_misses_is_said_not_guessed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    windows = tuple(Window(float(i), float(i) + 1.0, 5.0) for i in range(6))
+    assert least_need(windows, 2) == 20.0  # six apart, two let miss
+    monkeypatch.setattr(deadlines, "MAX_TRIED", 3)
+    assert least_need(windows, 2) is None
+    bound = ceiling(windows, misses=2)
+    assert bound.share(steps=True) is None and bound.steady is None
+    assert bound.share(steps=False) is not None  # tokens alone need no search
