@@ -270,37 +270,42 @@ class Ceiling:
     misses: int
     """Queries that may miss at the target attainment."""
 
+    def _cost(self, due: Sequence[Window], steps: bool) -> float | None:
+        """Replica-seconds the queries `due` cost the batch: the tokens of those met, and
+        (`steps`) the fixed cost of the steps they need beyond the batch's own. None: too
+        many ways to choose the misses (`least_need`)."""
+        met = max(0, len(due) - self.misses)
+        cost = self.query_work_s / max(1, len(self.windows)) * met
+        if not steps:
+            return cost
+        need = least_need(due, min(self.misses, len(due)))
+        if need is None:
+            return None
+        return cost + self.step_s * max(0.0, need - self.batch_savings)
+
     @property
     def steady(self) -> float | None:
         """The ceiling with every query due by the batch's end (with the steps they need),
         as for a batch that outlasts the queries: what a lane can keep while they come.
         None: too many ways to choose the misses (`least_need`)."""
-        met = max(0, len(self.windows) - self.misses)
-        need = least_need(self.windows, min(self.misses, len(self.windows)))
-        if need is None:
+        cost = self._cost(self.windows, steps=True)
+        if cost is None:
             return None
-        cost = self.query_work_s / max(1, len(self.windows)) * met
-        cost += self.step_s * max(0.0, need - self.batch_savings)
         return self.reference / max(self.reference, (self.batch_busy_s + cost) / self.replicas)
 
     def share(self, steps: bool) -> float | None:
         """The ceiling: the fastest batch alone over the least makespan M that holds what
         must be done by M; `steps`: counting the fixed cost of the steps queries need (else
         their tokens only; None: too many ways to choose the misses)."""
-        per_query = self.query_work_s / max(1, len(self.windows))
         ends = sorted({w.end for w in self.windows})
         lowest = max(self.reference, self.batch_busy_s / self.replicas)
         cost = 0.0
         for i, at in enumerate([0.0, *ends]):
             if i:
-                due = [w for w in self.windows if w.end <= at]
-                met = max(0, len(due) - self.misses)
-                cost = per_query * met
-                if steps:
-                    need = least_need(due, min(self.misses, len(due)))
-                    if need is None:
-                        return None
-                    cost += self.step_s * max(0.0, need - self.batch_savings)
+                due = self._cost([w for w in self.windows if w.end <= at], steps)
+                if due is None:
+                    return None
+                cost = due
             makespan = max(at, (self.batch_busy_s + cost) / self.replicas, lowest)
             if i == len(ends) or makespan < ends[i]:
                 return self.reference / makespan

@@ -22,6 +22,8 @@ import dataclasses
 
 from orchestrator import Hints, LLMRequest, Message
 
+from ._simtext import header
+
 
 def prefix_request(request: LLMRequest, chars: int) -> LLMRequest | None:
     """A one-token request whose rendered prompt begins with the first `chars` characters of
@@ -29,7 +31,7 @@ def prefix_request(request: LLMRequest, chars: int) -> LLMRequest | None:
     kept: list[Message] = []
     start = 0
     for message in request.messages:
-        head = len(f"<|{message.role}|>\n")
+        head = len(header(message.role))  # as `render` marks it up
         end = start + head + len(message.content) + 1
         if end >= chars:
             cut = chars - start - head

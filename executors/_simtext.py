@@ -31,6 +31,12 @@ _SYLLABLES = tuple(
 _rendered: tuple[tuple[object, str], ...] = ()
 
 
+def header(role: str) -> str:
+    """The markup before a message's content in `render` (its content is followed by a
+    newline)."""
+    return f"<|{role}|>\n"
+
+
 def render(messages: Iterable[Message]) -> str:
     """The prompt text, ending with the assistant header like `add_generation_prompt`
     (`_GENERATION_PROMPT`; each message is its content and 6 characters of markup).
@@ -45,7 +51,7 @@ def render(messages: Iterable[Message]) -> str:
         for seen, text in _rendered:
             if seen is messages:
                 return text
-    parts = [f"<|{m.role}|>\n{m.content}\n" for m in messages]
+    parts = [f"{header(m.role)}{m.content}\n" for m in messages]
     parts.append(_GENERATION_PROMPT)
     text = "".join(parts)
     if isinstance(messages, tuple):
@@ -73,11 +79,10 @@ def block_hashes(text: str, block_size: int, *, parent: int = 0) -> list[int]:
     # text after it: a prompt's ASCII prefix has the same hashes alone and in the prompt.
     out: list[int] = []
     prev = parent
-    crc, adler = zlib.crc32, zlib.adler32
     for i in range(0, len(text) - span + 1, span):
         chunk = text[i : i + span]
         data = chunk.encode() if chunk.isascii() else chunk.encode("utf-32-le")
-        prev = hash((prev, crc(data), adler(data)))
+        (prev,) = chained_hashes(data, len(data), prev)
         out.append(prev)
     return out
 

@@ -46,7 +46,7 @@ from ._events import (
 )
 from ._llm import Usage
 from ._replay import TaskImage
-from ._scheduler import Policy, PriorityClass, ProgramView, remaining_critical_path
+from ._scheduler import Policy, PriorityClass, ProgramView, remaining_critical_paths
 from ._task import LLMCall, Task, TaskRun, describe
 from ._workflow import Workflow
 
@@ -270,21 +270,19 @@ class Run:
         have taken (a task's own estimate, or the default, stands for both)."""
         learned = self.services.durations
         default = self.services.default_estimate
-        lately: dict[str, float] = {}
-        least: dict[str, float] = {}
+        unfinished: dict[str, tuple[float, float]] = {}
         for r in self.records.values():
             if r.state in FINAL_STATES:
                 continue
             task = r.task
             if task.estimate is not None:
-                lately[task.id] = least[task.id] = task.estimate
+                unfinished[task.id] = (task.estimate, task.estimate)
             elif learned is None:
-                lately[task.id] = least[task.id] = default
+                unfinished[task.id] = (default, default)
             else:
-                lately[task.id] = learned.estimate(task.action.label)
-                least[task.id] = learned.least(task.action.label)
-        graph = self.workflow.graph
-        return remaining_critical_path(graph, lately), remaining_critical_path(graph, least)
+                label = task.action.label
+                unfinished[task.id] = (learned.estimate(label), learned.least(label))
+        return remaining_critical_paths(self.workflow.graph, unfinished)
 
     # --- what a task's context asks (facts for its LLM calls) -----------------------------
 

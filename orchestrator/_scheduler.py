@@ -180,10 +180,23 @@ def remaining_critical_path(graph: nx.DiGraph[str], unfinished: Mapping[str, flo
     `unfinished` maps each task that is not final to its estimate; finished tasks are
     ignored (they cost nothing more).
     """
-    longest: dict[str, float] = {}
-    best = 0.0
+    return remaining_critical_paths(graph, {t: (e, e) for t, e in unfinished.items()})[0]
+
+
+def remaining_critical_paths(
+    graph: nx.DiGraph[str], unfinished: Mapping[str, tuple[float, float]]
+) -> tuple[float, float]:
+    """`remaining_critical_path` at two estimates of each task at once (what tasks take
+    lately, and the least they took), in one walk of the graph: the longest path at each."""
+    longest: dict[str, tuple[float, float]] = {}
+    best_a = best_b = 0.0
     for node in nx.topological_sort(graph.subgraph(unfinished)):
-        start = max((longest[p] for p in graph.predecessors(node) if p in longest), default=0.0)
-        longest[node] = start + unfinished[node]
-        best = max(best, longest[node])
-    return best
+        before = [longest[p] for p in graph.predecessors(node) if p in longest]
+        a, b = unfinished[node]
+        path = (
+            a + max((x for x, _ in before), default=0.0),
+            b + max((y for _, y in before), default=0.0),
+        )
+        longest[node] = path
+        best_a, best_b = max(best_a, path[0]), max(best_b, path[1])
+    return best_a, best_b
