@@ -14,7 +14,8 @@ The cap is the `n` that maximises deadlines met per second,
 and runs past it wait at the engine, earliest deadline first (nothing of theirs reaches a
 backend). A waiting run whose deadline can no longer be met if it started now is hopeless:
 with `late="cancel"` it is shed before it costs anything; otherwise it waits behind every
-run that can still be met (one run in ten let in comes from those). Until `min_seen` runs
+run that can still be met and starts into spare room only (one such run is kept going
+whenever any waits, so they finish however long an overload lasts). Until `min_seen` runs
 have ended, over at least two levels, or while the fit says more runs at once do not slow
 any of them, nothing waits.
 """
@@ -46,6 +47,13 @@ class DeadlineGate:
     """A waiting `late="cancel"` run starts only if at least this share of runs at the
     present load finish within the time it has left; otherwise it is shed, having cost
     nothing. (Any other run is moved behind the rest when more than half would be late.)"""
+    late_room: float = 0.25
+    """Runs judged late (moved behind the rest) start while no run that can still make its
+    deadline waits and fewer than this share of the cap are in flight: they fill spare room
+    without lengthening the steps of the runs that come next."""
+    late_in_flight: int = 1
+    """Runs judged late kept in flight whenever any wait, whatever else waits, so that they
+    finish however long an overload lasts. 0: they start only into spare room."""
 
     def __post_init__(self) -> None:
         for name in ("min_seen", "memory", "deadlines"):
@@ -54,6 +62,12 @@ class DeadlineGate:
                 raise UsageError(f"DeadlineGate({name}={value!r}) must be an integer >= 2")
         if not 0.0 < self.sure < 1.0:
             raise UsageError(f"DeadlineGate(sure={self.sure!r}) must be between 0 and 1")
+        if not 0.0 <= self.late_room <= 1.0:
+            raise UsageError(f"DeadlineGate(late_room={self.late_room!r}) must be between 0 and 1")
+        if not isinstance(self.late_in_flight, int) or self.late_in_flight < 0:
+            raise UsageError(
+                f"DeadlineGate(late_in_flight={self.late_in_flight!r}) must be an integer >= 0"
+            )
         if self.memory < self.min_seen:
             raise UsageError(
                 f"DeadlineGate(memory={self.memory}) must be at least min_seen ({self.min_seen})"
@@ -97,9 +111,6 @@ class Gated(Protocol):
 
 _SPREAD = 20
 """Quantiles of the fit's residuals that the share of deadlines met is averaged over."""
-_LATE_EVERY = 10
-"""While runs that can still make their deadline wait, one of every this many runs let in
-is a run already judged late (oldest deadline first), so that those still finish."""
 _BUNCHED = 0.25
 """Levels whose variance is under this (a spread of about half a run) carry no slope."""
 _EXACT = 64
@@ -107,7 +118,7 @@ _EXACT = 64
 
 
 class _Entry:
-    __slots__ = ("area_at_open", "opened_at", "round", "run")
+    __slots__ = ("area_at_open", "late", "opened_at", "round", "run")
 
     def __init__(self, run: Gated, round_: int) -> None:
         self.run = run
@@ -116,6 +127,8 @@ class _Entry:
         waited."""
         self.opened_at = 0.0
         self.area_at_open = 0.0
+        self.late = False
+        """Judged late while it waited (moved behind the runs that can still be met)."""
 
 
 class RunGate:
@@ -138,7 +151,7 @@ class RunGate:
         self._new_seen = 0
         self._new_budgets = 0
         self._round = 0
-        self._since_late = 0
+        self._late_open = 0
         self.held = 0
         self.shed = 0
 
@@ -157,18 +170,23 @@ class RunGate:
         """Let waiting runs in while fewer than the cap are in flight, earliest deadline
         first. Returns (runs let in, runs found hopeless on the way, each with the seconds
         it was judged by). A hopeless run with `late="cancel"` stays held for the caller to
-        cancel; any other is moved behind the runs that can still be met, which let one of
-        them in for every ten let in (`_LATE_EVERY`)."""
+        cancel; any other is moved behind the runs that can still be met and starts, oldest
+        deadline first, while `late_in_flight` of its kind are not running, or into spare
+        room (nothing else waits, fewer than `late_room` of the cap in flight)."""
         self._round += 1
         opened: list[Gated] = []
         hopeless: list[tuple[Gated, float]] = []
         cap = self.cap()
+        settings = self.settings
         while self._waiting or self._late:
             if cap is not None and len(self._open) >= cap:
                 break
-            take_late = bool(self._late) and (
-                not self._waiting or self._since_late >= _LATE_EVERY - 1
+            spare = not self._waiting and (
+                cap is None or len(self._open) < cap * settings.late_room
             )
+            take_late = bool(self._late) and (spare or self._late_open < settings.late_in_flight)
+            if not take_late and not self._waiting:
+                break  # only runs judged late wait, and there is no spare room for them
             queue = self._late if take_late else self._waiting
             deadline, order, entry = heapq.heappop(queue)
             run = entry.run
@@ -184,15 +202,16 @@ class RunGate:
                     self.shed += 1
                     hopeless.append((run, took))
                     if run.late != "cancel":  # else the caller cancels it: it never starts
+                        entry.late = True
                         heapq.heappush(self._late, (deadline, order, entry))
                     continue
-            self._since_late = 0 if take_late or not self._late else self._since_late + 1
             self._advance(now)
             del self._queued[id(run)]
             if self._round > entry.round + 1:
                 self.held += 1
             entry.opened_at = now
             entry.area_at_open = self._area
+            self._late_open += entry.late
             self._open[id(run)] = entry
             run.held = False
             opened.append(run)
@@ -205,6 +224,7 @@ class RunGate:
         entry = self._open.pop(id(run), None)
         if entry is None:
             return
+        self._late_open -= entry.late
         took = now - entry.opened_at
         if ok and took > 0:
             level = (self._area - entry.area_at_open) / took

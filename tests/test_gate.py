@@ -118,8 +118,8 @@ def test_waiting_runs_start_earliest_deadline_first_as_runs_end() -> None:
 
 def test_a_waiting_run_that_cannot_make_it_is_shed_or_moved_behind() -> None:
     """Runs take 2 + n s. With none in flight, a `late="cancel"` run with 2.5 s left is
-    shed before it starts; a default one with 2.8 s is let in only after every run that can
-    still make it."""
+    shed before it starts; a default one with 2.8 s is judged late, and starts as the one
+    run of its kind kept in flight."""
     gate = RunGate(DeadlineGate())
     now = _teach(gate, 2.0, 1.0, range(1, 7))
     _budgets(gate, 10.0, n=200)
@@ -132,7 +132,8 @@ def test_a_waiting_run_that_cannot_make_it_is_shed_or_moved_behind() -> None:
     # Judged by what 90% of runs take with one in flight (3 s) for the late="cancel" run,
     # by the median (3 s too: the fit is exact) for the other.
     assert hopeless == [(hopeless_cancel, 3.0), (hopeless_finish, 3.0)]
-    assert opened == [feasible, hopeless_finish]  # room for both: the hopeless one last
+    # no run judged late is in flight, so this one starts at once (`late_in_flight=1`)
+    assert opened == [hopeless_finish, feasible]
     assert hopeless_cancel.held  # the engine cancels it; the gate never lets it in
     assert gate.stats().shed == 2
 
@@ -144,6 +145,10 @@ def test_bad_settings_are_refused() -> None:
         DeadlineGate(sure=1.5)
     with pytest.raises(UsageError, match="memory"):
         DeadlineGate(min_seen=50, memory=20)
+    with pytest.raises(UsageError, match="late_room"):
+        DeadlineGate(late_room=1.5)
+    with pytest.raises(UsageError, match="late_in_flight"):
+        DeadlineGate(late_in_flight=-1)
     with pytest.raises(UsageError, match="DeadlineGate or None"):
         Engine(gate=3)  # type: ignore[arg-type]
 
@@ -249,11 +254,10 @@ def test_a_refused_run_leaves_nothing_waiting_at_the_gate() -> None:
     assert ok
 
 
-def test_runs_judged_late_still_start_while_others_wait() -> None:
-    """A default run that cannot make its deadline goes behind the rest, yet one run of
-    every ten let in comes from those judged late: a stream of feasible runs cannot
-    starve it."""
-    gate = RunGate(DeadlineGate())
+def _full_gate(settings: DeadlineGate) -> tuple[RunGate, float, list[_Run]]:
+    """A gate that learned runs take 2 + n s with n in flight, deadlines of 10 s (cap 8),
+    with 8 runs of distant deadlines in flight."""
+    gate = RunGate(settings)
     now = _teach(gate, 2.0, 1.0, range(1, 7))
     _budgets(gate, 10.0, n=200)
     assert gate.cap() == 8
@@ -261,20 +265,57 @@ def test_runs_judged_late_still_start_while_others_wait() -> None:
     for run in running:
         gate.arrive(run, now)
     assert len(gate.release(now)[0]) == 8
-    late = _Run(deadline=now + 2.5, started_at=now)
+    return gate, now, running
+
+
+def test_one_run_judged_late_is_kept_going_while_others_wait() -> None:
+    """Default runs that cannot make their deadline go behind the rest, yet one of them is
+    kept in flight whatever else waits: a stream of feasible runs cannot starve them. The
+    second waits for the first to end."""
+    gate, now, running = _full_gate(DeadlineGate())
+    late = [_Run(deadline=now + 2.5, started_at=now), _Run(deadline=now + 2.6, started_at=now)]
     stream = [_Run(deadline=now + 100.0 + i, started_at=now) for i in range(30)]
-    for run in (late, *stream):
+    for run in (*late, *stream):
         gate.arrive(run, now)
     assert gate.release(now) == ([], [])  # full: nothing is looked at
     order: list[_Run] = []
-    for _ in range(12):
+    for _ in range(6):
         gate.withdraw(running.pop(0), now + 1.0)  # a slot frees; the fit stays
-        opened, hopeless = gate.release(now + 1.0)
-        # Judged once, when it came up with 7 in flight: a run takes 2 + 8 s.
-        assert hopeless == ([(late, 10.0)] if not order else [])
+        opened, _ = gate.release(now + 1.0)
         order.extend(opened)  # type: ignore[arg-type]
         running.extend(opened)  # type: ignore[arg-type]
-    assert order.index(late) == 9  # after nine that can make it: one in ten
+    assert order == [late[0], *stream[:5]]  # the first at once; the second waits for it
+    assert late[1].held and gate.stats().shed == 2
+    gate.withdraw(late[0], now + 2.0)  # the late run in flight ends
+    running.remove(late[0])
+    assert gate.release(now + 2.0)[0] == [late[1]]
+
+
+def test_runs_judged_late_start_only_into_spare_room() -> None:
+    """With `late_in_flight=0` a run judged late starts only when no run that can still
+    make its deadline waits, and while fewer than `late_room` of the cap (2 of 8) are in
+    flight: it does not lengthen the steps of the runs that come next."""
+    gate, now, running = _full_gate(DeadlineGate(late_in_flight=0, late_room=0.25))
+    late = [_Run(deadline=now + 2.5 + i / 10, started_at=now) for i in range(3)]
+    feasible = [_Run(deadline=now + 100.0, started_at=now) for _ in range(2)]
+    for run in (*late, *feasible):
+        gate.arrive(run, now)
+    started: list[_Run] = []
+    for _ in range(8):
+        gate.withdraw(running.pop(0), now + 1.0)
+        opened, _ = gate.release(now + 1.0)
+        started.extend(opened)  # type: ignore[arg-type]
+        running.extend(opened)  # type: ignore[arg-type]
+        if len(running) >= 2 and not started[2:]:
+            # the feasible two started first; the late ones wait for room
+            assert all(run.held for run in late)
+    assert started[:2] == feasible
+    # 6 of the first 8 ended and nothing else waits: room under 2 in flight only
+    assert len(running) == 2 and started[2:] == []
+    gate.withdraw(running.pop(0), now + 2.0)
+    assert gate.release(now + 2.0)[0] == [late[0]]  # 1 in flight: one more fits
+    gate.withdraw(running.pop(0), now + 3.0)
+    assert gate.release(now + 3.0)[0] == [late[1]]
 
 
 def test_a_cap_in_force_grows_with_what_was_seen_never_to_no_cap() -> None:
