@@ -93,7 +93,7 @@ H100_LLAMA3_8B = Profile(
     "see the measured figures beside this profile.",
 )
 # Measured, not assumed: bench/gpu_profile.py on one H100 80GB HBM3 (2026-11-26; copy
-# 2.98 TB/s, bf16 matrix product 764-798 TFLOP/s), a randomly initialised model of
+# 2.98 TB/s, bf16 matrix product 764 and 784 TFLOP/s in two runs), a randomly initialised model of
 # Llama-3.1-8B's shape in plain PyTorch; every figure in bench/gpu_profile_h100.json, fitted
 # again by `python bench/gpu_profile.py --refit bench/gpu_profile_h100.json`.
 #   prefill: 29,600 tokens/s at the margin (1k-8k-token forwards; 27,500 above is 7% slow);
@@ -102,12 +102,12 @@ H100_LLAMA3_8B = Profile(
 #     19,800 / 10,700 tokens/s.
 #   decode step, B sequences of 2,048 context, as a CUDA graph: B=1 9.79 ms plain, 7.03 ms
 #     with the small kernels fused by torch.compile, 5.97 ms for the matrix products alone
-#     (the weights read at 2.7 TB/s); B=32 13.07 / 9.44; B=128 22.42 / 18.47. This profile
+#     (the weights read at 2.5 TB/s); B=32 13.07 / 9.44; B=128 22.42 / 18.47. This profile
 #     charges 5.62 / 9.34 / 20.84 ms: within -20% .. +13% of the fused steps.
 #   decode terms fitted to 14 plain steps (B 1-256, L 512-8,192, worst error 15%): 42.7 ns
 #     a context token (39 ns above), 11.5 us a sequence (40 us above: larger batches cost
 #     the measured steps less than this profile charges), 9.9 ms a step.
-#   a step holding a prompt chunk beside decoding sequences ran 7-13% under the sum of its
+#   a step holding a prompt chunk beside decoding sequences ran 6-13% under the sum of its
 #     parts (the weight read overlaps the chunk's arithmetic); the cost model adds them.
 
 H100X4_LLAMA3_70B = Profile(

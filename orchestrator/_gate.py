@@ -49,8 +49,9 @@ class DeadlineGate:
     nothing. (Any other run is moved behind the rest when more than half would be late.)"""
     late_room: float = 0.25
     """Runs judged late (moved behind the rest) start while no run that can still make its
-    deadline waits and fewer than this share of the cap are in flight: they fill spare room
-    without lengthening the steps of the runs that come next."""
+    deadline waits and fewer than this share of the cap are in flight (one, at least, when
+    none is): they fill spare room without lengthening the steps of the runs that come
+    next."""
     late_in_flight: int = 1
     """Runs judged late kept in flight whenever any wait, whatever else waits, so that they
     finish however long an overload lasts. 0: they start only into spare room."""
@@ -64,7 +65,12 @@ class DeadlineGate:
             raise UsageError(f"DeadlineGate(sure={self.sure!r}) must be between 0 and 1")
         if not 0.0 <= self.late_room <= 1.0:
             raise UsageError(f"DeadlineGate(late_room={self.late_room!r}) must be between 0 and 1")
-        if not isinstance(self.late_in_flight, int) or self.late_in_flight < 0:
+        late_in_flight = self.late_in_flight
+        if (
+            isinstance(late_in_flight, bool)
+            or not isinstance(late_in_flight, int)
+            or late_in_flight < 0
+        ):
             raise UsageError(
                 f"DeadlineGate(late_in_flight={self.late_in_flight!r}) must be an integer >= 0"
             )
@@ -181,8 +187,10 @@ class RunGate:
         while self._waiting or self._late:
             if cap is not None and len(self._open) >= cap:
                 break
+            # spare room: nothing that can still make it waits, and under `late_room` of the
+            # cap in flight (always room for one when nothing is in flight)
             spare = not self._waiting and (
-                cap is None or len(self._open) < cap * settings.late_room
+                cap is None or len(self._open) < max(1.0, cap * settings.late_room)
             )
             take_late = bool(self._late) and (spare or self._late_open < settings.late_in_flight)
             if not take_late and not self._waiting:

@@ -149,6 +149,8 @@ def test_bad_settings_are_refused() -> None:
         DeadlineGate(late_room=1.5)
     with pytest.raises(UsageError, match="late_in_flight"):
         DeadlineGate(late_in_flight=-1)
+    with pytest.raises(UsageError, match="late_in_flight"):
+        DeadlineGate(late_in_flight=True)
     with pytest.raises(UsageError, match="DeadlineGate or None"):
         Engine(gate=3)  # type: ignore[arg-type]
 
@@ -316,6 +318,48 @@ def test_runs_judged_late_start_only_into_spare_room() -> None:
     assert gate.release(now + 2.0)[0] == [late[0]]  # 1 in flight: one more fits
     gate.withdraw(running.pop(0), now + 3.0)
     assert gate.release(now + 3.0)[0] == [late[1]]
+
+
+def test_a_run_judged_late_gives_way_to_one_that_can_still_make_it() -> None:
+    """With room for both and `late_in_flight=0`, a run that can still make its deadline
+    starts first; the late one then finds no spare room (2 of 8 in flight) and waits."""
+    gate, now, running = _full_gate(DeadlineGate(late_in_flight=0, late_room=0.25))
+    for run in running[1:]:
+        gate.withdraw(run, now)  # one left in flight
+    late = _Run(deadline=now + 2.5, started_at=now)
+    gate.arrive(late, now)
+    feasible = _Run(deadline=now + 100.0, started_at=now)
+    gate.arrive(feasible, now)
+    opened, hopeless = gate.release(now)
+    assert opened == [feasible] and [run for run, _ in hopeless] == [late]
+    assert late.held
+
+
+def test_runs_judged_late_start_when_nothing_is_in_flight_however_small_the_room() -> None:
+    """`late_room=0` with `late_in_flight=0` still lets a late run start when nothing is in
+    flight: late runs never wait on an idle gate."""
+    gate, now, running = _full_gate(DeadlineGate(late_in_flight=0, late_room=0.0))
+    late = _Run(deadline=now + 2.5, started_at=now)
+    gate.arrive(late, now)
+    for run in running:
+        gate.withdraw(run, now)
+    opened, _ = gate.release(now)
+    assert opened == [late] and not late.held
+
+
+def test_with_no_cap_a_run_judged_late_still_starts() -> None:
+    """Runs slow each other (2 + n s) but every recent deadline is roomy: the gate sets no
+    cap. A run with 2.5 s left is judged late, and starts after the run that can make it."""
+    gate = RunGate(DeadlineGate(late_in_flight=0))
+    now = _teach(gate, 2.0, 1.0, range(1, 7))
+    _budgets(gate, 1_000.0, n=200)
+    assert gate.cap() is None and gate.learned
+    feasible = _Run(deadline=now + 500.0, started_at=now)
+    late = _Run(deadline=now + 2.5, started_at=now)
+    for run in (late, feasible):
+        gate.arrive(run, now)
+    opened, hopeless = gate.release(now)
+    assert opened == [feasible, late] and [run for run, _ in hopeless] == [late]
 
 
 def test_a_cap_in_force_grows_with_what_was_seen_never_to_no_cap() -> None:
