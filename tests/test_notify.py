@@ -141,7 +141,11 @@ def test_routers_of_two_engines_keep_a_programs_calls_on_one_replica_over_the_ne
 ) -> None:
     """As tests/test_router_cluster.py over the in-process hub, but each router has its own
     notifier connection (what `plait serve` sets up in a cluster): turn t of each of eight
-    conversations goes through router t % 2, and every conversation stays on one replica."""
+    conversations goes through router t % 2, and every conversation stays on one replica.
+    The conversations take their turns together: a router moves a prefix off a replica
+    whose recent work runs ahead of the others' (`max_work_imbalance`), so conversations
+    left to their own pace on a busy machine could be moved for that, not for a lost
+    placement."""
     from executors import FunctionLLM, Router
     from orchestrator import Hints, LLMRequest, Message
 
@@ -160,6 +164,7 @@ def test_routers_of_two_engines_keep_a_programs_calls_on_one_replica_over_the_ne
                 heard = asyncio.Event()  # set on every frame either link hears
                 await n1.listen(channel, lambda _: heard.set())
                 await n2.listen(channel, lambda _: heard.set())
+                turn = asyncio.Barrier(8)
 
                 async def reached(peer: Router, sent: int) -> None:
                     """Wait until `peer` has heard `sent` placements of the other router."""
@@ -175,7 +180,9 @@ def test_routers_of_two_engines_keep_a_programs_calls_on_one_replica_over_the_ne
                     for t in range(6):
                         history.append(Message("user", f"{name} step {t}: " + "details " * 30))
                         request = LLMRequest(tuple(history), "m", max_tokens=8)
-                        reply = await routers[t % 2].complete(request, Hints(program_id=name))
+                        reply = await asyncio.wait_for(
+                            routers[t % 2].complete(request, Hints(program_id=name)), 20
+                        )
                         where.setdefault(name, []).append(reply.text)
                         history.append(Message("assistant", f"{name} answer {t}"))
                         # A tool runs between turns, long enough for the placement to
@@ -185,6 +192,7 @@ def test_routers_of_two_engines_keep_a_programs_calls_on_one_replica_over_the_ne
                         await asyncio.wait_for(
                             reached(routers[(t + 1) % 2], me.stats().published), 10
                         )
+                        await asyncio.wait_for(turn.wait(), 20)
 
                 await asyncio.gather(*(talk(f"c{c}") for c in range(8)))
                 return where
