@@ -41,9 +41,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+except ImportError as exc:  # plait does not depend on PyTorch; this script alone needs it
+    raise SystemExit(f"bench/gpu_profile.py needs PyTorch (2.3 or later): {exc}") from None
 
 # What executors/_simprofile.py's h100-llama3-8b profile assumes (kept in step by hand: this
 # script must run where plait is not installed).
@@ -366,12 +369,18 @@ def main() -> int:
     )
     args = parser.parse_args()
     if args.refit:
-        result = json.loads(args.refit.read_text())
+        try:
+            result = json.loads(args.refit.read_text())
+            result["decode"], result["prefill"], result["mixed"], result["weight_bytes"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            parser.error(f"--refit {args.refit}: not a saved run of this script ({exc!r})")
         fit(result, lambda *a: print(*a, file=sys.stderr))
         print(json.dumps(result))
         return 0
 
     cuda = torch.cuda.is_available() and not args.tiny
+    if not cuda and not args.tiny:
+        parser.error("no CUDA GPU here: the 8B model is for a GPU (--tiny checks the script)")
     device = torch.device("cuda" if cuda else "cpu")
     shape = TINY if args.tiny else LLAMA_8B
     dtype = torch.bfloat16 if cuda else torch.float32
