@@ -117,6 +117,8 @@ class Gated(Protocol):
 
 _SPREAD = 20
 """Quantiles of the fit's residuals that the share of deadlines met is averaged over."""
+_COMPACT = 64
+"""Withdrawn entries tolerated in the heaps before they are swept (when half or more)."""
 _BUNCHED = 0.25
 """Levels whose variance is under this (a spread of about half a run) carry no slope."""
 _EXACT = 64
@@ -158,6 +160,8 @@ class RunGate:
         self._new_budgets = 0
         self._round = 0
         self._late_open = 0
+        self._stale = 0
+        """Heap entries of runs withdrawn while they waited (skipped when they come up)."""
         self.held = 0
         self.shed = 0
 
@@ -199,6 +203,7 @@ class RunGate:
             deadline, order, entry = heapq.heappop(queue)
             run = entry.run
             if self._queued.get(id(run)) is not entry:
+                self._stale -= 1
                 continue  # withdrawn while it waited
             if run.complete:
                 del self._queued[id(run)]
@@ -209,9 +214,11 @@ class RunGate:
                 if now + took > deadline:
                     self.shed += 1
                     hopeless.append((run, took))
-                    if run.late != "cancel":  # else the caller cancels it: it never starts
+                    if run.late != "cancel":
                         entry.late = True
                         heapq.heappush(self._late, (deadline, order, entry))
+                    else:  # the caller cancels it (it never starts); its withdraw counts
+                        self._stale -= 1  # this popped entry as stale: even that out now
                     continue
             self._advance(now)
             del self._queued[id(run)]
@@ -244,9 +251,21 @@ class RunGate:
         if id(run) in self._open:
             self.ended(run, now, ok=False)
         entry = self._queued.pop(id(run), None)  # if it waited: skipped when it comes up
+        if entry is not None:
+            self._stale += 1
+            if self._stale > _COMPACT and 2 * self._stale > len(self._waiting) + len(self._late):
+                self._compact()
         if entry is not None and self._round > entry.round + 1:
             self.held += 1
         run.held = False
+
+    def _compact(self) -> None:
+        """Drop the heap entries of withdrawn runs, so that runs cancelled while they waited
+        (late ones through a long overload, say) are not kept until they come up."""
+        for heap in (self._waiting, self._late):
+            heap[:] = [item for item in heap if self._queued.get(id(item[2].run)) is item[2]]
+            heapq.heapify(heap)
+        self._stale = 0
 
     def _advance(self, now: float) -> None:
         if now > self._area_at:

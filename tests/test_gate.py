@@ -362,6 +362,26 @@ def test_with_no_cap_a_run_judged_late_still_starts() -> None:
     assert opened == [feasible, late] and [run for run, _ in hopeless] == [late]
 
 
+def test_runs_withdrawn_while_they_wait_are_not_kept_until_they_come_up() -> None:
+    """Runs judged late wait behind the rest; cancelled while they wait (hundreds, through
+    a long overload), they are swept from the gate's queues, not kept until they come up."""
+    gate, now, running = _full_gate(DeadlineGate(late_in_flight=0))
+    stream = [_Run(deadline=now + 100.0, started_at=now) for _ in range(10)]
+    # 10 s deadlines like the rest (the cap stays 8), but 2.5 s of them left
+    late = [_Run(deadline=now + 2.5, started_at=now - 7.5) for _ in range(300)]
+    for run in (*late, *stream):
+        gate.arrive(run, now)
+    gate.withdraw(running.pop(0), now)
+    opened, hopeless = gate.release(now)  # all 300 judged late, one of the stream let in
+    assert opened == [stream[0]] and len(hopeless) == 300
+    for run in late:
+        gate.withdraw(run, now + 1.0)
+    assert gate.stats().waiting == 9
+    assert len(gate._late) + len(gate._waiting) < 100  # swept, not 309
+    gate.withdraw(running.pop(0), now + 2.0)
+    assert gate.release(now + 2.0)[0] == [stream[1]]  # the order holds after the sweep
+
+
 def test_a_cap_in_force_grows_with_what_was_seen_never_to_no_cap() -> None:
     """Once the gate caps runs, a fit whose best is beyond everything seen raises the cap
     to twice the highest level seen, not to no cap at all."""
