@@ -143,9 +143,9 @@ def test_routers_of_two_engines_keep_a_programs_calls_on_one_replica_over_the_ne
     notifier connection (what `plait serve` sets up in a cluster): turn t of each of eight
     conversations goes through router t % 2, and every conversation stays on one replica.
     The conversations take their turns together: a router moves a prefix off a replica
-    whose recent work runs ahead of the others' (`max_work_imbalance`), so conversations
-    left to their own pace on a busy machine could be moved for that, not for a lost
-    placement."""
+    whose load or recent work runs ahead of the others' (`PrefixRouter`), and conversations
+    left to their own pace on a busy machine were seen moved so, with every placement
+    heard."""
     from executors import FunctionLLM, Router
     from orchestrator import Hints, LLMRequest, Message
 
