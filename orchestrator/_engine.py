@@ -573,11 +573,12 @@ class Engine:
             return run.priority_class != "interactive"
         view = run.view(now)
         headroom = self.headroom or DEFAULT_HEADROOM
-        alone = alone_slack_of(view, now)
-        if alone is not None and alone < 0:
+        slack, alone = slack_of(view, now), alone_slack_of(view, now)
+        assert slack is not None and alone is not None  # it has a deadline
+        if alone < 0:
             return True  # hopeless: it must not crowd out those that can still be met
-        slack = max(0.0, slack_of(view, now) or 0.0)  # late only at this load: urgent
-        return slack_rich(run.priority_class, slack, view.remaining, headroom)
+        # late only at this load: urgent (slack 0), not hopeless
+        return slack_rich(run.priority_class, max(0.0, slack), view.remaining, headroom)
 
     def _look_at_deadlines(self, now: float) -> bool:
         """Whether urgent work is around (a run that is not slack-rich); tells each run that

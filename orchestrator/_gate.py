@@ -118,7 +118,8 @@ class Gated(Protocol):
 _SPREAD = 20
 """Quantiles of the fit's residuals that the share of deadlines met is averaged over."""
 _COMPACT = 64
-"""Withdrawn entries tolerated in the heaps before they are swept (when half or more)."""
+"""Withdrawn runs' entries tolerated in the heaps beyond the waiting runs' own before they
+are swept (then they are over half of the heaps)."""
 _BUNCHED = 0.25
 """Levels whose variance is under this (a spread of about half a run) carry no slope."""
 _EXACT = 64
@@ -160,8 +161,6 @@ class RunGate:
         self._new_budgets = 0
         self._round = 0
         self._late_open = 0
-        self._stale = 0
-        """Heap entries of runs withdrawn while they waited (skipped when they come up)."""
         self.held = 0
         self.shed = 0
 
@@ -203,7 +202,6 @@ class RunGate:
             deadline, order, entry = heapq.heappop(queue)
             run = entry.run
             if self._queued.get(id(run)) is not entry:
-                self._stale -= 1
                 continue  # withdrawn while it waited
             if run.complete:
                 del self._queued[id(run)]
@@ -214,11 +212,9 @@ class RunGate:
                 if now + took > deadline:
                     self.shed += 1
                     hopeless.append((run, took))
-                    if run.late != "cancel":
+                    if run.late != "cancel":  # else the caller cancels it: it never starts
                         entry.late = True
                         heapq.heappush(self._late, (deadline, order, entry))
-                    else:  # the caller cancels it (it never starts); its withdraw counts
-                        self._stale -= 1  # this popped entry as stale: even that out now
                     continue
             self._advance(now)
             del self._queued[id(run)]
@@ -252,11 +248,11 @@ class RunGate:
             self.ended(run, now, ok=False)
         entry = self._queued.pop(id(run), None)  # if it waited: skipped when it comes up
         if entry is not None:
-            self._stale += 1
-            if self._stale > _COMPACT and 2 * self._stale > len(self._waiting) + len(self._late):
+            if self._round > entry.round + 1:
+                self.held += 1
+            # every waiting run has one entry in the heaps; the rest are withdrawn runs'
+            if len(self._waiting) + len(self._late) > 2 * len(self._queued) + _COMPACT:
                 self._compact()
-        if entry is not None and self._round > entry.round + 1:
-            self.held += 1
         run.held = False
 
     def _compact(self) -> None:
@@ -265,7 +261,6 @@ class RunGate:
         for heap in (self._waiting, self._late):
             heap[:] = [item for item in heap if self._queued.get(id(item[2].run)) is item[2]]
             heapq.heapify(heap)
-        self._stale = 0
 
     def _advance(self, now: float) -> None:
         if now > self._area_at:
