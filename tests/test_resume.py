@@ -359,3 +359,33 @@ def test_the_registry_names_what_is_missing() -> None:
         Registry().action(ActionSpec("function", "test_resume:no_such_function"))
     assert Registry().function("test_resume:topic") is topic
     assert Registry(topic, imports=False).function("test_resume:topic") is topic
+
+
+def test_a_result_recalled_by_its_idempotency_key_teaches_no_duration(
+    make_store: StoreFactory,
+) -> None:
+    """A crash after a keyed task's result was recorded but before its end was: resumed,
+    the task is answered from the record at once. That is not what its kind takes, so
+    neither the engine's mean nor its least learns it (as for a call answered from the
+    record, tests/test_headroom.py)."""
+
+    async def body(store: Store, llm: FunctionLLM, sent: dict[str, int]) -> None:
+        wf = Workflow("pay")
+        wf.add("topic", topic)
+        wf.add("charge", charge, after=["topic"], idempotent=False, idempotency_key=order_key)
+        label = wf.task("charge").action.label
+        run_id = await crash_during(store, llm, wf)
+        # What the crashed process's journal had committed: the result under its key, the
+        # task's end not yet.
+        await store.record_call(run_id, "task:order-kv caches", b'"charged order-kv caches"')
+        async with Engine(backends={"default": llm}, store=store) as engine:
+            report = await engine.resume(REGISTRY)
+            result = await report.runs[0]
+            learned = engine.durations.least(label), engine.durations.estimate(label)
+            default = engine.durations.default
+        assert result.status == "succeeded", result.failures
+        assert result["charge"] == "charged order-kv caches"
+        assert Gate.keys == ["order-kv caches"]  # not run again: recalled
+        assert learned == (default, default)
+
+    resumed(make_store, body)
