@@ -12,10 +12,10 @@ The cap is the `n` that maximises deadlines met per second,
     n / (a + b n) x share of deadlines >= a + b n,
 
 and runs past it wait at the engine, earliest deadline first (nothing of theirs reaches a
-backend). A waiting run whose deadline can no longer be met if it started now is hopeless:
-with `late="cancel"` it is shed before it costs anything; otherwise it waits behind every
-run that can still be met and starts into spare room only (one such run is kept going
-whenever any waits, so they finish however long an overload lasts). Until `min_seen` runs
+backend). A waiting run whose deadline can likely no longer be met if it started now is
+late: with `late="cancel"` it is shed before it costs anything; otherwise it waits behind
+every run that can still be met and starts into spare room only (or, with
+`late_in_flight`, that many are kept going whatever else waits). Until `min_seen` runs
 have ended, over at least two levels, or while the fit says more runs at once do not slow
 any of them, nothing waits.
 """
@@ -46,23 +46,32 @@ class DeadlineGate:
     sure: float = 0.9
     """A waiting `late="cancel"` run starts only if at least this share of runs at the
     present load finish within the time it has left; otherwise it is shed, having cost
-    nothing. (Any other run is moved behind the rest when more than half would be late.)"""
+    nothing."""
+    likely: float = 0.7
+    """Any other waiting run starts ahead of the runs judged late only if at least this
+    share of runs at the present load finish within the time it has left; otherwise it is
+    judged late and moved behind the rest (it still runs, into spare room: a run with
+    a small chance of making it leaves the capacity to runs with a better one)."""
     late_room: float = 0.25
     """Runs judged late (moved behind the rest) start while no run that can still make its
     deadline waits and fewer than this share of the cap are in flight (one, at least, when
     none is): they fill spare room without lengthening the steps of the runs that come
     next."""
-    late_in_flight: int = 1
+    late_in_flight: int = 0
     """Runs judged late kept in flight whenever any wait, whatever else waits, so that they
-    finish however long an overload lasts. 0: they start only into spare room."""
+    go on through an overload, one after another, at the cost of the runs that can still
+    make it. 0 (the default): they start only into spare room, and wait while an overload
+    lasts."""
 
     def __post_init__(self) -> None:
         for name in ("min_seen", "memory", "deadlines"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 2:
                 raise UsageError(f"DeadlineGate({name}={value!r}) must be an integer >= 2")
-        if not 0.0 < self.sure < 1.0:
-            raise UsageError(f"DeadlineGate(sure={self.sure!r}) must be between 0 and 1")
+        for name in ("sure", "likely"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+                raise UsageError(f"DeadlineGate({name}={value!r}) must be between 0 and 1")
         if not 0.0 <= self.late_room <= 1.0:
             raise UsageError(f"DeadlineGate(late_room={self.late_room!r}) must be between 0 and 1")
         late_in_flight = self.late_in_flight
@@ -180,8 +189,8 @@ class RunGate:
         first. Returns (runs let in, runs found hopeless on the way, each with the seconds
         it was judged by). A hopeless run with `late="cancel"` stays held for the caller to
         cancel; any other is moved behind the runs that can still be met and starts, oldest
-        deadline first, while `late_in_flight` of its kind are not running, or into spare
-        room (nothing else waits, fewer than `late_room` of the cap in flight)."""
+        deadline first, into spare room (nothing else waits, fewer than `late_room` of the
+        cap in flight), or while fewer than `late_in_flight` of its kind are running."""
         self._round += 1
         opened: list[Gated] = []
         hopeless: list[tuple[Gated, float]] = []
@@ -207,7 +216,7 @@ class RunGate:
                 del self._queued[id(run)]
                 continue
             if not take_late and self._fit is not None:
-                share = self.settings.sure if run.late == "cancel" else 0.5
+                share = settings.sure if run.late == "cancel" else settings.likely
                 took = self._expect(len(self._open) + 1, share)
                 if now + took > deadline:
                     self.shed += 1

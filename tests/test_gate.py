@@ -118,9 +118,9 @@ def test_waiting_runs_start_earliest_deadline_first_as_runs_end() -> None:
 
 def test_a_waiting_run_that_cannot_make_it_is_shed_or_moved_behind() -> None:
     """Runs take 2 + n s. With none in flight, a `late="cancel"` run with 2.5 s left is
-    shed before it starts; a default one with 2.8 s is judged late, and starts as the one
-    run of its kind kept in flight."""
-    gate = RunGate(DeadlineGate())
+    shed before it starts; a default one with 2.8 s is judged late, and (with
+    `late_in_flight=1`) starts as the one run of its kind kept in flight."""
+    gate = RunGate(DeadlineGate(late_in_flight=1))
     now = _teach(gate, 2.0, 1.0, range(1, 7))
     _budgets(gate, 10.0, n=200)
     hopeless_cancel = _Run(deadline=now + 2.5, late="cancel")
@@ -130,7 +130,7 @@ def test_a_waiting_run_that_cannot_make_it_is_shed_or_moved_behind() -> None:
         gate.arrive(run, now)
     opened, hopeless = gate.release(now)
     # Judged by what 90% of runs take with one in flight (3 s) for the late="cancel" run,
-    # by the median (3 s too: the fit is exact) for the other.
+    # by what 70% take (3 s too: the fit is exact) for the other.
     assert hopeless == [(hopeless_cancel, 3.0), (hopeless_finish, 3.0)]
     # no run judged late is in flight, so this one starts at once (`late_in_flight=1`)
     assert opened == [hopeless_finish, feasible]
@@ -138,11 +138,52 @@ def test_a_waiting_run_that_cannot_make_it_is_shed_or_moved_behind() -> None:
     assert gate.stats().shed == 2
 
 
+def _teach_spread(gate: RunGate, levels: range) -> float:
+    """Runs that take 2 + n s with n in flight, give or take: at each level six in ten
+    take 0.5 s less, two 0.5 s more, two 1.5 s more."""
+    now = 0.0
+    for level in levels:
+        for extra in (*[-0.5] * 6, 0.5, 0.5, 1.5, 1.5):
+            runs = [_Run(deadline=now + 1_000.0, started_at=now) for _ in range(level)]
+            for run in runs:
+                gate.arrive(run, now)
+            assert len(gate.release(now)[0]) == level
+            now += 2.0 + level + extra
+            for run in runs:
+                gate.ended(run, now, ok=True)
+    return now
+
+
+@pytest.mark.parametrize(
+    ("likely", "judged_late"), [(0.5, [2.4]), (0.7, [2.4, 3.0]), (0.95, [2.4, 3.0, 4.0])]
+)
+def test_a_run_is_judged_late_by_the_share_of_runs_likely_to_make_it(
+    likely: float, judged_late: list[float]
+) -> None:
+    """A waiting run starts ahead of the late ones only if `likely` of runs at the
+    present load finish in the time it has left. With one in flight, runs take 2.5 s at
+    the median, 3.5 s at 0.7, 4.5 s at the top: a run with 2.4 s left is late by any
+    share, one with 3 s at 0.7 and above, one with 4 s only at 0.95."""
+    gate = RunGate(DeadlineGate(likely=likely))
+    now = _teach_spread(gate, range(1, 7))
+    _budgets(gate, 30.0, n=200)
+    assert gate.cap() is None  # nothing waits for room: only the judging is seen
+    runs = [_Run(deadline=now + left, started_at=now) for left in (2.4, 3.0, 4.0, 9.0)]
+    for run in runs:
+        gate.arrive(run, now)
+    _, hopeless = gate.release(now)
+    assert [run.deadline - now for run, _ in hopeless] == pytest.approx(judged_late)
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(UsageError, match="min_seen"):
         DeadlineGate(min_seen=1)
     with pytest.raises(UsageError, match="sure"):
         DeadlineGate(sure=1.5)
+    with pytest.raises(UsageError, match="likely"):
+        DeadlineGate(likely=0.0)
+    with pytest.raises(UsageError, match="likely"):
+        DeadlineGate(likely="0.7")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="memory"):
         DeadlineGate(min_seen=50, memory=20)
     with pytest.raises(UsageError, match="late_room"):
@@ -271,10 +312,10 @@ def _full_gate(settings: DeadlineGate) -> tuple[RunGate, float, list[_Run]]:
 
 
 def test_one_run_judged_late_is_kept_going_while_others_wait() -> None:
-    """Default runs that cannot make their deadline go behind the rest, yet one of them is
-    kept in flight whatever else waits: a stream of feasible runs cannot starve them. The
-    second waits for the first to end."""
-    gate, now, running = _full_gate(DeadlineGate())
+    """With `late_in_flight=1` runs that cannot make their deadline go behind the rest, yet
+    one of them is kept in flight whatever else waits: a stream of feasible runs cannot
+    starve them. The second waits for the first to end."""
+    gate, now, running = _full_gate(DeadlineGate(late_in_flight=1))
     late = [_Run(deadline=now + 2.5, started_at=now), _Run(deadline=now + 2.6, started_at=now)]
     stream = [_Run(deadline=now + 100.0 + i, started_at=now) for i in range(30)]
     for run in (*late, *stream):
@@ -294,10 +335,10 @@ def test_one_run_judged_late_is_kept_going_while_others_wait() -> None:
 
 
 def test_runs_judged_late_start_only_into_spare_room() -> None:
-    """With `late_in_flight=0` a run judged late starts only when no run that can still
-    make its deadline waits, and while fewer than `late_room` of the cap (2 of 8) are in
-    flight: it does not lengthen the steps of the runs that come next."""
-    gate, now, running = _full_gate(DeadlineGate(late_in_flight=0, late_room=0.25))
+    """By default a run judged late starts only when no run that can still make its
+    deadline waits, and while fewer than `late_room` of the cap (2 of 8) are in flight: it
+    does not lengthen the steps of the runs that come next."""
+    gate, now, running = _full_gate(DeadlineGate())
     late = [_Run(deadline=now + 2.5 + i / 10, started_at=now) for i in range(3)]
     feasible = [_Run(deadline=now + 100.0, started_at=now) for _ in range(2)]
     for run in (*late, *feasible):
@@ -394,7 +435,7 @@ def test_a_cap_in_force_grows_with_what_was_seen_never_to_no_cap() -> None:
 
 
 def test_a_run_that_waited_is_counted_once_it_starts_or_leaves() -> None:
-    gate = RunGate(DeadlineGate())
+    gate = RunGate(DeadlineGate(late_in_flight=1))  # the late first of them starts at once
     now = _teach(gate, 2.0, 1.0, range(1, 7))
     _budgets(gate, 10.0, n=200)
     first = [_Run(deadline=now + 10.0, started_at=now) for _ in range(8)]
