@@ -100,6 +100,9 @@ class GateStats:
     """Runs with a deadline allowed in flight at once (None: no cap yet, or none needed)."""
     in_flight: int
     waiting: int
+    late_waiting: int
+    """Of the waiting runs, those judged late: they start into spare room only (with
+    `late_in_flight`, that many also while others wait). Through an overload it grows."""
     seen: int
     """Ended runs in the fit."""
     base_s: float | None
@@ -362,6 +365,7 @@ class RunGate:
             cap=cap,
             in_flight=len(self._open),
             waiting=len(self._queued),
+            late_waiting=sum(entry.late for entry in self._queued.values()),
             seen=len(self._seen),
             base_s=None if fit is None else fit[0],
             per_run_s=None if fit is None else fit[1],

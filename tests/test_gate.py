@@ -355,8 +355,10 @@ def test_runs_judged_late_start_only_into_spare_room() -> None:
     assert started[:2] == feasible
     # 6 of the first 8 ended and nothing else waits: room under 2 in flight only
     assert len(running) == 2 and started[2:] == []
+    assert gate.stats().waiting == gate.stats().late_waiting == 3
     gate.withdraw(running.pop(0), now + 2.0)
     assert gate.release(now + 2.0)[0] == [late[0]]  # 1 in flight: one more fits
+    assert gate.stats().late_waiting == 2
     gate.withdraw(running.pop(0), now + 3.0)
     assert gate.release(now + 3.0)[0] == [late[1]]
 

@@ -171,6 +171,7 @@ def test_the_knee_and_the_deadline_gate_are_on_metrics() -> None:
             m = scrape(metrics.exposition().decode())
             assert m["plait_gate_in_flight", ()] == 1
             assert m["plait_gate_waiting", ()] == 0
+            assert m["plait_gate_late_waiting", ()] == 0
             assert m["plait_gate_held_total", ()] == 0
             assert m["plait_gate_hopeless_total", ()] == 0
             assert ("plait_gate_cap", ()) not in m  # nothing learned yet: no cap

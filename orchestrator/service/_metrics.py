@@ -244,6 +244,11 @@ def _admission_figures(stats: EngineStats) -> Iterator[Metric]:
     yield GaugeMetricFamily(
         "plait_gate_waiting", "Runs with a deadline waiting at the gate", value=gate.waiting
     )
+    yield GaugeMetricFamily(
+        "plait_gate_late_waiting",
+        "Of the runs waiting at the gate, those judged late (they start into spare room)",
+        value=gate.late_waiting,
+    )
     yield CounterMetricFamily(
         "plait_gate_held", "Runs let in (or gone) after waiting at the gate", value=gate.held
     )
