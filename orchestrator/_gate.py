@@ -100,9 +100,6 @@ class GateStats:
     """Runs with a deadline allowed in flight at once (None: no cap yet, or none needed)."""
     in_flight: int
     waiting: int
-    late_waiting: int
-    """Of the waiting runs, those judged late: they start into spare room only (with
-    `late_in_flight`, that many also while others wait). Through an overload it grows."""
     seen: int
     """Ended runs in the fit."""
     base_s: float | None
@@ -113,6 +110,9 @@ class GateStats:
     """Runs let in (or gone) after waiting at the gate, in all."""
     shed: int
     """Waiting runs found hopeless (shed if `late="cancel"`, else moved behind the rest)."""
+    late_waiting: int = 0
+    """Of the waiting runs, those judged late: they start into spare room only (with
+    `late_in_flight`, that many also while others wait). Through an overload it grows."""
 
 
 class Gated(Protocol):

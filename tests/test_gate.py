@@ -155,16 +155,23 @@ def _teach_spread(gate: RunGate, levels: range) -> float:
 
 
 @pytest.mark.parametrize(
-    ("likely", "judged_late"), [(0.5, [2.4]), (0.7, [2.4, 3.0]), (0.95, [2.4, 3.0, 4.0])]
+    ("likely", "judged"),
+    [
+        (0.5, [(2.4, 2.5)]),
+        (0.7, [(2.4, 3.5), (3.0, 3.5)]),
+        (None, [(2.4, 3.5), (3.0, 3.5)]),  # the default: 0.7
+        (0.95, [(2.4, 4.5), (3.0, 4.5), (4.0, 4.5)]),
+    ],
 )
 def test_a_run_is_judged_late_by_the_share_of_runs_likely_to_make_it(
-    likely: float, judged_late: list[float]
+    likely: float | None, judged: list[tuple[float, float]]
 ) -> None:
     """A waiting run starts ahead of the late ones only if `likely` of runs at the
     present load finish in the time it has left. With one in flight, runs take 2.5 s at
-    the median, 3.5 s at 0.7, 4.5 s at the top: a run with 2.4 s left is late by any
-    share, one with 3 s at 0.7 and above, one with 4 s only at 0.95."""
-    gate = RunGate(DeadlineGate(likely=likely))
+    the median, 3.5 s at 0.6-0.75, 4.5 s from 0.8: a run with 2.4 s left is late by any
+    share, one with 3 s from 0.6, one with 4 s from 0.8 (at the median it is judged with
+    two in flight, 3.5 s, and starts)."""
+    gate = RunGate(DeadlineGate() if likely is None else DeadlineGate(likely=likely))
     now = _teach_spread(gate, range(1, 7))
     _budgets(gate, 30.0, n=200)
     assert gate.cap() is None  # nothing waits for room: only the judging is seen
@@ -172,7 +179,8 @@ def test_a_run_is_judged_late_by_the_share_of_runs_likely_to_make_it(
     for run in runs:
         gate.arrive(run, now)
     _, hopeless = gate.release(now)
-    assert [run.deadline - now for run, _ in hopeless] == pytest.approx(judged_late)
+    flat = [x for run, took in hopeless for x in (run.deadline - now, took)]
+    assert flat == pytest.approx([x for pair in judged for x in pair])
 
 
 def test_bad_settings_are_refused() -> None:
@@ -417,9 +425,10 @@ def test_runs_withdrawn_while_they_wait_are_not_kept_until_they_come_up() -> Non
     gate.withdraw(running.pop(0), now)
     opened, hopeless = gate.release(now)  # all 300 judged late, one of the stream let in
     assert opened == [stream[0]] and len(hopeless) == 300
+    assert (gate.stats().waiting, gate.stats().late_waiting) == (309, 300)
     for run in late:
         gate.withdraw(run, now + 1.0)
-    assert gate.stats().waiting == 9
+    assert (gate.stats().waiting, gate.stats().late_waiting) == (9, 0)
     assert len(gate._late) + len(gate._waiting) < 100  # swept, not 309
     gate.withdraw(running.pop(0), now + 2.0)
     assert gate.release(now + 2.0)[0] == [stream[1]]  # the order holds after the sweep
