@@ -33,6 +33,7 @@ from ._config import Config
 from ._engine import Engine
 from ._errors import PlaitError, UsageError, error_text
 from ._events import Event
+from ._gate import DEFAULT_GATE
 from ._registry import Registry
 from ._resume import Decision, ResumePlan
 from ._scheduler import POLICIES
@@ -286,7 +287,14 @@ async def _engine_for(
             if isinstance(backend, contextlib.AbstractAsyncContextManager):
                 await stack.enter_async_context(backend)
         opened = None if store is None else await stack.enter_async_context(open_store(store))
-        engine = Engine(backends=backends, clock=clock, policy=policy, limits=limits, store=opened)
+        engine = Engine(
+            backends=backends,
+            clock=clock,
+            policy=policy,
+            limits=limits,
+            store=opened,
+            gate=config.engine.deadline_gate() if config is not None else DEFAULT_GATE,
+        )
         async with engine:
             yield engine
         for name, backend in backends.items():

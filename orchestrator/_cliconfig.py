@@ -16,6 +16,7 @@ from ._admission import Limits
 from ._clock import Clock
 from ._config import Config, load_config
 from ._errors import UsageError
+from ._gate import DEFAULT_GATE, DeadlineGate
 from ._llm import LLMBackend
 
 
@@ -117,6 +118,16 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
     engine = config.engine
     clock = engine.clock or "the module's CLOCK"
     deadline = f", deadline {engine.deadline:g} s" if engine.deadline is not None else ""
+    gate = engine.deadline_gate()
+    if gate is None:
+        deadline += ", deadline gate off"
+    elif gate != DEFAULT_GATE:
+        changed = [
+            f"{name} {getattr(gate, name):g}"
+            for name in DeadlineGate.__dataclass_fields__
+            if getattr(gate, name) != getattr(DEFAULT_GATE, name)
+        ]
+        deadline += f", deadline gate: {', '.join(changed)}"
     out.write(f"{config.source}: valid\nengine: policy {engine.policy}, clock {clock}{deadline}\n")
     for name, backend in config.backends.items():
         out.write(f"backend {name!r} ({backend.kind.name}): {backend.describe()}\n")

@@ -41,6 +41,7 @@ from pydantic_core import ErrorDetails
 from ._admission import Limits
 from ._clock import Clock
 from ._errors import UsageError
+from ._gate import DEFAULT_GATE, DeadlineGate
 from ._llm import LLMBackend
 from ._scheduler import POLICIES
 
@@ -71,6 +72,36 @@ class ConfigSection(BaseModel):
         return data
 
 
+class GateSettings(ConfigSection):
+    """The `[engine.gate]` table: the deadline gate's settings (`DeadlineGate`,
+    docs/admission.md); every key is optional."""
+
+    likely: float = Field(default=DEFAULT_GATE.likely, gt=0, lt=1, allow_inf_nan=False)
+    sure: float = Field(default=DEFAULT_GATE.sure, gt=0, lt=1, allow_inf_nan=False)
+    late_in_flight: int = Field(default=DEFAULT_GATE.late_in_flight, ge=0)
+    late_room: float = Field(default=DEFAULT_GATE.late_room, ge=0, le=1, allow_inf_nan=False)
+    min_seen: int = Field(default=DEFAULT_GATE.min_seen, ge=2)
+    memory: int = Field(default=DEFAULT_GATE.memory, ge=2)
+    deadlines: int = Field(default=DEFAULT_GATE.deadlines, ge=2)
+
+    @model_validator(mode="after")
+    def _memory_holds_min_seen(self) -> GateSettings:
+        if self.memory < self.min_seen:
+            raise ValueError(f"memory ({self.memory}) must be at least min_seen ({self.min_seen})")
+        return self
+
+    def to_gate(self) -> DeadlineGate:
+        return DeadlineGate(
+            min_seen=self.min_seen,
+            memory=self.memory,
+            deadlines=self.deadlines,
+            sure=self.sure,
+            likely=self.likely,
+            late_room=self.late_room,
+            late_in_flight=self.late_in_flight,
+        )
+
+
 class EngineSettings(ConfigSection):
     """The `[engine]` table."""
 
@@ -80,6 +111,27 @@ class EngineSettings(ConfigSection):
     """`virtual`: simulated latencies cost no wall time. Unset: the workflow module's CLOCK."""
     deadline: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Seconds from each workflow's start by which it should be done; `--deadline` overrides."""
+    gate: GateSettings | bool = True
+    """The deadline gate: `false` turns it off, an `[engine.gate]` table sets it."""
+
+    @field_validator("gate", mode="before")
+    @classmethod
+    def _gate_table_or_switch(cls, value: Any) -> Any:
+        # Checked here rather than as a union, whose errors would name both branches.
+        if isinstance(value, bool | GateSettings):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValueError(f"give false (no gate) or a table of its settings, not {value!r}")
+        try:
+            return GateSettings.model_validate(value)
+        except ValidationError as exc:
+            raise ValueError("; ".join(_problem(e) for e in exc.errors())) from None
+
+    def deadline_gate(self) -> DeadlineGate | None:
+        """The `Engine(gate=...)` these settings ask for."""
+        if isinstance(self.gate, GateSettings):
+            return self.gate.to_gate()
+        return DEFAULT_GATE if self.gate else None
 
     @field_validator("policy")
     @classmethod

@@ -286,6 +286,22 @@ def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
             '[backends.s]\nkind = "sim"\n[limits.s]\nmax_in_flight = 2\n',
             "limits.s: backend 's' has its own limits table; set them once, in backends.s.limits",
         ),
+        (
+            "[engine.gate]\nlikely = 1.5\n",
+            "engine.gate: likely: Input should be less than 1 (got 1.5)",
+        ),
+        (
+            "[engine.gate]\nlate_inflight = 1\n",
+            "engine.gate: unknown key 'late_inflight'; allowed: likely, sure, late_in_flight,",
+        ),
+        (
+            "[engine.gate]\nmemory = 5\n",
+            "engine.gate: memory (5) must be at least min_seen (10)",
+        ),
+        (
+            '[engine]\ngate = "off"\n',
+            "engine.gate: give false (no gate) or a table of its settings, not 'off'",
+        ),
         ("[backend.s]\n", "unknown key 'backend'; allowed: engine, backends, limits"),
         ("backends = 3\n", "backends: Input should be a valid dictionary (got 3)"),
     ],
@@ -704,3 +720,48 @@ def test_paced_prefill_on_lanes_is_configured_and_checked() -> None:
     assert router.lane_batch_programs == 1 and router.urgent_lanes == 1
     with pytest.raises(UsageError, match=r"lane_prefill_tokens=8\) must be at least block"):
         backends_from_config({"backends": {"d": {**lanes, "lane_prefill_tokens": 8}}})
+
+
+def test_the_deadline_gate_is_set_or_turned_off_from_the_file(tmp_path: Path) -> None:
+    """`[engine.gate]` sets the engine's `DeadlineGate` (unset keys keep their defaults) and
+    `gate = false` turns it off, in the engine `plait run` builds."""
+    import types
+
+    from orchestrator import DEFAULT_GATE, DeadlineGate
+    from orchestrator._cli import Progress, _engine_for
+
+    sim = '[backends.default]\nkind = "sim"\n'
+    tuned = write(tmp_path, "g.toml", sim + "[engine.gate]\nlate_in_flight = 1\nlikely = 0.8\n")
+    off = write(tmp_path, "off.toml", "[engine]\ngate = false\n" + sim)
+    plain = write(tmp_path, "plain.toml", '[engine]\npolicy = "slack"\n' + sim)
+    wanted = DeadlineGate(late_in_flight=1, likely=0.8)
+    assert load_config(tuned).engine.deadline_gate() == wanted
+    assert load_config(off).engine.deadline_gate() is None
+    assert load_config(plain).engine.deadline_gate() == DEFAULT_GATE
+
+    module = types.ModuleType("flow")  # no backends or lifespan of its own
+    module.__file__ = str(tmp_path / "flow.py")
+    clock = VirtualClock()
+
+    async def gates() -> list[object]:
+        seen = []
+        for path in (tuned, off, plain):
+            progress = Progress(io.StringIO(), live=False)
+            async with _engine_for(
+                module, clock, "slack", progress, load_config(path), None, None, None
+            ) as engine:
+                seen.append(None if engine.gate is None else engine.gate.settings)
+        return seen
+
+    assert clock.run(gates()) == [wanted, None, DEFAULT_GATE]
+    said = []
+    for path in (tuned, off, plain):
+        out = io.StringIO()
+        assert main(["config", "check", str(path)], out=out) == 0
+        said.append(out.getvalue().splitlines()[1])
+    assert said == [
+        "engine: policy fcfs, clock the module's CLOCK, deadline gate: likely 0.8, "
+        "late_in_flight 1",
+        "engine: policy fcfs, clock the module's CLOCK, deadline gate off",
+        "engine: policy slack, clock the module's CLOCK",
+    ]

@@ -772,3 +772,28 @@ def test_tenants_need_exactly_one_token_and_env_tokens_must_be_set(
     config = load_serve_config(path)
     assert config.tenants[0].token_sha256 == hash_token("secret")
     assert "secret" not in repr(config)
+
+
+@pytest.mark.parametrize(("extra", "gated"), [("", True), ("[engine]\ngate = false\n", False)])
+def test_the_services_deadline_gate_comes_from_its_config(
+    tmp_path: Path, extra: str, gated: bool
+) -> None:
+    """`plait serve` builds its engine with the config's `[engine] gate`: off, the service's
+    metrics have no `plait_gate_*` figures."""
+    config = load_serve_config(write_config(tmp_path, extra))
+
+    async def main() -> str:
+        stop, ready = asyncio.Event(), asyncio.Event()
+        out = _Lines()
+        task = asyncio.create_task(serve(config, out=out, stop=stop, ready=ready))
+        await ready.wait()
+        url = next(w for w in out.text().split() if w.startswith("http://"))
+        try:
+            async with aiohttp.ClientSession(headers=A) as http, http.get(url + "metrics") as r:
+                assert r.status == 200
+                return await r.text()
+        finally:
+            stop.set()
+            await task
+
+    assert ("plait_gate_in_flight" in asyncio.run(main())) is gated

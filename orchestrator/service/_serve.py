@@ -71,6 +71,7 @@ async def serve(
             clock=clock,
             policy=config.engine.engine.policy,
             limits=config.engine.limits,
+            gate=config.engine.engine.deadline_gate(),
             store=store,
             cluster=cluster,
         )
