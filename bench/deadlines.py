@@ -28,12 +28,12 @@ where naive attains under 0.5, against priority-only and plait (hopeless deadlin
 and held; runs judged late while waiting to start, fewer than 70% of runs at the present
 load making it in their time left, go behind the rest and start only into spare room),
 plait as it was before the fifth session of 2026-11-26
-(`DeadlineGate(late_in_flight=1, likely=0.5)`: late judged by the median, one late run
-kept going through an overload), and plait with the queries submitted `late="cancel"` (a
-query that cannot make its deadline at the present load is shed while it waits to start,
-and one still running at its deadline is cancelled; both count as misses; JCT figures are
-over the queries answered), and the same without the deadline gate (every query started
-at once), to show what it adds.
+(`DeadlineGate(late_in_flight=1, likely=0.5, min_seen=10)`: late judged by the median,
+one late run kept going through an overload, nothing held until ten runs ended), and
+plait with the queries submitted `late="cancel"` (a query that cannot make its deadline at
+the present load is shed while it waits to start, and one still running at its deadline
+is cancelled; both count as misses; JCT figures are over the queries answered), and the
+same without the deadline gate (every query started at once), to show what it adds.
 
     python bench/deadlines.py --quick    # 2,000 batch rows; about a minute
     python bench/deadlines.py            # 10,000 batch rows; a few minutes
@@ -503,7 +503,7 @@ def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
     # kept going whatever else waits.
     kept = simulate(
         programs,
-        plait_mixed(DEFAULT_HEADROOM, gate=DeadlineGate(late_in_flight=1, likely=0.5)),
+        plait_mixed(DEFAULT_HEADROOM, gate=DeadlineGate(late_in_flight=1, likely=0.5, min_seen=10)),
         profile=PROFILE,
         seed=seed,
         mode="plait, late kept going",

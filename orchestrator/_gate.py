@@ -37,7 +37,7 @@ from ._knee import least_squares
 class DeadlineGate:
     """Settings of the deadline gate (`Engine(gate=DeadlineGate(...))`; None: off)."""
 
-    min_seen: int = 10
+    min_seen: int = 5
     """Runs that must have ended (over at least two levels) before any run waits."""
     memory: int = 200
     """Ended runs the fit is made of (the most recent)."""
@@ -218,8 +218,8 @@ class RunGate:
             if run.complete:
                 del self._queued[id(run)]
                 continue
-            if not take_late and self._fit is not None:
-                share = settings.sure if run.late == "cancel" else settings.likely
+            share = settings.sure if run.late == "cancel" else settings.likely
+            if not take_late and self._fit is not None and self._judges(share):
                 took = self._expect(len(self._open) + 1, share)
                 if now + took > deadline:
                     self.shed += 1
@@ -348,6 +348,11 @@ class RunGate:
         """Whether the gate has a fit (it predicts run times, and sheds hopeless runs)."""
         self.cap()
         return self._fit is not None
+
+    def _judges(self, share: float) -> bool:
+        """Whether enough runs were seen to tell what `share` of them take: a quantile
+        from fewer than 1 / (1 - share) runs is their slowest one at best (0.9: 10)."""
+        return len(self._seen) * (1.0 - share) >= 1.0 - 1e-9
 
     def _expect(self, level: int, share: float = 0.5) -> float:
         """Seconds a run takes at `level` runs in flight: `share` of them take no longer."""

@@ -295,8 +295,8 @@ def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
             "engine.gate: unknown key 'late_inflight'; allowed: likely, sure, late_in_flight,",
         ),
         (
-            "[engine.gate]\nmemory = 5\n",
-            "engine.gate: memory (5) must be at least min_seen (10)",
+            "[engine.gate]\nmemory = 3\n",
+            "engine.gate: memory (3) must be at least min_seen (5)",
         ),
         (
             '[engine]\ngate = "off"\n',

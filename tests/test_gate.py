@@ -70,6 +70,38 @@ def test_nothing_waits_until_enough_runs_have_ended() -> None:
     assert not any(run.held for run in runs)
 
 
+def test_by_default_the_gate_learns_from_five_runs() -> None:
+    """The fit needs `min_seen` (5) ended runs over two levels or more: runs of an overload
+    wait early, before it has filled the server."""
+    gate = RunGate(DeadlineGate())
+    now = _teach(gate, 2.0, 1.0, range(1, 3))  # 3 runs
+    assert not gate.learned
+    _teach(gate, 2.0, 1.0, range(3, 4), now)  # 6 runs, over three levels
+    assert gate.learned
+
+
+def test_a_run_is_shed_only_once_enough_runs_tell_what_most_take() -> None:
+    """What 90% of runs take (`sure`, for `late="cancel"`) needs ten runs seen; what 70%
+    take (`likely`), four. With six seen, a `late="cancel"` run short of time is not shed
+    (it starts), while a default one is judged late; with ten seen, it is shed."""
+    gate = RunGate(DeadlineGate())
+    now = _teach(gate, 2.0, 1.0, range(1, 4))  # 6 runs over three levels
+    assert gate.learned
+    cancel, finish = (_Run(deadline=now + 1.0, late=late) for late in ("cancel", "finish"))
+    for run in (cancel, finish):
+        gate.arrive(run, now)
+    opened, hopeless = gate.release(now)
+    assert [run for run, _ in hopeless] == [finish]  # judged late (it starts as spare)
+    assert cancel in opened  # not judged: six runs cannot tell what 90% take
+    for run in opened:
+        gate.withdraw(run, now)
+    now = _teach(gate, 2.0, 1.0, range(4, 5), now)  # 10 runs
+    again = _Run(deadline=now + 1.0, late="cancel")
+    gate.arrive(again, now)
+    opened, hopeless = gate.release(now)
+    assert opened == [] and [run for run, _ in hopeless] == [again]
+
+
 def test_the_cap_is_the_level_that_meets_the_most_deadlines_per_second() -> None:
     """Runs take 2 + n seconds with n in flight and every deadline is 10 s: up to 8 at once
     all are met (8 runs per 10 s); a ninth makes every one late."""
