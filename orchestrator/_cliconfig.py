@@ -123,7 +123,7 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
         deadline += ", deadline gate off"
     elif gate != DEFAULT_GATE:
         changed = [
-            f"{name} {getattr(gate, name):g}"
+            f"{name} {getattr(gate, name)!r}"
             for name in DeadlineGate.__dataclass_fields__
             if getattr(gate, name) != getattr(DEFAULT_GATE, name)
         ]

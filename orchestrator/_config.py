@@ -72,22 +72,31 @@ class ConfigSection(BaseModel):
         return data
 
 
+_MOST_RUNS = 1_000_000
+"""The most runs a gate setting may count (a bound, so a typo cannot ask for a queue that
+does not fit in memory)."""
+
+
 class GateSettings(ConfigSection):
     """The `[engine.gate]` table: the deadline gate's settings (`DeadlineGate`,
     docs/admission.md); every key is optional."""
 
     likely: float = Field(default=DEFAULT_GATE.likely, gt=0, lt=1, allow_inf_nan=False)
     sure: float = Field(default=DEFAULT_GATE.sure, gt=0, lt=1, allow_inf_nan=False)
-    late_in_flight: int = Field(default=DEFAULT_GATE.late_in_flight, ge=0)
+    late_in_flight: int = Field(default=DEFAULT_GATE.late_in_flight, ge=0, le=_MOST_RUNS)
     late_room: float = Field(default=DEFAULT_GATE.late_room, ge=0, le=1, allow_inf_nan=False)
-    min_seen: int = Field(default=DEFAULT_GATE.min_seen, ge=2)
-    memory: int = Field(default=DEFAULT_GATE.memory, ge=2)
-    deadlines: int = Field(default=DEFAULT_GATE.deadlines, ge=2)
+    min_seen: int = Field(default=DEFAULT_GATE.min_seen, ge=2, le=_MOST_RUNS)
+    memory: int = Field(default=DEFAULT_GATE.memory, ge=2, le=_MOST_RUNS)
+    deadlines: int = Field(default=DEFAULT_GATE.deadlines, ge=2, le=_MOST_RUNS)
 
     @model_validator(mode="after")
-    def _memory_holds_min_seen(self) -> GateSettings:
+    def _consistent(self) -> GateSettings:
         if self.memory < self.min_seen:
             raise ValueError(f"memory ({self.memory}) must be at least min_seen ({self.min_seen})")
+        try:
+            self.to_gate()  # what the keys say together (memory against sure and likely)
+        except UsageError as exc:
+            raise ValueError(str(exc).removeprefix("DeadlineGate(").replace(")", "", 1)) from None
         return self
 
     def to_gate(self) -> DeadlineGate:

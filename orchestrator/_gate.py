@@ -25,12 +25,19 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
 from ._errors import UsageError
 from ._knee import least_squares
+
+
+def _tells(runs: int, share: float) -> bool:
+    """Whether `runs` can tell what `share` of them take: a quantile from fewer than
+    1 / (1 - share) runs is their slowest one at best (0.9: 10 runs; 0.7: 4)."""
+    return runs * (1.0 - share) >= 1.0 - 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,13 @@ class DeadlineGate:
             raise UsageError(
                 f"DeadlineGate(memory={self.memory}) must be at least min_seen ({self.min_seen})"
             )
+        for name in ("sure", "likely"):
+            share = getattr(self, name)
+            if not _tells(self.memory, share):
+                raise UsageError(
+                    f"DeadlineGate(memory={self.memory}) keeps too few runs to tell what "
+                    f"{name}={share!r} of them take: at least {math.ceil(1 / (1 - share) - 1e-9)}"
+                )
 
 
 DEFAULT_GATE = DeadlineGate()
@@ -345,14 +359,14 @@ class RunGate:
 
     @property
     def learned(self) -> bool:
-        """Whether the gate has a fit (it predicts run times, and sheds hopeless runs)."""
+        """Whether the gate has a fit (it predicts run times, caps runs and judges them late
+        once enough runs were seen for the share: `_tells`)."""
         self.cap()
         return self._fit is not None
 
     def _judges(self, share: float) -> bool:
-        """Whether enough runs were seen to tell what `share` of them take: a quantile
-        from fewer than 1 / (1 - share) runs is their slowest one at best (0.9: 10)."""
-        return len(self._seen) * (1.0 - share) >= 1.0 - 1e-9
+        """Whether enough runs were seen to tell what `share` of them take (`_tells`)."""
+        return _tells(len(self._seen), share)
 
     def _expect(self, level: int, share: float = 0.5) -> float:
         """Seconds a run takes at `level` runs in flight: `share` of them take no longer."""

@@ -299,6 +299,15 @@ def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
             "engine.gate: memory (3) must be at least min_seen (5)",
         ),
         (
+            "[engine.gate]\nmemory = 9\n",
+            "engine.gate: memory=9 keeps too few runs to tell what sure=0.9 of them take: "
+            "at least 10",
+        ),
+        (
+            "[engine.gate]\nmemory = 100000000000000000000\n",
+            "engine.gate: memory: Input should be less than or equal to 1000000",
+        ),
+        (
             '[engine]\ngate = "off"\n',
             "engine.gate: give false (no gate) or a table of its settings, not 'off'",
         ),

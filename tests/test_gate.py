@@ -74,9 +74,10 @@ def test_by_default_the_gate_learns_from_five_runs() -> None:
     """The fit needs `min_seen` (5) ended runs over two levels or more: runs of an overload
     wait early, before it has filled the server."""
     gate = RunGate(DeadlineGate())
-    now = _teach(gate, 2.0, 1.0, range(1, 3))  # 3 runs
+    now = _teach(gate, 2.0, 1.0, range(1, 2))  # 1 run alone
+    now = _teach(gate, 2.0, 1.0, range(3, 4), now)  # 4 runs: three more, together
     assert not gate.learned
-    _teach(gate, 2.0, 1.0, range(3, 4), now)  # 6 runs, over three levels
+    _teach(gate, 2.0, 1.0, range(1, 2), now)  # 5
     assert gate.learned
 
 
@@ -222,6 +223,11 @@ def test_bad_settings_are_refused() -> None:
         DeadlineGate(sure=1.5)
     with pytest.raises(UsageError, match="likely"):
         DeadlineGate(likely=0.0)
+    # a queue of runs too short to tell what the share of them take: no run would be shed
+    with pytest.raises(UsageError, match=r"memory=9\) keeps too few runs .* sure=0.9 .* 10"):
+        DeadlineGate(memory=9)
+    with pytest.raises(UsageError, match="at least 1000"):
+        DeadlineGate(sure=0.999)
     with pytest.raises(UsageError, match="likely"):
         DeadlineGate(likely="0.7")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="memory"):
