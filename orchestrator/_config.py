@@ -100,15 +100,7 @@ class GateSettings(ConfigSection):
         return self
 
     def to_gate(self) -> DeadlineGate:
-        return DeadlineGate(
-            min_seen=self.min_seen,
-            memory=self.memory,
-            deadlines=self.deadlines,
-            sure=self.sure,
-            likely=self.likely,
-            late_room=self.late_room,
-            late_in_flight=self.late_in_flight,
-        )
+        return DeadlineGate(**self.model_dump())  # the same names as DeadlineGate's
 
 
 class EngineSettings(ConfigSection):
