@@ -500,7 +500,7 @@ def part2(n: int, rates: Sequence[float], seed: int) -> dict[str, object]:
         programs, plait_mixed(DEFAULT_HEADROOM, seen), profile=PROFILE, seed=seed, mode="plait"
     )
     # As before the fifth session of 2026-11-26: late judged by the median, one late run
-    # kept going whatever else waits.
+    # kept going whatever else waits, nothing held until ten runs ended.
     kept = simulate(
         programs,
         plait_mixed(DEFAULT_HEADROOM, gate=DeadlineGate(late_in_flight=1, likely=0.5, min_seen=10)),

@@ -34,10 +34,10 @@ from ._errors import UsageError
 from ._knee import least_squares
 
 
-def _tells(runs: int, share: float) -> bool:
-    """Whether `runs` can tell what `share` of them take: a quantile from fewer than
+def _runs_to_tell(share: float) -> int:
+    """The fewest runs that tell what `share` of them take: a quantile from fewer than
     1 / (1 - share) runs is their slowest one at best (0.9: 10 runs; 0.7: 4)."""
-    return runs * (1.0 - share) >= 1.0 - 1e-9
+    return math.ceil(1.0 / (1.0 - share) - 1e-9)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,35 +71,31 @@ class DeadlineGate:
     lasts."""
 
     def __post_init__(self) -> None:
-        for name in ("min_seen", "memory", "deadlines"):
+        for name, least in (
+            ("min_seen", 2),
+            ("memory", 2),
+            ("deadlines", 2),
+            ("late_in_flight", 0),
+        ):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 2:
-                raise UsageError(f"DeadlineGate({name}={value!r}) must be an integer >= 2")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise UsageError(f"DeadlineGate({name}={value!r}) must be an integer >= {least}")
         for name in ("sure", "likely"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
                 raise UsageError(f"DeadlineGate({name}={value!r}) must be between 0 and 1")
         if not 0.0 <= self.late_room <= 1.0:
             raise UsageError(f"DeadlineGate(late_room={self.late_room!r}) must be between 0 and 1")
-        late_in_flight = self.late_in_flight
-        if (
-            isinstance(late_in_flight, bool)
-            or not isinstance(late_in_flight, int)
-            or late_in_flight < 0
-        ):
-            raise UsageError(
-                f"DeadlineGate(late_in_flight={self.late_in_flight!r}) must be an integer >= 0"
-            )
         if self.memory < self.min_seen:
             raise UsageError(
                 f"DeadlineGate(memory={self.memory}) must be at least min_seen ({self.min_seen})"
             )
         for name in ("sure", "likely"):
             share = getattr(self, name)
-            if not _tells(self.memory, share):
+            if self.memory < _runs_to_tell(share):
                 raise UsageError(
                     f"DeadlineGate(memory={self.memory}) keeps too few runs to tell what "
-                    f"{name}={share!r} of them take: at least {math.ceil(1 / (1 - share) - 1e-9)}"
+                    f"{name}={share!r} of them take: at least {_runs_to_tell(share)}"
                 )
 
 
@@ -360,13 +356,13 @@ class RunGate:
     @property
     def learned(self) -> bool:
         """Whether the gate has a fit (it predicts run times, caps runs and judges them late
-        once enough runs were seen for the share: `_tells`)."""
+        once enough runs were seen for the share: `_runs_to_tell`)."""
         self.cap()
         return self._fit is not None
 
     def _judges(self, share: float) -> bool:
-        """Whether enough runs were seen to tell what `share` of them take (`_tells`)."""
-        return _tells(len(self._seen), share)
+        """Whether enough runs were seen to tell what `share` of them take."""
+        return len(self._seen) >= _runs_to_tell(share)
 
     def _expect(self, level: int, share: float = 0.5) -> float:
         """Seconds a run takes at `level` runs in flight: `share` of them take no longer."""
