@@ -167,11 +167,14 @@ def test_routers_of_two_engines_keep_a_programs_calls_on_one_replica_over_the_ne
                 turn = asyncio.Barrier(8)
 
                 async def reached(peer: Router, sent: int) -> None:
-                    """Wait until `peer` has heard `sent` placements of the other router."""
+                    """Wait until `peer` has heard `sent` placements of the other router and
+                    the end of each: a call it still counts in flight weighs on its replica's
+                    load, and it may move a prefix off that replica."""
                     while True:
                         heard.clear()
                         assert peer.peering is not None
-                        if peer.peering.stats().received >= sent:
+                        seen = peer.peering.stats()
+                        if seen.received >= sent and seen.in_flight == 0:
                             return
                         await heard.wait()
 
@@ -185,14 +188,15 @@ def test_routers_of_two_engines_keep_a_programs_calls_on_one_replica_over_the_ne
                         )
                         where.setdefault(name, []).append(reply.text)
                         history.append(Message("assistant", f"{name} answer {t}"))
-                        # A tool runs between turns, long enough for the placement to
-                        # reach the other engine.
+                        # A tool runs between turns, long enough for the turn's placements
+                        # and their ends to reach the other engine. Every call of the turn
+                        # has ended (and published its end) once all have passed the barrier.
+                        await asyncio.wait_for(turn.wait(), 20)
                         me = routers[t % 2].peering
                         assert me is not None
                         await asyncio.wait_for(
                             reached(routers[(t + 1) % 2], me.stats().published), 10
                         )
-                        await asyncio.wait_for(turn.wait(), 20)
 
                 await asyncio.gather(*(talk(f"c{c}") for c in range(8)))
                 return where
