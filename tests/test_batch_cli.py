@@ -148,3 +148,40 @@ def _rows_written(path: Path) -> int:
     if not path.exists():
         return 0
     return path.read_bytes().count(b"\n")
+
+
+@pytest.mark.parametrize(
+    ("table", "wanted"),
+    [
+        ("[engine.gate]\nlate_in_flight = 1\nlikely = 0.8\n", "tuned"),
+        ("[engine]\ngate = false\n", None),
+        ("", "default"),
+    ],
+)
+def test_the_batch_engines_deadline_gate_comes_from_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str, wanted: str | None
+) -> None:
+    """`plait batch run --config` builds its engine with the file's `[engine.gate]` (or
+    none with `gate = false`), as `plait run` and `plait serve` do."""
+    from orchestrator import DEFAULT_GATE, DeadlineGate
+    from orchestrator.batch import _cli as batch_cli
+
+    settings = {"tuned": DeadlineGate(late_in_flight=1, likely=0.8), "default": DEFAULT_GATE}
+    real = batch_cli.run_batch
+    seen: list[object] = []
+
+    async def recording(job, **kw):  # type: ignore[no-untyped-def]
+        async def watch(job) -> None:  # type: ignore[no-untyped-def]
+            assert job.engine is not None
+            seen.append(None if job.engine.gate is None else job.engine.gate.settings)
+
+        return await real(job, **{**kw, "watch": watch})
+
+    monkeypatch.setattr(batch_cli, "run_batch", recording)
+    config = tmp_path / "plait.toml"
+    config.write_text(table + '[backends.default]\nkind = "sim"\n')
+    src = write_rows(tmp_path / "in.jsonl", 3)
+    out = tmp_path / "out.jsonl"
+    code = plait("--input", str(src), "--output", str(out), "--config", str(config))
+    assert code == 0 and len(out.read_text().splitlines()) == 3
+    assert seen == [None if wanted is None else settings[wanted]]

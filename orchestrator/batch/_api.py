@@ -16,6 +16,7 @@ from typing import Any
 from .._admission import Limits
 from .._clock import Clock
 from .._engine import Engine
+from .._gate import DEFAULT_GATE, DeadlineGate
 from .._llm import LLMBackend
 from .._store import Store
 from ._dedup import Coalescing
@@ -34,11 +35,14 @@ async def run_batch(
     policy: str = "fcfs",
     coalesce: bool = True,
     watch: Watch | None = None,
+    gate: DeadlineGate | None = DEFAULT_GATE,
 ) -> BatchSummary:
     """Open `job.sink` (refusing an output it cannot write before anything runs), enter
     the backends and an engine (durable with `store`, an opened store), run the job, close
     the sink. `coalesce`: identical calls are computed once (`Coalescing` over each backend).
-    `watch(job)` runs beside the job (a progress display) and is cancelled when it ends."""
+    `watch(job)` runs beside the job (a progress display) and is cancelled when it ends.
+    `gate`: the engine's deadline gate (`Engine(gate=...)`; rows whose workflows carry a
+    deadline start in deadline order)."""
     job.open_sink()
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -48,7 +52,9 @@ async def run_batch(
                 if isinstance(wrapped, contextlib.AbstractAsyncContextManager):
                     await stack.enter_async_context(wrapped)
                 used[name] = wrapped
-            engine = Engine(backends=used, clock=clock, limits=limits, policy=policy, store=store)
+            engine = Engine(
+                backends=used, clock=clock, limits=limits, policy=policy, store=store, gate=gate
+            )
             async with engine, asyncio.TaskGroup() as tg:
                 watcher = tg.create_task(watch(job)) if watch is not None else None
                 try:

@@ -22,6 +22,7 @@ from .._cli import load_module, open_store
 from .._clock import Clock, SystemClock
 from .._config import Config, load_config
 from .._errors import UsageError, error_text
+from .._gate import DEFAULT_GATE
 from .._llm import DEFAULT_BACKEND, LLMBackend
 from .._registry import Registry
 from ._api import run_batch
@@ -122,6 +123,7 @@ def _run(args: argparse.Namespace) -> int:
     for name in backends:
         limits.setdefault(name, Limits(max_in_flight=args.max_in_flight))
     policy = config.engine.policy if config is not None else "fcfs"
+    gate = config.engine.deadline_gate() if config is not None else DEFAULT_GATE
     store_target = args.store or f"{args.output}.plait.db"
     job = BatchJob(
         rows,
@@ -159,6 +161,7 @@ def _run(args: argparse.Namespace) -> int:
                 policy=policy,
                 coalesce=not args.no_dedup,
                 watch=watch,
+                gate=gate,
             )
 
     summary = asyncio.run(main())

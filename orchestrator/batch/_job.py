@@ -276,6 +276,11 @@ class BatchJob:
             self._changed.clear()
             await self._changed.wait()
 
+    @property
+    def engine(self) -> Engine | None:
+        """The engine the job runs on (None before `run`)."""
+        return self._engine
+
     def running_runs(self) -> list[str]:
         """Ids of the rows' runs running now (to cancel a job)."""
         return list(self._handles)
