@@ -7,16 +7,20 @@ time. Three ways to run the same programs and arrivals:
 - naive: every call sent as soon as it is ready, no hints, round-robin over replicas;
 - priority-only: plait (`slack` policy, prefix routing), the queries' urgency sent to the
   servers (which order their queues by it), nothing held back
-  (`Engine(headroom=None, gate=None)`);
-- plait: the same, with slack-rich work held back to the backend's learned throughput knee
-  while urgent work is around (`Engine()`'s default `Headroom`), and queries started in
-  deadline order, as many at once as meets the most deadlines (the default `DeadlineGate`).
+  (`Engine(headroom=None, gate=None)`, `Router(urgent_lanes=0)`);
+- plait, the defaults: the router keeps urgent lanes as the urgent load needs while batch
+  work is around too (`Router(urgent_lanes="auto")`: one replica here, with at most 2 batch
+  calls on it while queries are around), and queries start in deadline order, as many at
+  once as meets the most deadlines (the default `DeadlineGate`);
+- plait, no lane: the same without lanes (`urgent_lanes=0`, the default until the sixth
+  session of 2026-11-26): slack-rich work held back to the backend's learned throughput
+  knee while urgent work is around (`Engine()`'s default `Headroom`).
 
-Three opt-in rows keep one replica as an urgent lane (`Router(urgent_lanes=1)`): "plait +
-lane" lets at most 2 batch calls onto it while queries are around, "lane, programs" the
-calls of one batch program, and "lane, paced" the same with that program's uncached prompt
-computed in pieces of 128 tokens first (`lane_prefill_tokens`); `--lane P:N` adds rows for
-other settings.
+Three rows keep one replica as an urgent lane whatever the load (`Router(urgent_lanes=1)`):
+"plait + lane" lets at most 2 batch calls onto it while queries are around, "lane,
+programs" the calls of one batch program, and "lane, paced" the same with that program's
+uncached prompt computed in pieces of 128 tokens first (`lane_prefill_tokens`); `--lane
+P:N` adds rows for other settings.
 
 Reported: the queries' deadline attainment, and the batch's throughput relative to the batch
 alone (the fastest of the modes running it alone; each mode's own alone run too); and an
@@ -55,6 +59,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 _BENCH = Path(__file__).resolve().parent
 for _path in (str(_BENCH), str(_BENCH.parent)):
@@ -117,7 +122,7 @@ class Seen:
 def plait_mixed(
     headroom: Headroom | None,
     seen: Seen | None = None,
-    lanes: int = 0,
+    lanes: int | Literal["auto"] = "auto",
     late: bool = False,
     gate: DeadlineGate | None = DEFAULT_GATE,
     lane_programs: int | None = None,
@@ -125,8 +130,9 @@ def plait_mixed(
 ) -> Runner:
     """plait with the `slack` policy: queries (programs with a deadline) as interactive,
     the rest as batch; `headroom` and `gate` None is priority-only (nothing held back).
-    `lanes`: the router keeps that many replicas for urgent calls
-    (`Router(urgent_lanes=...)`); `lane_programs`: a lane takes the calls of that many batch
+    `lanes`: the router keeps that many replicas for urgent calls (`Router(urgent_lanes=...)`;
+    "auto", the default: as many as the urgent load needs while batch work is around too);
+    `lane_programs`: a lane takes the calls of that many batch
     programs at once instead of a count of calls (`Router(lane_batch_programs=...)`);
     `lane_prefill`: their uncached prompts are sent ahead in pieces of that many tokens
     (`Router(lane_prefill_tokens=...)`).
@@ -139,7 +145,7 @@ def plait_mixed(
     ) -> list[Outcome]:
         block = servers[0].profile.block_size if isinstance(servers[0], SimServer) else 16
         backend = plait_backend(servers, route=True, group=False, block_tokens=block)
-        if lanes and len(servers) > 1:
+        if len(servers) > 1:
             sims = [s for s in servers if isinstance(s, SimServer)]
             backend = Router(
                 {f"replica{i}": s for i, s in enumerate(servers)},
@@ -431,8 +437,9 @@ def part1(
     seen = Seen()
     runners: dict[str, Runner] = {
         "naive": run_naive,
-        "priority-only": plait_mixed(None, gate=None),
-        "plait": plait_mixed(DEFAULT_HEADROOM, seen),
+        "priority-only": plait_mixed(None, gate=None, lanes=0),
+        "plait": plait_mixed(DEFAULT_HEADROOM),
+        "plait, no lane": plait_mixed(DEFAULT_HEADROOM, seen, lanes=0),
         "plait + lane": plait_mixed(DEFAULT_HEADROOM, lanes=1),
         "lane, programs": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_programs=1),
         "lane, paced": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_programs=1, lane_prefill=PACED),
@@ -600,6 +607,8 @@ def report_part1(
         "interactive_attainment": round(plait.attainment, 4),
         "batch_throughput_share": round(plait.share(reference), 4),
         "batch_throughput_share_own_alone": round(plait.share(plait.alone_makespan), 4),
+        "interactive_attainment_no_lane": round(mixed["plait, no lane"].attainment, 4),
+        "batch_throughput_share_no_lane": round(mixed["plait, no lane"].share(reference), 4),
         "interactive_attainment_lane": round(mixed["plait + lane"].attainment, 4),
         "batch_throughput_share_lane": round(mixed["plait + lane"].share(reference), 4),
         "interactive_attainment_lane_programs": round(mixed["lane, programs"].attainment, 4),

@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, PlainValidator, model_validator
 
 from orchestrator import (
     BackendKind,
@@ -53,8 +53,15 @@ def _known_profile(value: str) -> str:
     return value
 
 
+def _lanes(value: object) -> int | Literal["auto"]:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise ValueError(f'give a number of replicas (0 or more) or "auto", got {value!r}')
+
+
 Dialect = Annotated[str, AfterValidator(_known_dialect)]
 ProfileName = Annotated[str, AfterValidator(_known_profile)]
+Lanes = Annotated[int | Literal["auto"], PlainValidator(_lanes)]
 
 
 def _one_key_source(api_key: str | None, api_key_env: str | None) -> None:
@@ -152,9 +159,11 @@ class RouterSettings(ConfigSection):
     servers that reuse a prefix only once computed; vLLM shares it within a step)."""
     min_shared_blocks: int = Field(default=8, ge=1)
     """How many shared blocks make calls siblings (with `group_prefixes`)."""
-    urgent_lanes: int = Field(default=0, ge=0)
+    urgent_lanes: Lanes = "auto"
     """Replicas kept for urgent (interactive) calls while there are any; batch calls use
-    them only up to `lane_batch_in_flight` at once meanwhile (docs/admission.md)."""
+    them only up to `lane_batch_in_flight` at once meanwhile. "auto": while batch calls are
+    around too, one for every `lane_urgent_calls` urgent calls in flight (docs/admission.md)."""
+    lane_urgent_calls: int = Field(default=96, ge=1)
     lane_batch_in_flight: int = Field(default=2, ge=0)
     lane_batch_programs: int | None = Field(default=None, ge=0)
     """Instead of counting calls: the batch programs a lane takes at once (their calls go
@@ -212,9 +221,11 @@ class SimSettings(ConfigSection):
     (`PrefixGrouper`; `plait batch run` turns it on for its default backend)."""
     min_shared_blocks: int = Field(default=8, ge=1)
     """How many shared blocks make calls siblings (with `group_prefixes`)."""
-    urgent_lanes: int = Field(default=0, ge=0)
+    urgent_lanes: Lanes = "auto"
     """Replicas kept for urgent (interactive) calls while there are any; batch calls use
-    them only up to `lane_batch_in_flight` at once meanwhile (docs/admission.md)."""
+    them only up to `lane_batch_in_flight` at once meanwhile. "auto": while batch calls are
+    around too, one for every `lane_urgent_calls` urgent calls in flight (docs/admission.md)."""
+    lane_urgent_calls: int = Field(default=96, ge=1)
     lane_batch_in_flight: int = Field(default=2, ge=0)
     lane_batch_programs: int | None = Field(default=None, ge=0)
     """Instead of counting calls: the batch programs a lane takes at once (their calls go
@@ -273,6 +284,7 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         cache_blocks=settings.cache_blocks,
         clock=clock,
         urgent_lanes=settings.urgent_lanes,
+        lane_urgent_calls=settings.lane_urgent_calls,
         lane_batch_in_flight=settings.lane_batch_in_flight,
         lane_batch_programs=settings.lane_batch_programs,
         lane_prefill_tokens=settings.lane_prefill_tokens,
@@ -321,6 +333,7 @@ def build_sim(name: str, settings: SimSettings, clock: Clock | None) -> LLMBacke
             cache_blocks=profile.num_blocks,  # the simulator's cache size is known exactly
             clock=clock,
             urgent_lanes=settings.urgent_lanes,
+            lane_urgent_calls=settings.lane_urgent_calls,
             lane_batch_in_flight=settings.lane_batch_in_flight,
             lane_batch_programs=settings.lane_batch_programs,
             lane_prefill_tokens=settings.lane_prefill_tokens,

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Literal
 
 from orchestrator import (
     BackendError,
@@ -89,11 +90,14 @@ class Router(
     `LoadReporting`: a replica busy with other clients' requests then counts as busy here too.
     `cache_blocks`: each server's KV cache in such blocks, if known (vLLM logs its size at
     start-up): the router then models each server's LRU eviction instead of assuming that
-    what it sent somewhere stays there. `urgent_lanes` (default 0: none): that many replicas
-    are kept for urgent (interactive) calls while there are any, with at most
-    `lane_batch_in_flight` batch calls on each, or, with `lane_batch_programs`, the calls of
-    at most that many batch programs (a program's calls go there together, so its shared
-    prefix is computed once; see `_lanes`; docs/admission.md, "Urgent lanes").
+    what it sent somewhere stays there. `urgent_lanes`: replicas kept for urgent
+    (interactive) calls while there are any, with at most `lane_batch_in_flight` batch calls
+    on each, or, with `lane_batch_programs`, the calls of at most that many batch programs (a
+    program's calls go there together, so its shared prefix is computed once; see `_lanes`;
+    docs/admission.md, "Urgent lanes"). "auto" (the default): while urgent and batch calls
+    are both around, one lane for every `lane_urgent_calls` urgent calls in flight, at most
+    all replicas but one; none otherwise. A number: that many, whenever urgent calls are
+    around. 0: none.
     `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and
@@ -112,7 +116,8 @@ class Router(
         tokenize: Tokenize | None = None,
         cache_blocks: int | None = None,
         clock: Clock | None = None,
-        urgent_lanes: int = 0,
+        urgent_lanes: int | Literal["auto"] = "auto",
+        lane_urgent_calls: int = 96,
         lane_batch_in_flight: int = 2,
         lane_batch_programs: int | None = None,
         lane_quiet_s: float = 5.0,
@@ -164,8 +169,16 @@ class Router(
         self._overloaded = [0] * n
         self._ejections = [0] * n
         self._checks_failed = [0] * n
+        if urgent_lanes != "auto" and (
+            isinstance(urgent_lanes, bool) or not isinstance(urgent_lanes, int)
+        ):
+            raise UsageError(
+                f"Router(urgent_lanes={urgent_lanes!r}) takes a number of replicas or 'auto'"
+            )
+        if lane_urgent_calls < 1:
+            raise UsageError(f"Router(lane_urgent_calls={lane_urgent_calls}) must be at least 1")
         if (
-            urgent_lanes < 0
+            (urgent_lanes != "auto" and urgent_lanes < 0)
             or lane_batch_in_flight < 0
             or lane_quiet_s < 0
             or (lane_batch_programs is not None and lane_batch_programs < 0)
@@ -181,6 +194,12 @@ class Router(
                 f"block_tokens ({block_tokens}), or None to send prompts whole"
             )
         self.urgent_lanes = urgent_lanes
+        self.lane_urgent_calls = lane_urgent_calls
+        self._auto_lanes = 1
+        """With `urgent_lanes="auto"`: the lanes the urgent load needs (while batch work is
+        around too)."""
+        self._auto_lanes_at = 0.0
+        self._batch_seen: float | None = None
         self.lane_batch_in_flight = lane_batch_in_flight
         self.lane_batch_programs = lane_batch_programs
         self.lane_quiet_s = lane_quiet_s
@@ -397,11 +416,32 @@ class Router(
 
     def _lane_set(self) -> set[int]:
         """The lanes: the first `urgent_lanes` healthy replicas, while another is left for
-        batch work (else none)."""
+        batch work (else none). With "auto": as many as the urgent load needs, at most all
+        but one, and none unless batch work is around as well."""
         if self.urgent_lanes == 0:
             return set()
         healthy = [i for i, h in enumerate(self._healthy) if h]
+        if self.urgent_lanes == "auto":
+            if len(healthy) < 2 or not self._batch_around():
+                return set()
+            return set(healthy[: min(self._auto_lanes, len(healthy) - 1)])
         return set(healthy[: self.urgent_lanes]) if len(healthy) > self.urgent_lanes else set()
+
+    def _size_lanes(self) -> None:
+        """With "auto", as an urgent call is routed: one lane for every `lane_urgent_calls`
+        urgent calls in flight (this one counted). More are taken at once; fewer only once
+        the count has stayed lower for `lane_quiet_s`, so a lull between a program's calls
+        does not hand a lane back to batch work."""
+        now = self._now()
+        need = -(-(self._urgent_in_flight + 1) // self.lane_urgent_calls)
+        if need >= self._auto_lanes or now - self._auto_lanes_at > self.lane_quiet_s:
+            self._auto_lanes, self._auto_lanes_at = need, now
+
+    def _batch_around(self) -> bool:
+        """A batch call is in flight, or one was routed in the last `lane_quiet_s`."""
+        seen = self._batch_seen
+        recent = seen is not None and self._now() - seen <= self.lane_quiet_s
+        return recent or any(self._batch_in_flight)
 
     def _urgent_around(self) -> bool:
         """An urgent call is in flight, or one was routed in the last `lane_quiet_s`."""
@@ -469,11 +509,16 @@ class Router(
         fewer programs than that are) while an urgent call is in flight or was routed in
         the last `lane_quiet_s` seconds, so that urgent calls find short steps (a batch's
         prefill shares every step of its server)."""
+        if urgent:
+            if self.urgent_lanes == "auto":
+                self._size_lanes()
+            self._urgent_seen = self._now()
+        else:
+            self._batch_seen = self._now()
         lanes = self._lane_set()
         if not lanes:
             return allowed
         if urgent:
-            self._urgent_seen = self._now()
             return [a and i in lanes for i, a in enumerate(allowed)]
         if not self._urgent_around():
             return allowed
@@ -494,6 +539,8 @@ class Router(
     def isolates_urgent(self) -> bool:
         """With urgent lanes the router keeps urgent calls apart itself (`UrgentIsolating`):
         the engine then does not also hold batch work to a knee over every replica."""
+        if self.urgent_lanes == "auto":
+            return len(self.backends) > 1
         return self.urgent_lanes > 0
 
     def isolates_failures(self) -> bool:

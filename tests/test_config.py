@@ -720,6 +720,28 @@ def test_python_api_runs_a_workflow_on_configured_backends(clock: VirtualClock) 
     assert result.duration > 0  # the simulated GPU took (virtual) time to answer
 
 
+@pytest.mark.parametrize("kind", ["sim", "router"])
+def test_urgent_lanes_are_auto_by_default_and_a_number_or_auto(kind: str) -> None:
+    members = {"urls": ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"], "model": "m"}
+    table: dict[str, object] = (
+        {"kind": "sim", "replicas": 2} if kind == "sim" else {"kind": "router", **members}
+    )
+
+    def lanes(**extra: object) -> tuple[object, int]:
+        [backend] = backends_from_config({"backends": {"d": {**table, **extra}}}).values()
+        assert isinstance(backend, Router)
+        return backend.urgent_lanes, backend.lane_urgent_calls
+
+    assert lanes() == ("auto", 96)
+    assert lanes(urgent_lanes=0) == (0, 96)
+    assert lanes(urgent_lanes="auto", lane_urgent_calls=8) == ("auto", 8)
+    for bad in ("many", -1, True, 1.5):
+        with pytest.raises(UsageError, match=r"urgent_lanes: give a number of replicas \(0 or"):
+            lanes(urgent_lanes=bad)
+    with pytest.raises(UsageError, match="lane_urgent_calls"):
+        lanes(lane_urgent_calls=0)
+
+
 def test_paced_prefill_on_lanes_is_configured_and_checked() -> None:
     lanes = {"kind": "sim", "replicas": 2, "urgent_lanes": 1, "lane_batch_programs": 1}
     [router] = backends_from_config(

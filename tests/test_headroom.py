@@ -345,8 +345,9 @@ def test_a_router_with_urgent_lanes_gets_no_knee_over_all_its_replicas() -> None
 
     async def main() -> tuple[list[str], list[str]]:
         lanes = Router(replicas(), urgent_lanes=1)
-        plain = Router(replicas())
-        async with Engine(backends={"lanes": lanes, "plain": plain}) as engine:
+        plain = Router(replicas(), urgent_lanes=0)
+        auto = Router(replicas())  # the default: lanes while urgent and batch work meet
+        async with Engine(backends={"lanes": lanes, "plain": plain, "auto": auto}) as engine:
             learned = [k.backend for k in engine.stats().knees]
         fixed = {"lanes": Limits(batch_in_flight=8)}
         async with Engine(

@@ -419,6 +419,79 @@ def test_urgent_lanes_keep_urgent_calls_apart_from_batch_calls(clock: VirtualClo
     assert later_on_lane  # quiet again: the lane takes batch work
 
 
+def _slow_batch(request: LLMRequest) -> float:
+    """Batch calls take 100 s, the rest 1 s."""
+    return 100.0 if request.messages[0].content.startswith("batch") else 1.0
+
+
+def test_auto_lanes_only_while_batch_work_is_around(clock: VirtualClock) -> None:
+    """The default (`urgent_lanes="auto"`): urgent calls alone use every replica; once batch
+    calls are around, urgent calls go only to the first replica, and batch calls use it for
+    at most two at once."""
+    llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=_slow_batch) for i in range(3)}
+    urgent = Hints(program_id="q", priority_class="interactive")
+
+    async def main() -> tuple[set[str], set[str], int, bool]:
+        async with Router(llms, clock=clock) as router:
+            alone = [_ask(f"urgent {i}") for i in range(12)]
+            await asyncio.gather(*(router.complete(r, urgent) for r in alone))
+            bulk = [_ask(f"batch {i}") for i in range(30)]
+            beside = [_ask(f"urgent later {i}") for i in range(12)]
+            async with asyncio.TaskGroup() as tg:
+                for i, request in enumerate(bulk):
+                    tg.create_task(router.complete(request, Hints(program_id=f"b{i}")))
+                await asyncio.sleep(0)  # the batch calls are in flight
+                await asyncio.gather(*(router.complete(r, urgent) for r in beside))
+                bulk_on_lane = sum(served_by(llms, r) == "r0" for r in bulk)
+            return (
+                {served_by(llms, r) for r in alone},
+                {served_by(llms, r) for r in beside},
+                bulk_on_lane,
+                router.isolates_urgent(),
+            )
+
+    alone_at, beside_at, bulk_on_lane, isolates = clock.run(main())
+    assert len(alone_at) > 1  # no batch work: no lane, urgent calls spread
+    assert beside_at == {"r0"}
+    assert bulk_on_lane <= 2
+    assert isolates
+
+
+def test_auto_lanes_grow_with_the_urgent_load_and_shrink_when_it_falls(
+    clock: VirtualClock,
+) -> None:
+    """One lane for every `lane_urgent_calls` urgent calls in flight, never the last replica;
+    back to one once fewer have been in flight for `lane_quiet_s`."""
+    llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=_slow_batch) for i in range(4)}
+    urgent = Hints(program_id="q", priority_class="interactive")
+
+    async def main() -> tuple[set[str], set[str], set[str]]:
+        async with Router(llms, clock=clock, lane_urgent_calls=4, lane_quiet_s=5.0) as router:
+            async with asyncio.TaskGroup() as tg:
+                for i in range(40):  # batch work around throughout
+                    tg.create_task(router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}")))
+                await asyncio.sleep(0)
+                burst = [_ask(f"urgent {i}") for i in range(16)]
+                await asyncio.gather(*(router.complete(r, urgent) for r in burst))
+                soon = [_ask(f"urgent soon {i}") for i in range(3)]
+                for request in soon:  # one at a time, within lane_quiet_s: lanes kept
+                    await router.complete(request, urgent)
+                await clock.sleep(6.0)
+                calm = [_ask(f"urgent calm {i}") for i in range(6)]
+                for request in calm:
+                    await router.complete(request, urgent)
+            return (
+                {served_by(llms, r) for r in burst},
+                {served_by(llms, r) for r in soon},
+                {served_by(llms, r) for r in calm},
+            )
+
+    burst_at, soon_at, calm_at = clock.run(main())
+    assert burst_at == {"r0", "r1", "r2"}  # 16 calls need 4 lanes: 3, one left for batch
+    assert len(soon_at) > 1  # the lanes are kept through a short lull
+    assert calm_at == {"r0"}
+
+
 def test_batch_calls_on_a_lane_are_capped_while_urgent_work_is_around(clock: VirtualClock) -> None:
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=10.0) for i in range(2)}
     seen: list[int] = []
@@ -687,4 +760,10 @@ def test_lanes_need_a_replica_left_for_batch_and_no_negative_settings() -> None:
         Router(llms, urgent_lanes=1, lane_batch_programs=-1)
     with pytest.raises(UsageError, match="lane_prefill_tokens=8"):
         Router(llms, urgent_lanes=1, lane_prefill_tokens=8)  # less than a block
-    assert not Router(llms).isolates_urgent()  # off by default
+    with pytest.raises(UsageError, match="urgent_lanes='many'"):
+        Router(llms, urgent_lanes="many")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="lane_urgent_calls=0"):
+        Router(llms, lane_urgent_calls=0)
+    assert Router(llms).isolates_urgent()  # "auto" by default
+    assert not Router(llms, urgent_lanes=0).isolates_urgent()
+    assert not Router({"a": llms["a"]}).isolates_urgent()  # one replica: never a lane
