@@ -72,6 +72,8 @@ class Placed:
     seq: int
     replica: str
     placement: Placement
+    urgent: bool = False
+    """An urgent (interactive) call's: peers keep urgent lanes by every engine's calls."""
     kind: Literal["placed"] = "placed"
 
     def to_bytes(self) -> bytes:
@@ -84,7 +86,7 @@ class Placed:
         if _SWAP:
             tail.byteswap()
         head = _HEAD.pack(
-            b"P",
+            b"U" if self.urgent else b"P",
             _VERSION,
             self.origin,
             self.seq,
@@ -107,7 +109,7 @@ class Placed:
             )
         except struct.error as exc:
             raise ValueError(f"not a router message ({len(data)} bytes)") from exc
-        if kind != b"P" or version != _VERSION:
+        if kind not in (b"P", b"U") or version != _VERSION:
             raise ValueError(f"not a placement of version {_VERSION}: {kind!r} {version}")
         at = _HEAD.size
         key_len = 0 if n_key == _NO_KEY else n_key
@@ -123,7 +125,7 @@ class Placed:
         if _SWAP:
             tail.byteswap()
         placement = Placement(replica, tuple(tail), computed, base, base_blocks, key)
-        return cls(origin, seq, name, placement)
+        return cls(origin, seq, name, placement, urgent=kind == b"U")
 
 
 _SERVED = struct.Struct("<cB8sQ")
@@ -193,18 +195,24 @@ class Peering:
         self._heard: OrderedDict[tuple[bytes, int], None] = OrderedDict()
         # Peers' calls placed and not yet served: their replica, and the placement as
         # applied here (None if it could not be).
-        self._calls: OrderedDict[tuple[bytes, int], tuple[int, Placement | None]] = OrderedDict()
+        self._calls: OrderedDict[tuple[bytes, int], tuple[int, Placement | None, bool]] = (
+            OrderedDict()
+        )
         self.in_flight = [0] * len(self.names)
         """Peers' calls in flight at each replica, as heard."""
+        self.batch_in_flight = [0] * len(self.names)
+        """Of those, the calls that are not urgent."""
+        self.urgent_in_flight = 0
+        """Peers' urgent (interactive) calls in flight, all replicas together."""
         self._published = self._received = self._applied = 0
         self._unresolved = self._repeated = self._dropped = 0
         link.subscribe(self.receive)
 
-    def placed(self, placement: Placement) -> int:
+    def placed(self, placement: Placement, urgent: bool = False) -> int:
         """Tell the peers; returns the number to say it was `served` by."""
         seq = next(self._seq)
         name = self.names[placement.replica]
-        self.link.publish(Placed(self.origin, seq, name, placement).to_bytes())
+        self.link.publish(Placed(self.origin, seq, name, placement, urgent).to_bytes())
         self._published += 1
         return seq
 
@@ -250,8 +258,12 @@ class Peering:
         else:
             self._unresolved += 1
             applied = None
-        self._calls[call] = (replica, applied)
+        self._calls[call] = (replica, applied, message.urgent)
         self.in_flight[replica] += 1
+        if message.urgent:
+            self.urgent_in_flight += 1
+        else:
+            self.batch_in_flight[replica] += 1
         if len(self._calls) > HEARD:  # its end was lost, or it runs very long
             self._end(next(iter(self._calls)))
 
@@ -259,8 +271,12 @@ class Peering:
         known = self._calls.pop(call, None)
         if known is None:
             return
-        replica, applied = known
+        replica, applied, urgent = known
         self.in_flight[replica] -= 1
+        if urgent:
+            self.urgent_in_flight -= 1
+        else:
+            self.batch_in_flight[replica] -= 1
         if applied is not None:
             self.policy.served(applied)
 

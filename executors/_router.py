@@ -341,7 +341,9 @@ class Router(
         tried = [False] * n
         unavailable: BackendUnavailableError | None = None
         busy: list[BackendOverloadedError] = []
-        urgent = hints.priority_class == "interactive"
+        # The engine's judgement where it made one (a deadline near, or interactive work);
+        # else the class the caller gave.
+        urgent = hints.priority_class == "interactive" if hints.urgent is None else hints.urgent
         for _ in range(n):
             self._readmit()
             allowed = [h and not t for h, t in zip(self._healthy, tried, strict=True)]
@@ -360,7 +362,7 @@ class Router(
             pace = not urgent and self._paced(i)
             held = self.policy.held_prefix(hashes, i) if pace else 0
             placement = self.policy.record(hashes, i, hints.prefix_key, pending=True)
-            seq = self.peering.placed(placement) if self.peering is not None else -1
+            seq = self.peering.placed(placement, urgent) if self.peering is not None else -1
             self._in_flight[i] += 1
             self._requests[i] += 1
             self._batch_in_flight[i] += not urgent
@@ -424,30 +426,42 @@ class Router(
         if self.urgent_lanes == "auto":
             if len(healthy) < 2 or not self._batch_around():
                 return set()
+            # The first by name: every engine's router in front of these replicas picks
+            # the same ones, whatever order each lists them in.
+            healthy.sort(key=lambda i: self.names[i])
             return set(healthy[: min(self._auto_lanes, len(healthy) - 1)])
         return set(healthy[: self.urgent_lanes]) if len(healthy) > self.urgent_lanes else set()
 
-    def _size_lanes(self) -> None:
-        """With "auto", as an urgent call is routed: one lane for every `lane_urgent_calls`
-        urgent calls in flight (this one counted). More are taken at once; fewer only once
-        the count has stayed lower for `lane_quiet_s`, so a lull between a program's calls
-        does not hand a lane back to batch work."""
+    def _size_lanes(self, urgent: bool) -> None:
+        """With "auto", as a call is routed: one lane for every `lane_urgent_calls` urgent
+        calls in flight (this router's, an urgent call being routed, and its peers' as
+        heard; at least one). More are taken at once; fewer only once the count has stayed
+        lower for `lane_quiet_s`, so a lull between a program's calls does not hand a lane
+        back to batch work. Needing more lanes than all replicas but one, urgent calls go
+        to any replica (batch calls still keep off the lanes)."""
         now = self._now()
-        need = -(-(self._urgent_in_flight + 1) // self.lane_urgent_calls)
+        calls = self._urgent_in_flight + urgent
+        if self.peering is not None:
+            calls += self.peering.urgent_in_flight
+        need = max(1, -(-calls // self.lane_urgent_calls))
         if need >= self._auto_lanes or now - self._auto_lanes_at > self.lane_quiet_s:
             self._auto_lanes, self._auto_lanes_at = need, now
 
     def _batch_around(self) -> bool:
-        """A batch call is in flight, or one was routed in the last `lane_quiet_s`."""
+        """A batch call is in flight (this router's, or a peer's as heard), or one was
+        routed here in the last `lane_quiet_s`."""
         seen = self._batch_seen
         recent = seen is not None and self._now() - seen <= self.lane_quiet_s
-        return recent or any(self._batch_in_flight)
+        peers = self.peering is not None and any(self.peering.batch_in_flight)
+        return recent or peers or any(self._batch_in_flight)
 
     def _urgent_around(self) -> bool:
-        """An urgent call is in flight, or one was routed in the last `lane_quiet_s`."""
+        """An urgent call is in flight (this router's, or a peer's as heard), or one was
+        routed here in the last `lane_quiet_s`."""
         seen = self._urgent_seen
         recent = seen is not None and self._now() - seen <= self.lane_quiet_s
-        return recent or self._urgent_in_flight > 0
+        peers = self.peering is not None and self.peering.urgent_in_flight > 0
+        return recent or peers or self._urgent_in_flight > 0
 
     async def _prime(
         self, replica: int, request: LLMRequest, hints: Hints, hashes: Sequence[int], held: int
@@ -509,9 +523,9 @@ class Router(
         fewer programs than that are) while an urgent call is in flight or was routed in
         the last `lane_quiet_s` seconds, so that urgent calls find short steps (a batch's
         prefill shares every step of its server)."""
+        if self.urgent_lanes == "auto":
+            self._size_lanes(urgent)
         if urgent:
-            if self.urgent_lanes == "auto":
-                self._size_lanes()
             self._urgent_seen = self._now()
         else:
             self._batch_seen = self._now()
@@ -519,6 +533,8 @@ class Router(
         if not lanes:
             return allowed
         if urgent:
+            if self.urgent_lanes == "auto" and self._auto_lanes > len(lanes):
+                return allowed  # more urgent work than the lanes are for: it goes anywhere
             return [a and i in lanes for i, a in enumerate(allowed)]
         if not self._urgent_around():
             return allowed
@@ -530,9 +546,10 @@ class Router(
                 for i, a in enumerate(allowed)
             ]
         cap = self.lane_batch_in_flight
-        return [
-            a and (i not in lanes or self._batch_in_flight[i] < cap) for i, a in enumerate(allowed)
-        ]
+        batch = self._batch_in_flight
+        if self.peering is not None:
+            batch = [a + b for a, b in zip(batch, self.peering.batch_in_flight, strict=True)]
+        return [a and (i not in lanes or batch[i] < cap) for i, a in enumerate(allowed)]
 
     # --- capabilities: the router answers for its replicas ---------------------------------
 

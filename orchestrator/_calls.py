@@ -118,8 +118,11 @@ class LLMCalls:
         call_retry: CallRetry,
         breaker: Breaker | None,
         knees: Mapping[str, KneeController] | None = None,
+        urgent: Callable[[Program, float], bool] | None = None,
     ) -> None:
         self.backends: dict[str, LLMBackend] = dict(backends)
+        self.urgent = urgent
+        """Whether a program is urgent work now (`Hints.urgent`; None: not judged)."""
         self.knees: Mapping[str, KneeController] = knees or {}
         """Per backend: fed every call's latency per token and the level in flight."""
         # Keep-alive hints go to LLM backends: without one, nothing to learn pauses for.
@@ -258,6 +261,7 @@ class LLMCalls:
             urgency=urgency(self.policy, program.view(now), now),
             priority_class=program.priority_class,
             deadline_s=None if deadline is None else deadline - now,
+            urgent=None if self.urgent is None else self.urgent(program, now),
             **fields,  # type: ignore[arg-type]
         )
 

@@ -32,7 +32,7 @@ from tenacity import (
 
 from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
 from ._bus import EventBus
-from ._calls import LLMCalls
+from ._calls import LLMCalls, Program
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._cluster import Cluster, Leases, engine_name
 from ._context import TaskContext
@@ -259,6 +259,7 @@ class Engine:
             call_retry=call_retry,
             breaker=breaker,
             knees=self.knees,
+            urgent=lambda program, now: not self._slack_rich(program, now),
         )
         self.max_workflows = max_workflows
         self.default_estimate = default_estimate
@@ -568,7 +569,7 @@ class Engine:
     def _key(self, run: Run, now: float) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(now), now)
 
-    def _slack_rich(self, run: Run, now: float) -> bool:
+    def _slack_rich(self, run: Program, now: float) -> bool:
         if run.deadline is None:
             return run.priority_class != "interactive"
         view = run.view(now)

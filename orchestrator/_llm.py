@@ -120,7 +120,10 @@ class Hints:
     sooner, such as vLLM). All calls of one program share it. `keep_alive_s`: how long the
     server should keep this call's KV cache after it ends, because the same program will be
     back. `last_call`: the program makes no further calls, so its cache can go at once.
-    `prefix_key`: calls with equal keys share a prompt prefix.
+    `prefix_key`: calls with equal keys share a prompt prefix. `urgent`: the engine counts
+    the program as urgent work (not slack-rich: interactive without a deadline, or a
+    deadline too near to wait; docs/admission.md); None where nothing judged it (a router
+    then goes by `priority_class`).
     """
 
     program_id: str
@@ -131,6 +134,7 @@ class Hints:
     keep_alive_s: float | None = None
     last_call: bool = False
     prefix_key: str | None = None
+    urgent: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -361,6 +361,55 @@ def test_a_router_with_urgent_lanes_gets_no_knee_over_all_its_replicas() -> None
     assert overridden == ["lanes"]  # a fixed cap is still applied where it is asked for
 
 
+def test_a_run_with_a_near_deadline_gets_the_lane_whatever_its_class() -> None:
+    """Behind the default router (`urgent_lanes="auto"`), while batch work runs: a run of
+    the default class ("batch") whose deadline is near is urgent work, and its calls go
+    to the lane only; one whose deadline is far off is slack-rich, and its calls go where
+    batch calls go. The engine tells the router (`Hints.urgent`)."""
+    from executors import Router
+
+    clock = VirtualClock()
+
+    def latency(request: LLMRequest) -> float:
+        return 100.0 if request.messages[0].content.startswith("doc") else 1.0
+
+    llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=latency) for i in range(3)}
+
+    def chain(tag: str, n: int) -> Workflow:
+        wf = Workflow(tag)
+        for i in range(n):
+            after = (f"s{i - 1}",) if i else ()
+            wf.add(f"s{i}", _ask(8, f"{tag} {i}"), after=after, resource="default")
+        return wf
+
+    def replicas_of(tag: str) -> set[str]:
+        return {
+            name
+            for name, llm in llms.items()
+            for c in llm.calls
+            if c.request.messages[0].content.startswith(tag)
+        }
+
+    async def main() -> None:
+        router = Router(llms, clock=clock)
+        async with Engine(backends={"default": router}, clock=clock, policy="slack") as engine:
+            batch = []
+            for i in range(30):
+                wf = Workflow(f"doc{i}")
+                wf.add("ask", _ask(8, f"doc{i}"), resource="default")
+                batch.append(engine.submit(wf))
+            await clock.sleep(1.0)
+            near = await engine.run(chain("near", 6), deadline=20)
+            far = await engine.run(chain("far", 6), deadline=3600)
+            assert near.ok and far.ok
+            for handle in batch:
+                await handle.result()
+
+    clock.run(main())
+    assert replicas_of("near") == {"r0"}  # the lane
+    assert len(replicas_of("far")) > 1  # batch work, spread over the replicas
+
+
 # --- late="cancel": give up on what will be late ---------------------------------------------
 
 

@@ -487,9 +487,43 @@ def test_auto_lanes_grow_with_the_urgent_load_and_shrink_when_it_falls(
             )
 
     burst_at, soon_at, calm_at = clock.run(main())
-    assert burst_at == {"r0", "r1", "r2"}  # 16 calls need 4 lanes: 3, one left for batch
+    assert burst_at == {"r0", "r1", "r2", "r3"}  # 16 calls need 4 lanes: more than 3, so
+    # the last go anywhere (batch calls still keep off the 3 lanes)
     assert len(soon_at) > 1  # the lanes are kept through a short lull
     assert calm_at == {"r0"}
+
+
+def test_auto_lanes_shrink_as_batch_calls_are_routed(clock: VirtualClock) -> None:
+    """Lanes taken for a burst of urgent calls are given back once it has passed, as batch
+    calls are routed, while one long urgent call keeps urgent work around."""
+
+    def latency(request: LLMRequest) -> float:
+        long = request.messages[0].content.startswith(("batch", "long"))
+        return 100.0 if long else 1.0
+
+    llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=latency) for i in range(4)}
+    urgent = Hints(program_id="q", priority_class="interactive")
+
+    async def main() -> int:
+        async with (
+            Router(llms, clock=clock, lane_urgent_calls=4, lane_quiet_s=5.0) as router,
+            asyncio.TaskGroup() as tg,
+        ):
+            for i in range(4):
+                tg.create_task(router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}")))
+            tg.create_task(router.complete(_ask("long urgent"), urgent))
+            await asyncio.sleep(0)
+            burst = [_ask(f"urgent {i}") for i in range(11)]  # 12 in flight: 3 lanes
+            await asyncio.gather(*(router.complete(r, urgent) for r in burst))
+            await clock.sleep(6.0)  # the burst has passed; the long call goes on
+            later = [_ask(f"batch later {i}") for i in range(24)]
+            for i, request in enumerate(later):
+                tg.create_task(router.complete(request, Hints(program_id=f"l{i}")))
+            await asyncio.sleep(0)
+            return sum(served_by(llms, r) in ("r1", "r2") for r in later)
+
+    # One lane again: r1 and r2 take batch calls as r3 does (at most 2 each as lanes).
+    assert clock.run(main()) > 4
 
 
 def test_batch_calls_on_a_lane_are_capped_while_urgent_work_is_around(clock: VirtualClock) -> None:

@@ -202,3 +202,60 @@ def test_a_call_whose_end_is_never_heard_is_taken_as_served_in_the_end(
     peering.receive(Served(b"peer0001", 4).to_bytes())
     peering.receive(Served(b"peer0001", 4).to_bytes())  # twice: once is enough
     assert peering.in_flight == [2, 0]
+
+
+def test_routers_keep_one_urgent_lane_between_them_by_each_others_calls(
+    clock: VirtualClock,
+) -> None:
+    """Engine a sends batch calls, engine b urgent ones (the default "auto" lanes): b,
+    hearing a's batch calls in flight, sends its urgent calls to one lane only, the replica
+    first by name (each lists the replicas in its own order); then neither sends more batch
+    calls to the lane than make two there, counting each other's."""
+
+    def slow_batch(request: LLMRequest) -> float:
+        return 100.0 if request.messages[0].content.startswith("batch") else 5.0
+
+    names = ["r2", "r0", "r1"]  # engine a's order; b lists them the other way round
+    llms = {n: FunctionLLM(lambda req, hints, n=n: n, latency=slow_batch) for n in names}
+
+    def ask(tag: str) -> LLMRequest:
+        return LLMRequest((Message("user", f"{tag} " + "words " * 40),), "m", max_tokens=8)
+
+    async def main() -> tuple[set[str], int]:
+        hub = LocalRouterHub(delay_s=0.001)
+        a = Router(llms, clock=clock, peers=hub.link())
+        b = Router(dict(reversed(llms.items())), clock=clock, peers=hub.link())
+        batch = Hints(program_id="doc", priority_class="batch")
+        async with asyncio.TaskGroup() as tg:
+            for i in range(9):
+                tg.create_task(a.complete(ask(f"batch {i}"), Hints(f"b{i}")))
+            await clock.sleep(0.01)  # heard by b
+            urgent = [
+                tg.create_task(
+                    b.complete(ask(f"urgent {i}"), Hints("q", priority_class="interactive"))
+                )
+                for i in range(3)
+            ]
+            await clock.sleep(0.01)  # heard by a
+            before = batch_on_lane()
+            # Past the three the lane is no busier than the others: only the urgent calls
+            # a heard of keep its batch calls off the lane.
+            for i in range(12):
+                tg.create_task(a.complete(ask(f"batch later {i}"), batch))
+            await asyncio.sleep(0)
+            by_a = batch_on_lane() - before
+            on_lane = {(await task).text for task in urgent}
+            # b's urgent calls have ended (urgent work is still around at b for
+            # lane_quiet_s): only the count of a's batch calls on the lane keeps b's off it.
+            for i in range(12):
+                tg.create_task(b.complete(ask(f"batch b {i}"), batch))
+            await asyncio.sleep(0)
+            by_b = batch_on_lane() - before - by_a
+        return on_lane, before, by_a, by_b
+
+    def batch_on_lane() -> int:
+        return sum(c.request.messages[0].content.startswith("batch") for c in llms["r0"].calls)
+
+    on_lane, before, by_a, by_b = clock.run(main())
+    assert on_lane == {"r0"}
+    assert before >= 2 and by_a == by_b == 0, (before, by_a, by_b)
