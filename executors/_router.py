@@ -434,6 +434,13 @@ class Router(
             return set(healthy[: min(self._auto_lanes, len(healthy) - 1)])
         return set(healthy[: self.urgent_lanes]) if len(healthy) > self.urgent_lanes else set()
 
+    def lanes(self) -> list[str]:
+        """The replicas kept as urgent lanes now: while urgent work is around (with "auto",
+        batch work too), else none."""
+        if not self._urgent_around():
+            return []
+        return sorted(self.names[i] for i in self._lane_set())
+
     def _size_lanes(self, urgent: bool) -> None:
         """With "auto", as a call is routed: one lane for every `lane_urgent_calls` urgent
         calls in flight (this router's, an urgent call being routed, and its peers' as

@@ -185,3 +185,47 @@ def test_the_knee_and_the_deadline_gate_are_on_metrics() -> None:
             assert m["plait_gate_in_flight", ()] == 0
 
     asyncio.run(main())
+
+
+def test_a_routers_urgent_lanes_are_on_metrics() -> None:
+    """`plait_router_lanes`: none while only batch work runs, one once an interactive run's
+    call is in flight beside it (the default `urgent_lanes="auto"`), none once it is gone."""
+    from executors import Router
+
+    async def main() -> list[float]:
+        called, answered = asyncio.Event(), asyncio.Event()
+
+        async def held(request: LLMRequest, hints: Hints) -> str:
+            called.set()
+            await answered.wait()
+            return "ok"
+
+        replicas = {f"r{i}": FunctionLLM(held) for i in range(3)}
+        router = Router(replicas, health_interval_s=None, lane_quiet_s=0.0)
+        seen = []
+        async with Engine(backends={"default": router}) as engine:
+            metrics = Metrics(engine)
+
+            def lanes() -> float:
+                return scrape(metrics.exposition().decode())[
+                    "plait_router_lanes", (("resource", "default"),)
+                ]
+
+            seen.append(lanes())
+            batch = Workflow("rows")
+            batch.add("a", Agent("a", "You answer.").ask("row"))
+            rows = engine.submit(batch)
+            await called.wait()
+            seen.append(lanes())  # batch work only
+            called.clear()
+            query = Workflow("query")
+            query.add("a", Agent("a", "You answer.").ask("question"))
+            asked = engine.submit(query, priority="interactive")
+            await called.wait()
+            seen.append(lanes())  # both around
+            answered.set()
+            assert (await rows.result()).ok and (await asked.result()).ok
+            seen.append(lanes())
+        return seen
+
+    assert asyncio.run(main()) == [0, 0, 1, 0]

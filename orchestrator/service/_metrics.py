@@ -202,8 +202,27 @@ class _Live(Collector):
         )
 
         yield from _admission_figures(stats)
+        yield from _lane_figures(m.engine)
         yield from _batch_figures(m.batches(), m.batch_counts())
         yield from _cluster_figures(m.engine)
+
+
+def _lane_figures(engine: Engine) -> Iterator[Metric]:
+    """The urgent lanes each router keeps now (docs/admission.md, "Urgent lanes")."""
+    routers = [
+        (name, lanes)
+        for name, backend in engine.backends.items()
+        if callable(lanes := getattr(backend, "lanes", None))
+    ]
+    if routers:
+        gauge = GaugeMetricFamily(
+            "plait_router_lanes",
+            "Replicas a router keeps as urgent lanes now (urgent and batch work both around)",
+            labels=["resource"],
+        )
+        for name, lanes in routers:
+            gauge.add_metric([name], len(lanes()))
+        yield gauge
 
 
 def _admission_figures(stats: EngineStats) -> Iterator[Metric]:
