@@ -457,6 +457,31 @@ def test_auto_lanes_only_while_batch_work_is_around(clock: VirtualClock) -> None
     assert isolates
 
 
+def test_auto_lanes_count_batch_work_routed_lately_as_around(clock: VirtualClock) -> None:
+    """Batch calls that ended less than `lane_quiet_s` ago still count as batch work around
+    (a batch job's next rows are coming): urgent calls then keep to the lane; once the
+    batch has been quiet for longer, they use every replica."""
+    llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=1.0) for i in range(3)}
+    urgent = Hints(program_id="q", priority_class="interactive")
+
+    async def main() -> tuple[set[str], set[str]]:
+        async with Router(llms, clock=clock, lane_quiet_s=5.0) as router:
+            await asyncio.gather(
+                *(router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}")) for i in range(6))
+            )
+            await clock.sleep(2.0)  # the batch calls ended 2 s ago
+            soon = [_ask(f"urgent {i}") for i in range(9)]
+            await asyncio.gather(*(router.complete(r, urgent) for r in soon))
+            await clock.sleep(6.0)  # no batch call for longer than lane_quiet_s
+            late = [_ask(f"urgent late {i}") for i in range(9)]
+            await asyncio.gather(*(router.complete(r, urgent) for r in late))
+        return {served_by(llms, r) for r in soon}, {served_by(llms, r) for r in late}
+
+    soon_at, late_at = clock.run(main())
+    assert soon_at == {"r0"}
+    assert len(late_at) > 1
+
+
 def test_auto_lanes_grow_with_the_urgent_load_and_shrink_when_it_falls(
     clock: VirtualClock,
 ) -> None:
