@@ -12,7 +12,7 @@ from test_service import Api, Gate, on_stores
 
 from agents import Agent
 from executors import FunctionLLM, echo
-from orchestrator import Engine, Hints, LLMRequest, Message, Usage, Workflow
+from orchestrator import Engine, Hints, LLMRequest, Message, Usage, VirtualClock, Workflow
 from orchestrator._events import CallRetrying, TaskRetrying, TaskSucceeded, WorkflowFinished
 from orchestrator.service._metrics import Metrics
 
@@ -189,8 +189,11 @@ def test_the_knee_and_the_deadline_gate_are_on_metrics() -> None:
 
 def test_a_routers_urgent_lanes_are_on_metrics() -> None:
     """`plait_router_lanes`: none while only batch work runs, one once an interactive run's
-    call is in flight beside it (the default `urgent_lanes="auto"`), none once it is gone."""
+    call is in flight beside it (the default `urgent_lanes="auto"`), none once both have been
+    gone for longer than `lane_quiet_s` (virtual time)."""
     from executors import Router
+
+    clock = VirtualClock()
 
     async def main() -> list[float]:
         called, answered = asyncio.Event(), asyncio.Event()
@@ -201,9 +204,9 @@ def test_a_routers_urgent_lanes_are_on_metrics() -> None:
             return "ok"
 
         replicas = {f"r{i}": FunctionLLM(held) for i in range(3)}
-        router = Router(replicas, health_interval_s=None, lane_quiet_s=0.0)
+        router = Router(replicas, health_interval_s=None, lane_quiet_s=1.0, clock=clock)
         seen = []
-        async with Engine(backends={"default": router}) as engine:
+        async with Engine(backends={"default": router}, clock=clock) as engine:
             metrics = Metrics(engine)
 
             def lanes() -> float:
@@ -225,7 +228,8 @@ def test_a_routers_urgent_lanes_are_on_metrics() -> None:
             seen.append(lanes())  # both around
             answered.set()
             assert (await rows.result()).ok and (await asked.result()).ok
+            await clock.sleep(2.0)  # quiet for longer than lane_quiet_s
             seen.append(lanes())
         return seen
 
-    assert asyncio.run(main()) == [0, 0, 1, 0]
+    assert clock.run(main()) == [0, 0, 1, 0]
