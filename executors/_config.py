@@ -380,10 +380,17 @@ def describe_router(settings: RouterSettings) -> str:
             if settings.group_prefixes
             else ""
         )
+        + _lanes_text(settings.urgent_lanes, settings.lane_urgent_calls)
     ]
     for member in members:
         lines.append(f"  {member.name or member.url}: {describe_openai(settings.resolved(member))}")
     return "\n".join(lines)
+
+
+def _lanes_text(lanes: int | Literal["auto"], calls: int) -> str:
+    if lanes == "auto":
+        return f", urgent lanes auto (one per {calls} urgent calls while batch work is around)"
+    return f", {lanes} urgent lane(s)" if lanes else ", no urgent lanes"
 
 
 def describe_sim(settings: SimSettings) -> str:
@@ -391,6 +398,7 @@ def describe_sim(settings: SimSettings) -> str:
     text = f"simulated {profile.name} ({profile.model}), seed {settings.seed}"
     if settings.replicas > 1:
         text += f", {settings.replicas} replicas behind a router"
+        text += _lanes_text(settings.urgent_lanes, settings.lane_urgent_calls)
     if settings.group_prefixes:
         text += f", prefix grouping from {settings.min_shared_blocks} shared blocks"
     return text

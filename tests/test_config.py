@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import json
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -720,8 +721,16 @@ def test_python_api_runs_a_workflow_on_configured_backends(clock: VirtualClock) 
     assert result.duration > 0  # the simulated GPU took (virtual) time to answer
 
 
+def toml_table(table: dict[str, object]) -> str:
+    """`table` as the TOML of a backend named d (strings, numbers and lists of strings)."""
+    lines = ["[backends.d]"]
+    for key, value in table.items():
+        lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize("kind", ["sim", "router"])
-def test_urgent_lanes_are_auto_by_default_and_a_number_or_auto(kind: str) -> None:
+def test_urgent_lanes_are_auto_by_default_and_a_number_or_auto(kind: str, tmp_path: Path) -> None:
     members = {"urls": ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"], "model": "m"}
     table: dict[str, object] = (
         {"kind": "sim", "replicas": 2} if kind == "sim" else {"kind": "router", **members}
@@ -740,6 +749,14 @@ def test_urgent_lanes_are_auto_by_default_and_a_number_or_auto(kind: str) -> Non
             lanes(urgent_lanes=bad)
     with pytest.raises(UsageError, match="lane_urgent_calls"):
         lanes(lane_urgent_calls=0)
+    said = []
+    for extra in ({}, {"urgent_lanes": 0}, {"urgent_lanes": 2}):
+        path = write(tmp_path, f"{kind}.toml", toml_table({**table, **extra}))
+        out = io.StringIO()
+        assert main(["config", "check", str(path)], out=out) == 0
+        said.append(out.getvalue())
+    assert "urgent lanes auto (one per 96 urgent calls while batch work is around)" in said[0]
+    assert "no urgent lanes" in said[1] and "2 urgent lane(s)" in said[2]
 
 
 def test_paced_prefill_on_lanes_is_configured_and_checked() -> None:
