@@ -71,7 +71,6 @@ from _harness import (  # noqa: E402
     Report,
     Runner,
     as_workflow,
-    plait_backend,
     run_naive,
     simulate,
 )
@@ -144,7 +143,7 @@ def plait_mixed(
         programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
     ) -> list[Outcome]:
         block = servers[0].profile.block_size if isinstance(servers[0], SimServer) else 16
-        backend = plait_backend(servers, route=True, group=False, block_tokens=block)
+        backend: LLMBackend = servers[0]
         if len(servers) > 1:
             sims = [s for s in servers if isinstance(s, SimServer)]
             backend = Router(

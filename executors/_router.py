@@ -163,6 +163,8 @@ class Router(
         self._server_load = [0] * n
         self._in_flight = [0] * n
         self._healthy = [True] * n
+        self._by_name = sorted(range(n), key=lambda i: self.names[i])
+        """Replica indices in name order: "auto" lanes are the first healthy ones in it."""
         self._ejected_at = [0.0] * n
         self._requests = [0] * n
         self._failures = [0] * n
@@ -424,14 +426,14 @@ class Router(
         but one, and none unless batch work is around as well."""
         if self.urgent_lanes == 0:
             return set()
-        healthy = [i for i, h in enumerate(self._healthy) if h]
         if self.urgent_lanes == "auto":
-            if len(healthy) < 2 or not self._batch_around():
-                return set()
             # The first by name: every engine's router in front of these replicas picks
             # the same ones, whatever order each lists them in.
-            healthy.sort(key=lambda i: self.names[i])
+            healthy = [i for i in self._by_name if self._healthy[i]]
+            if len(healthy) < 2 or not self._batch_around():
+                return set()
             return set(healthy[: min(self._auto_lanes, len(healthy) - 1)])
+        healthy = [i for i, h in enumerate(self._healthy) if h]
         return set(healthy[: self.urgent_lanes]) if len(healthy) > self.urgent_lanes else set()
 
     def lanes(self) -> list[str]:

@@ -118,7 +118,7 @@ class LLMCalls:
         call_retry: CallRetry,
         breaker: Breaker | None,
         knees: Mapping[str, KneeController] | None = None,
-        urgent: Callable[[Program, float], bool] | None = None,
+        urgent: Callable[[Program, ProgramView, float], bool] | None = None,
     ) -> None:
         self.backends: dict[str, LLMBackend] = dict(backends)
         self.urgent = urgent
@@ -256,12 +256,13 @@ class LLMCalls:
         assert self._clock is not None
         now = self._clock.monotonic()
         deadline = program.deadline
+        view = program.view(now)
         return Hints(
             program_id=program.id,
-            urgency=urgency(self.policy, program.view(now), now),
+            urgency=urgency(self.policy, view, now),
             priority_class=program.priority_class,
             deadline_s=None if deadline is None else deadline - now,
-            urgent=None if self.urgent is None else self.urgent(program, now),
+            urgent=None if self.urgent is None else self.urgent(program, view, now),
             **fields,  # type: ignore[arg-type]
         )
 

@@ -68,6 +68,7 @@ from ._scheduler import (
     CLASS_RANK,
     Policy,
     PriorityClass,
+    ProgramView,
     alone_slack_of,
     get_policy,
     program_key,
@@ -259,7 +260,7 @@ class Engine:
             call_retry=call_retry,
             breaker=breaker,
             knees=self.knees,
-            urgent=lambda program, now: not self._slack_rich(program, now),
+            urgent=lambda program, view, now: not self._slack_rich(program, now, view),
         )
         self.max_workflows = max_workflows
         self.default_estimate = default_estimate
@@ -569,10 +570,12 @@ class Engine:
     def _key(self, run: Run, now: float) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(now), now)
 
-    def _slack_rich(self, run: Program, now: float) -> bool:
+    def _slack_rich(self, run: Program, now: float, view: ProgramView | None = None) -> bool:
+        """`view`: the run's, at `now`, where the caller has it already."""
         if run.deadline is None:
             return run.priority_class != "interactive"
-        view = run.view(now)
+        if view is None:
+            view = run.view(now)
         headroom = self.headroom or DEFAULT_HEADROOM
         slack, alone = slack_of(view, now), alone_slack_of(view, now)
         assert slack is not None and alone is not None  # it has a deadline
