@@ -27,6 +27,8 @@ most of the time, are the same cuBLAS calls.
     python bench/gpu_profile.py                 # on a CUDA GPU: about a minute
     python bench/gpu_profile.py --tiny          # a small model on the CPU: checks the script
     python bench/gpu_profile.py --out DIR       # also writes DIR/gpu_profile.json
+    python bench/gpu_profile.py --chunks        # steps of a 128-1,024-token prompt chunk
+                                                # beside B decoding sequences (gpu_chunks.json)
 
 Needs only PyTorch. The last line printed is one JSON object with every figure.
 """
@@ -344,6 +346,99 @@ def compiled_decode(model, shape, device, measure, log, tiny):  # type: ignore[n
     }
 
 
+def simulated_step_s(batch: int, context: int, chunk: int) -> float:
+    """What the h100-llama3-8b profile charges one step (executors/_simengine.py's sum)."""
+    return (
+        ASSUMED["step_overhead_s"]
+        + chunk / ASSUMED["prefill_tokens_per_s"]
+        + ASSUMED["decode_s_per_seq"] * batch
+        + ASSUMED["decode_s_per_context_token"] * batch * context
+    )
+
+
+def chunk_steps(model, shape, device, measure, log, tiny, compiled=False, only=None):  # type: ignore[no-untyped-def]
+    """Steps that carry a small prompt chunk (128 to 1,024 tokens, as a paced or chunked
+    prefill sends) beside B decoding sequences, every one captured as a CUDA graph as a
+    serving engine runs its steps: the chunk alone (B = 0), the decode alone (no chunk) and
+    both in one pass of the weights. What a chunk adds to a decode step is what pacing the
+    batch's prompts costs the urgent calls that share the step; the simulator charges
+    `chunk / prefill_tokens_per_s` for it whatever else the step carries."""
+    contexts = [64, 256] if tiny else [512, 2048]
+    batches = [0, 4] if tiny else [0, 8, 32, 64, 128]
+    chunks = [0, 16, 32] if tiny else [0, 128, 256, 512, 1024]
+    decode = model.decode
+    if compiled:  # torch.compile's fused kernels (a minute of compiling per shape): fewer
+        contexts, batches = contexts[-1:], [4] if tiny else [32]
+        chunks = [0, 16] if tiny else [0, 128, 512]
+        decode = torch.compile(model.decode, dynamic=False)
+    if only and (only[0] or only[1]):  # --batch B --chunk C: one context, the longest
+        contexts, batches, chunks = contexts[-1:], only[0] or batches, only[1] or chunks
+    rows: list[dict] = []
+    for ctx in contexts:
+        for b in batches:
+            if b == 0 and ctx != contexts[0]:
+                continue  # the chunk alone does not depend on the decoders' context
+            ks, vs = model.make_cache(b, ctx) if b else ([], [])
+            tokens = torch.randint(0, shape.vocab, (b,), device=device)
+            for c in chunks:
+                if b == 0 and c == 0:
+                    continue
+                prompt = torch.randint(0, shape.vocab, (c,), device=device) if c else None
+                if b == 0:
+                    step = lambda prompt=prompt: model.prefill(prompt)  # noqa: E731
+                else:
+                    step = lambda tokens=tokens, ks=ks, vs=vs, prompt=prompt: decode(  # noqa: E731
+                        tokens, ks, vs, prompt
+                    )
+                with torch.inference_mode():
+                    seconds = measure(f"chunk step B={b} L={ctx} chunk={c}", step, graph=True)
+                if seconds is None:
+                    continue
+                rows.append(
+                    {
+                        "batch": b,
+                        "context": ctx if b else 0,
+                        "chunk": c,
+                        "s": seconds,
+                        "simulated_s": simulated_step_s(b, ctx if b else 0, c),
+                    }
+                )
+                log(
+                    f"B={b:>3} L={ctx if b else 0:>5} chunk={c:>5}: {seconds * 1e3:7.2f} ms "
+                    f"(the profile charges {rows[-1]['simulated_s'] * 1e3:7.2f} ms)"
+                )
+            del ks, vs
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    result = {
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "chunk_steps": rows,
+        "compiled": compiled,
+    }
+    chunk_summary(result, log)
+    return result
+
+
+def chunk_summary(result: dict, log) -> None:  # type: ignore[no-untyped-def]
+    """Add to each chunk step what its chunk added to the decode step of the same B and L
+    (`chunk_added_s`), and log those beside what the profile charges for the chunk."""
+    steps = result["chunk_steps"]
+    alone = {(r["batch"], r["context"]): r["s"] for r in steps if r["chunk"] == 0}
+    log("")
+    log("what a prompt chunk adds to a step of B decoding sequences (ms), measured | profile:")
+    for r in steps:
+        base = alone.get((r["batch"], r["context"])) if r["batch"] else 0.0
+        if r["chunk"] == 0 or base is None:
+            continue
+        r["chunk_added_s"] = r["s"] - base
+        charged = r["chunk"] / ASSUMED["prefill_tokens_per_s"]
+        log(
+            f"  B={r['batch']:>3} L={r['context']:>5} chunk={r['chunk']:>5}: "
+            f"{r['chunk_added_s'] * 1e3:7.2f} | {charged * 1e3:7.2f}"
+        )
+
+
 def lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
     a = torch.tensor(rows, dtype=torch.float64)
     y = torch.tensor(ys, dtype=torch.float64).unsqueeze(1)
@@ -365,12 +460,28 @@ def main() -> int:
         "beside the plain graphs: a minute or more of compiling per batch size",
     )
     parser.add_argument(
+        "--chunks",
+        action="store_true",
+        help="only steps that carry a prompt chunk of 128-1,024 tokens beside B decoding "
+        "sequences, all as CUDA graphs (about a minute on an H100)",
+    )
+    parser.add_argument(
+        "--batch", type=int, action="append", help="with --chunks: only these B (repeatable)"
+    )
+    parser.add_argument(
+        "--chunk", type=int, action="append", help="with --chunks: only these chunks (repeatable)"
+    )
+    parser.add_argument(
         "--refit", type=Path, metavar="JSON", help="fit again the figures of an earlier run"
     )
     args = parser.parse_args()
     if args.refit:
         try:
             result = json.loads(args.refit.read_text())
+            if "chunk_steps" in result:  # a saved run of --chunks
+                chunk_summary(result, lambda *a: print(*a, file=sys.stderr))
+                print(json.dumps(result))
+                return 0
             result["decode"], result["prefill"], result["mixed"], result["weight_bytes"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             parser.error(f"--refit {args.refit}: not a saved run of this script ({exc!r})")
@@ -412,6 +523,18 @@ def main() -> int:
     for key, value in ceilings.items():
         log(f"{key}: {value / 1e12:.2f} T")
 
+    if args.chunks:
+        result = chunk_steps(
+            model, shape, device, measure, log, args.tiny, args.compiled, (args.batch, args.chunk)
+        )
+        result["failures"] = failures
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"gpu_chunks{'_compiled' if args.compiled else ''}.json").write_text(
+                json.dumps(result, indent=1)
+            )
+        print(json.dumps(result))
+        return 0
     if args.compiled:
         print(json.dumps(compiled_decode(model, shape, device, measure, log, args.tiny)))
         return 0
