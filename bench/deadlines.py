@@ -9,15 +9,16 @@ time. Three ways to run the same programs and arrivals:
   servers (which order their queues by it), nothing held back
   (`Engine(headroom=None, gate=None)`, `Router(urgent_lanes=0)`);
 - plait, the defaults: the router keeps urgent lanes as the urgent load needs while batch
-  work is around too (`Router(urgent_lanes="auto")`: one replica here, with at most 2 batch
-  calls on it while queries are around), and queries start in deadline order, as many at
+  work is around too (`Router(urgent_lanes="auto")`: one replica here, with no batch call
+  on it while queries are around), and queries start in deadline order, as many at
   once as meets the most deadlines (the default `DeadlineGate`);
 - plait, no lane: the same without lanes (`urgent_lanes=0`, the default until the sixth
   session of 2026-11-26): slack-rich work held back to the backend's learned throughput
   knee while urgent work is around (`Engine()`'s default `Headroom`).
 
 Three rows keep one replica as an urgent lane whatever the load (`Router(urgent_lanes=1)`):
-"plait + lane" lets at most 2 batch calls onto it while queries are around, "lane,
+"plait + lane" lets at most 2 batch calls onto it while queries are around (the
+default's lane until the seventh session of 2026-11-26), "lane,
 programs" the calls of one batch program, and "lane, paced" the same with that program's
 uncached prompt computed in pieces of 128 tokens first (`lane_prefill_tokens`); `--lane
 P:N` adds rows for other settings.
@@ -126,6 +127,7 @@ def plait_mixed(
     gate: DeadlineGate | None = DEFAULT_GATE,
     lane_programs: int | None = None,
     lane_prefill: int | None = None,
+    lane_calls: int = 0,
 ) -> Runner:
     """plait with the `slack` policy: queries (programs with a deadline) as interactive,
     the rest as batch; `headroom` and `gate` None is priority-only (nothing held back).
@@ -134,7 +136,8 @@ def plait_mixed(
     `lane_programs`: a lane takes the calls of that many batch
     programs at once instead of a count of calls (`Router(lane_batch_programs=...)`);
     `lane_prefill`: their uncached prompts are sent ahead in pieces of that many tokens
-    (`Router(lane_prefill_tokens=...)`).
+    (`Router(lane_prefill_tokens=...)`); `lane_calls`: else the batch calls a lane takes at
+    once (`Router(lane_batch_in_flight=...)`, 0 by default).
     `late`: queries are submitted with `late="cancel"` (shed when they cannot make their
     deadline at the present load, cancelled when it passes); a cancelled query counts as a
     miss."""
@@ -151,6 +154,7 @@ def plait_mixed(
                 block_tokens=block,
                 cache_blocks=sims[0].profile.num_blocks if sims else None,
                 urgent_lanes=lanes,
+                lane_batch_in_flight=lane_calls,
                 lane_batch_programs=lane_programs,
                 lane_prefill_tokens=lane_prefill,
             )
@@ -439,7 +443,7 @@ def part1(
         "priority-only": plait_mixed(None, gate=None, lanes=0),
         "plait": plait_mixed(DEFAULT_HEADROOM),
         "plait, no lane": plait_mixed(DEFAULT_HEADROOM, seen, lanes=0),
-        "plait + lane": plait_mixed(DEFAULT_HEADROOM, lanes=1),
+        "plait + lane": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_calls=2),
         "lane, programs": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_programs=1),
         "lane, paced": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_programs=1, lane_prefill=PACED),
     }

@@ -164,7 +164,7 @@ class RouterSettings(ConfigSection):
     them only up to `lane_batch_in_flight` at once meanwhile. "auto": while batch calls are
     around too, one for every `lane_urgent_calls` urgent calls in flight (docs/admission.md)."""
     lane_urgent_calls: int = Field(default=96, ge=1)
-    lane_batch_in_flight: int = Field(default=2, ge=0)
+    lane_batch_in_flight: int = Field(default=0, ge=0)
     lane_batch_programs: int | None = Field(default=None, ge=0)
     """Instead of counting calls: the batch programs a lane takes at once (their calls go
     there together)."""
@@ -226,7 +226,7 @@ class SimSettings(ConfigSection):
     them only up to `lane_batch_in_flight` at once meanwhile. "auto": while batch calls are
     around too, one for every `lane_urgent_calls` urgent calls in flight (docs/admission.md)."""
     lane_urgent_calls: int = Field(default=96, ge=1)
-    lane_batch_in_flight: int = Field(default=2, ge=0)
+    lane_batch_in_flight: int = Field(default=0, ge=0)
     lane_batch_programs: int | None = Field(default=None, ge=0)
     """Instead of counting calls: the batch programs a lane takes at once (their calls go
     there together)."""

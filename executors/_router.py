@@ -92,7 +92,8 @@ class Router(
     start-up): the router then models each server's LRU eviction instead of assuming that
     what it sent somewhere stays there. `urgent_lanes`: replicas kept for urgent
     (interactive) calls while there are any, with at most `lane_batch_in_flight` batch calls
-    on each, or, with `lane_batch_programs`, the calls of at most that many batch programs (a
+    on each (0, the default: a batch call's prompt would lengthen every step of the lane's
+    urgent calls), or, with `lane_batch_programs`, the calls of at most that many batch programs (a
     program's calls go there together, so its shared prefix is computed once; see `_lanes`;
     docs/admission.md, "Urgent lanes"). "auto" (the default): while urgent and batch calls
     are both around, one lane for every `lane_urgent_calls` urgent calls in flight, at most
@@ -118,7 +119,7 @@ class Router(
         clock: Clock | None = None,
         urgent_lanes: int | Literal["auto"] = "auto",
         lane_urgent_calls: int = 96,
-        lane_batch_in_flight: int = 2,
+        lane_batch_in_flight: int = 0,
         lane_batch_programs: int | None = None,
         lane_quiet_s: float = 5.0,
         lane_prefill_tokens: int | None = None,

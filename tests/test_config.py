@@ -736,14 +736,14 @@ def test_urgent_lanes_are_auto_by_default_and_a_number_or_auto(kind: str, tmp_pa
         {"kind": "sim", "replicas": 2} if kind == "sim" else {"kind": "router", **members}
     )
 
-    def lanes(**extra: object) -> tuple[object, int]:
+    def lanes(**extra: object) -> tuple[object, int, int]:
         [backend] = backends_from_config({"backends": {"d": {**table, **extra}}}).values()
         assert isinstance(backend, Router)
-        return backend.urgent_lanes, backend.lane_urgent_calls
+        return backend.urgent_lanes, backend.lane_urgent_calls, backend.lane_batch_in_flight
 
-    assert lanes() == ("auto", 96)
-    assert lanes(urgent_lanes=0) == (0, 96)
-    assert lanes(urgent_lanes="auto", lane_urgent_calls=8) == ("auto", 8)
+    assert lanes() == ("auto", 96, 0)  # a lane takes no batch call while urgent work is around
+    assert lanes(urgent_lanes=0) == (0, 96, 0)
+    assert lanes(urgent_lanes="auto", lane_urgent_calls=8, lane_batch_in_flight=2) == ("auto", 8, 2)
     for bad in ("many", -1, True, 1.5):
         with pytest.raises(UsageError, match=r"urgent_lanes: give a number of replicas \(0 or"):
             lanes(urgent_lanes=bad)
