@@ -371,8 +371,13 @@ def chunk_steps(model, shape, device, measure, log, tiny, compiled=False, only=N
         contexts, batches = contexts[-1:], [4] if tiny else [32]
         chunks = [0, 16] if tiny else [0, 128, 512]
         decode = torch.compile(model.decode, dynamic=False)
+        # every (B, chunk) is a shape of its own: past dynamo's recompile limit (8) the
+        # steps would quietly run eager while the file says compiled
+        torch._dynamo.config.recompile_limit = 64
     if only and (only[0] or only[1]):  # --batch B --chunk C: one context, the longest
-        contexts, batches, chunks = contexts[-1:], only[0] or batches, only[1] or chunks
+        contexts, batches = contexts[-1:], only[0] or batches
+        # each B's step without a chunk is what the chunks' added cost is read against
+        chunks = sorted({0, *only[1]}) if only[1] else chunks
     rows: list[dict] = []
     for ctx in contexts:
         for b in batches:
@@ -428,9 +433,9 @@ def chunk_summary(result: dict, log) -> None:  # type: ignore[no-untyped-def]
     log("")
     log("what a prompt chunk adds to a step of B decoding sequences (ms), measured | profile:")
     for r in steps:
-        base = alone.get((r["batch"], r["context"])) if r["batch"] else 0.0
-        if r["chunk"] == 0 or base is None:
-            continue
+        base = alone.get((r["batch"], r["context"]))
+        if r["chunk"] == 0 or r["batch"] == 0 or base is None:
+            continue  # a chunk alone (B = 0) is a whole step: logged above
         r["chunk_added_s"] = r["s"] - base
         charged = r["chunk"] / ASSUMED["prefill_tokens_per_s"]
         log(
@@ -463,7 +468,7 @@ def main() -> int:
         "--chunks",
         action="store_true",
         help="only steps that carry a prompt chunk of 128-1,024 tokens beside B decoding "
-        "sequences, all as CUDA graphs (about a minute on an H100)",
+        "sequences, all as CUDA graphs (about 30 s on an H100)",
     )
     parser.add_argument(
         "--batch", type=int, action="append", help="with --chunks: only these B (repeatable)"
@@ -488,6 +493,8 @@ def main() -> int:
         fit(result, lambda *a: print(*a, file=sys.stderr))
         print(json.dumps(result))
         return 0
+    if (args.batch or args.chunk) and not args.chunks:
+        parser.error("--batch and --chunk pick the sizes of --chunks: give --chunks too")
 
     cuda = torch.cuda.is_available() and not args.tiny
     if not cuda and not args.tiny:
@@ -530,9 +537,9 @@ def main() -> int:
         result["failures"] = failures
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / f"gpu_chunks{'_compiled' if args.compiled else ''}.json").write_text(
-                json.dumps(result, indent=1)
-            )
+            name = "gpu_chunks" + ("_compiled" if args.compiled else "")
+            name += "".join(f"_b{b}" for b in args.batch or [])  # runs of other sizes beside
+            (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result))
         return 0
     if args.compiled:

@@ -243,7 +243,7 @@ class FailureIsolating(Protocol):
 @runtime_checkable
 class UrgentIsolating(Protocol):
     """A backend that keeps urgent calls apart from batch calls itself (a router with urgent
-    lanes: replicas where batch work is held to a few calls while urgent work is around), so
+    lanes: replicas that batch work keeps off while urgent work is around), so
     the engine does not also hold slack-rich work to a learned knee over all of it: that
     would idle the replicas urgent work never uses."""
 
