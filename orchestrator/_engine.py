@@ -56,7 +56,14 @@ from ._events import (
 from ._gate import DEFAULT_GATE, DeadlineGate, GateStats, RunGate
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
-from ._knee import DEFAULT_HEADROOM, Headroom, KneeController, KneeStats, slack_rich
+from ._knee import (
+    DEFAULT_HEADROOM,
+    Headroom,
+    KneeController,
+    KneeStats,
+    reserve_cap,
+    slack_rich,
+)
 from ._llm import LLMBackend, Usage, capabilities
 from ._registry import Registry
 from ._replay import RunImage
@@ -194,7 +201,9 @@ class Engine:
     (`Retention`; its `Sweeper` is `engine.sweeper`).
     `headroom` (on by default; None turns it off) holds slack-rich work (batch, far
     deadlines, hopeless ones) back to each LLM backend's learned throughput knee while
-    urgent work is around, so urgent calls find short decode steps (docs/admission.md).
+    urgent work is around, so urgent calls find short decode steps (docs/admission.md);
+    over a backend that keeps urgent work apart itself (a router's lanes) it keeps no knee,
+    only the reserve (`Headroom.reserve` of the limit) that slack-rich work leaves free.
     `gate` (on by default; None turns it off) starts runs with a deadline in deadline order,
     as many at once as it learned meets the most deadlines (`DeadlineGate`).
     """
@@ -222,6 +231,12 @@ class Engine:
     ) -> None:
         backends = dict(backends or {})
         self.policy = get_policy(policy)
+        if clock is not None and not isinstance(clock, Clock):
+            raise UsageError(
+                f"Engine(clock={clock!r}) takes a Clock: SystemClock(), or a VirtualClock "
+                "whose run(...) drives the program (a config's [engine] clock names one; "
+                "plait run builds it)"
+            )
         self._clock = clock
         merged = dict(DEFAULT_LIMITS)
         for name in backends:
@@ -243,6 +258,15 @@ class Engine:
             for name, backend in backends.items()
             if merged[name].batch_in_flight is not None
             or (headroom is not None and not capabilities(backend).isolates_urgent)
+        }  # fmt: skip
+        # A backend that keeps urgent work apart itself (a router's lanes) gets no knee, but
+        # slack-rich work still leaves the reserve free there: an urgent call that comes
+        # while batch calls fill the engine's limit starts at once, not when one of them ends.
+        self._reserve_caps = {
+            name: reserve_cap(merged[name].max_in_flight, headroom)
+            for name, backend in backends.items()
+            if headroom is not None and name not in self.knees
+            and capabilities(backend).isolates_urgent
         }  # fmt: skip
         self._watched: set[Run] = set()
         """Runs that may be urgent (interactive, or with a deadline): scanned per round."""
@@ -523,16 +547,17 @@ class Engine:
         now = self.clock.monotonic()
         caps = rich = None
         urgent = self._look_at_deadlines(now) if self._watched else False
-        if self.knees:
+        if self.knees or self._reserve_caps:
             if urgent != self._urgent:
                 self._urgent = urgent
                 admission.look_again()
-            knees = self.knees
+            knees, reserve_caps = self.knees, self._reserve_caps
 
             def caps(resource: str) -> tuple[int, int | None] | None:
                 knee = knees.get(resource)
                 if knee is None:
-                    return None
+                    alone = reserve_caps.get(resource)
+                    return None if alone is None else (alone, None)
                 capped = knee.headroom.urgent_share is not None
                 return knee.cap(urgent), knee.urgent_cap() if capped else None
 

@@ -124,6 +124,12 @@ def _bucket(level: float) -> int:
     return int(math.log(max(level, 1.0)) / math.log(1.2))
 
 
+def reserve_cap(limit: int, headroom: Headroom) -> int:
+    """The calls in flight under which slack-rich work is admitted with no urgent work
+    around: `limit` less the reserve (`Headroom.reserve` of it, rounded), at least 1."""
+    return max(1, limit - round(headroom.reserve * limit))
+
+
 class KneeController:
     """Learns one backend's throughput knee and answers the in-flight cap for slack-rich work.
 
@@ -207,7 +213,7 @@ class KneeController:
         """How many calls (of any kind) may be in flight for slack-rich work to be admitted:
         with urgent work around, the knee (or the override, or a probe level while the knee
         is unknown); without, the limit less the reserve."""
-        alone = max(1, self.limit - self.reserved())
+        alone = reserve_cap(self.limit, self.headroom)
         if not urgent:
             return alone
         if self.fixed is not None:

@@ -466,6 +466,13 @@ def test_replacing_a_pending_task_runs_the_new_action(clock: VirtualClock) -> No
     assert run_sync(wf, clock=clock)["second"] == "new"
 
 
+def test_a_clock_given_by_name_is_refused_with_what_to_give() -> None:
+    for wrong in ("virtual", "system", 1.0):
+        with pytest.raises(UsageError, match=r"takes a Clock: SystemClock\(\), or a VirtualClock"):
+            Engine(clock=wrong)  # type: ignore[arg-type]
+    assert Engine(clock=VirtualClock()).clock.monotonic() == 0.0
+
+
 def test_unknown_resource_is_refused_before_anything_runs(vrun: Run) -> None:
     wf = Workflow("gpu")
     wf.add("t", one, resource="gpu-farm")

@@ -361,6 +361,53 @@ def test_a_router_with_urgent_lanes_gets_no_knee_over_all_its_replicas() -> None
     assert overridden == ["lanes"]  # a fixed cap is still applied where it is asked for
 
 
+def test_behind_a_router_with_lanes_an_urgent_call_finds_the_reserve_free() -> None:
+    """No knee over a router that keeps urgent lanes, but slack-rich work still leaves the
+    reserve of the engine's limit free (5% of 20: one slot), so an interactive call that
+    comes while long batch calls fill the limit starts at once, not when one of them ends
+    (100 s later)."""
+    from executors import Router
+
+    def latency(request: LLMRequest) -> float:
+        return 100.0 if request.messages[0].content.startswith("doc") else 1.0
+
+    def run(headroom: Headroom | None) -> tuple[float, int]:
+        clock = VirtualClock()
+        llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=latency) for i in range(2)}
+        started: list[float] = []
+
+        async def main() -> tuple[float, int]:
+            async with Engine(
+                backends={"default": Router(llms, clock=clock)},
+                clock=clock,
+                policy="slack",
+                limits={"default": Limits(max_in_flight=20)},
+                headroom=headroom,
+            ) as engine:
+                batch = []
+                for i in range(40):
+                    wf = Workflow(f"doc{i}")
+                    wf.add("ask", _ask(8, f"doc{i}"), resource="default")
+                    batch.append(engine.submit(wf))
+                await clock.sleep(1.0)
+                [default] = [r for r in engine.stats().resources if r.name == "default"]
+                in_flight = default.in_flight
+                wf = Workflow("query")
+                wf.add("a", _ask(8, "query", started), resource="default")
+                result = await engine.run(wf, deadline=10, priority="interactive")
+                assert result.ok
+                for handle in batch:
+                    await handle.result()
+                return started[0] - 1.0, in_flight
+
+        return clock.run(main())
+
+    waited, batch_in_flight = run(DEFAULT_HEADROOM)
+    assert (waited, batch_in_flight) == (0.0, 19)
+    waited_without, batch_without = run(None)  # every slot is batch's: it waits them out
+    assert waited_without >= 99.0 and batch_without == 20
+
+
 def test_a_run_with_a_near_deadline_gets_the_lane_whatever_its_class() -> None:
     """Behind the default router (`urgent_lanes="auto"`), while batch work runs: a run of
     the default class ("batch") whose deadline is near is urgent work, and its calls go
