@@ -202,8 +202,9 @@ class Engine:
     `headroom` (on by default; None turns it off) holds slack-rich work (batch, far
     deadlines, hopeless ones) back to each LLM backend's learned throughput knee while
     urgent work is around, so urgent calls find short decode steps (docs/admission.md);
-    over a backend that keeps urgent work apart itself (a router's lanes) it keeps no knee,
-    only the reserve (`Headroom.reserve` of the limit) that slack-rich work leaves free.
+    over a backend that keeps urgent work apart itself (a router's lanes) it keeps no knee
+    (unless `Limits(batch_in_flight=N)` fixes one), only the reserve (`Headroom.reserve` of
+    the limit) that slack-rich work leaves free.
     `gate` (on by default; None turns it off) starts runs with a deadline in deadline order,
     as many at once as it learned meets the most deadlines (`DeadlineGate`).
     """

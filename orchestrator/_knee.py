@@ -34,7 +34,7 @@ class Headroom:
 
     `throughput_share`: the knee is the fewest calls in flight that still give this share of
     the throughput at the backend's full limit. `reserve`: the share of `max_in_flight`
-    (rounded: none below 10 slots at the default) that slack-rich work leaves free even with
+    (rounded: none for 10 slots or fewer at the default) that slack-rich work leaves free even with
     no urgent work around, so an urgent call that arrives at a saturated backend is admitted
     at once. `probe_share`: until
     two in-flight levels have been seen, slack-rich work is capped at this share of the limit

@@ -371,7 +371,9 @@ def test_behind_a_router_with_lanes_an_urgent_call_finds_the_reserve_free() -> N
     def latency(request: LLMRequest) -> float:
         return 100.0 if request.messages[0].content.startswith("doc") else 1.0
 
-    def run(headroom: Headroom | None) -> tuple[float, int]:
+    def run(
+        headroom: Headroom | None, policy: str = "slack", priority: str = "interactive"
+    ) -> tuple[float, int]:
         clock = VirtualClock()
         llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=latency) for i in range(2)}
         started: list[float] = []
@@ -380,7 +382,7 @@ def test_behind_a_router_with_lanes_an_urgent_call_finds_the_reserve_free() -> N
             async with Engine(
                 backends={"default": Router(llms, clock=clock)},
                 clock=clock,
-                policy="slack",
+                policy=policy,
                 limits={"default": Limits(max_in_flight=20)},
                 headroom=headroom,
             ) as engine:
@@ -394,7 +396,7 @@ def test_behind_a_router_with_lanes_an_urgent_call_finds_the_reserve_free() -> N
                 in_flight = default.in_flight
                 wf = Workflow("query")
                 wf.add("a", _ask(8, "query", started), resource="default")
-                result = await engine.run(wf, deadline=10, priority="interactive")
+                result = await engine.run(wf, deadline=10, priority=priority)
                 assert result.ok
                 for handle in batch:
                     await handle.result()
@@ -404,6 +406,7 @@ def test_behind_a_router_with_lanes_an_urgent_call_finds_the_reserve_free() -> N
 
     waited, batch_in_flight = run(DEFAULT_HEADROOM)
     assert (waited, batch_in_flight) == (0.0, 19)
+    assert run(DEFAULT_HEADROOM, policy="fcfs") == (0.0, 19)  # interactive ranks first
     waited_without, batch_without = run(None)  # every slot is batch's: it waits them out
     assert waited_without >= 99.0 and batch_without == 20
 
