@@ -133,6 +133,10 @@ class EngineStats:
     """What each LLM backend's headroom controller learned (empty with `headroom=None`)."""
     gate: GateStats | None = None
     """What the deadline gate learned (None with `gate=None`)."""
+    reserve_caps: tuple[tuple[str, int], ...] = ()
+    """Backends that keep urgent work apart themselves (a router's lanes), which get no
+    knee: the calls in flight up to which slack-rich work is admitted there (the limit less
+    `Headroom.reserve` of it), by backend."""
 
 
 class RunHandle:
@@ -1283,6 +1287,7 @@ class Engine:
             tuple(self.admission.stats()),
             tuple(knee.stats() for knee in self.knees.values()),
             None if self.gate is None else self.gate.stats(),
+            tuple(self._reserve_caps.items()),
         )
 
 

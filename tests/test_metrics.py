@@ -226,6 +226,10 @@ def test_a_routers_urgent_lanes_are_on_metrics() -> None:
             asked = engine.submit(query, priority="interactive")
             await called.wait()
             seen.append(lanes())  # both around
+            caps = scrape(metrics.exposition().decode())
+            for case in ("urgent", "alone"):  # no knee over the lanes: the reserve (2 of 32)
+                assert caps["plait_headroom_cap", L(case=case, resource="default")] == 30
+            assert engine.stats().reserve_caps == (("default", 30),)
             answered.set()
             assert (await rows.result()).ok and (await asked.result()).ok
             await clock.sleep(2.0)  # quiet for longer than lane_quiet_s

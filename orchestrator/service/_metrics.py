@@ -228,7 +228,7 @@ def _lane_figures(engine: Engine) -> Iterator[Metric]:
 def _admission_figures(stats: EngineStats) -> Iterator[Metric]:
     """What deadline-aware admission learned (docs/admission.md): each backend's knee and
     the caps it answers, and the deadline gate's cap and queue."""
-    if stats.knees:
+    if stats.knees or stats.reserve_caps:
         knee = GaugeMetricFamily(
             "plait_headroom_knee",
             "Calls in flight past which a backend's throughput gains little (learned; absent "
@@ -246,6 +246,9 @@ def _admission_figures(stats: EngineStats) -> Iterator[Metric]:
                 knee.add_metric([k.backend], k.knee)
             cap.add_metric([k.backend, "urgent"], k.cap_urgent)
             cap.add_metric([k.backend, "alone"], k.cap_alone)
+        for backend, alone in stats.reserve_caps:  # no knee there: the reserve alone
+            cap.add_metric([backend, "urgent"], alone)
+            cap.add_metric([backend, "alone"], alone)
         yield knee
         yield cap
     gate = stats.gate
