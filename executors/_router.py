@@ -93,12 +93,12 @@ class Router(
     what it sent somewhere stays there. `urgent_lanes`: replicas kept for urgent
     (interactive) calls while there are any, with at most `lane_batch_in_flight` batch calls
     on each (0, the default: a batch call's prompt would lengthen every step of the lane's
-    urgent calls), or, with `lane_batch_programs`, the calls of at most that many batch programs (a
-    program's calls go there together, so its shared prefix is computed once; see `_lanes`;
-    docs/admission.md, "Urgent lanes"). "auto" (the default): while urgent and batch calls
-    are both around, one lane for every `lane_urgent_calls` urgent calls in flight, at most
-    all replicas but one; none otherwise. A number: that many, whenever urgent calls are
-    around. 0: none.
+    urgent calls), or, with `lane_batch_programs`, the calls of at most that many batch
+    programs (a program's calls go there together, so its shared prefix is computed once;
+    see `_lanes`; docs/admission.md, "Urgent lanes"). "auto" (the default): while urgent
+    and batch calls are both around, one lane for every `lane_urgent_calls` urgent calls in
+    flight, at most all replicas but one; none otherwise. A number: that many, whenever
+    urgent calls are around. 0: none.
     `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and

@@ -553,7 +553,7 @@ class Engine:
         caps = rich = None
         urgent = self._look_at_deadlines(now) if self._watched else False
         if self.knees or self._reserve_caps:
-            if urgent != self._urgent:
+            if self.knees and urgent != self._urgent:  # a reserve cap is the same either way
                 self._urgent = urgent
                 admission.look_again()
             knees, reserve_caps = self.knees, self._reserve_caps

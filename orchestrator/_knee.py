@@ -34,9 +34,9 @@ class Headroom:
 
     `throughput_share`: the knee is the fewest calls in flight that still give this share of
     the throughput at the backend's full limit. `reserve`: the share of `max_in_flight`
-    (rounded: none for 10 slots or fewer at the default) that slack-rich work leaves free even with
-    no urgent work around, so an urgent call that arrives at a saturated backend is admitted
-    at once. `probe_share`: until
+    (rounded: none for 10 slots or fewer at the default) that slack-rich work leaves free
+    even with no urgent work around, so an urgent call that arrives at a saturated backend
+    is admitted at once. `probe_share`: until
     two in-flight levels have been seen, slack-rich work is capped at this share of the limit
     while urgent work is around (which also measures a second level). `min_cap`: never hold
     slack-rich work below this many calls. `rich_slack_s` and `rich_slack_ratio`: a program
@@ -203,11 +203,6 @@ class KneeController:
         # n / (a + b n) >= s * top / (a + b top)  <=>  n >= s top a / (a + b top (1 - s))
         level = s * top * a / (a + b * top * (1.0 - s))
         return min(self.limit, max(self.headroom.min_cap, math.ceil(level)))
-
-    def reserved(self) -> int:
-        """Slots slack-rich work leaves free with no urgent work around (0 for a limit so
-        small that its share rounds to nothing)."""
-        return round(self.headroom.reserve * self.limit)
 
     def cap(self, urgent: bool) -> int:
         """How many calls (of any kind) may be in flight for slack-rich work to be admitted:

@@ -21,6 +21,7 @@ from orchestrator import (
     LLMRequest,
     Message,
     ProgramView,
+    RunHandle,
     Slack,
     TaskContext,
     UsageError,
@@ -280,6 +281,16 @@ def test_what_tasks_took_is_learned_and_decides_hopeless() -> None:
     assert naive_at is not None and naive_at > naive_start  # found only later, when late
 
 
+def _submit_batch(engine: Engine, rows: int, tokens: int) -> list[RunHandle]:
+    """`rows` batch workflows of one call of `tokens` each, prompts starting "doc"."""
+    handles = []
+    for i in range(rows):
+        wf = Workflow(f"doc{i}")
+        wf.add("ask", _ask(tokens, f"doc{i}"), resource="default")
+        handles.append(engine.submit(wf))
+    return handles
+
+
 def _ask(tokens: int, tag: str, started: list[float] | None = None) -> object:
     async def call(ctx: TaskContext) -> None:
         if started is not None:
@@ -307,11 +318,7 @@ def _urgent_delay(headroom: Headroom | None) -> tuple[float, float]:
                 headroom=headroom,
             ) as engine,
         ):
-            batch = []
-            for i in range(300):
-                wf = Workflow(f"doc{i}")
-                wf.add("ask", _ask(400, f"doc{i}"), resource="default")
-                batch.append(engine.submit(wf))
+            batch = _submit_batch(engine, 300, 400)
             await clock.sleep(2.0)
             arrived = clock.monotonic()
             wf = Workflow("query")
@@ -386,11 +393,7 @@ def test_behind_a_router_with_lanes_an_urgent_call_finds_the_reserve_free() -> N
                 limits={"default": Limits(max_in_flight=20)},
                 headroom=headroom,
             ) as engine:
-                batch = []
-                for i in range(40):
-                    wf = Workflow(f"doc{i}")
-                    wf.add("ask", _ask(8, f"doc{i}"), resource="default")
-                    batch.append(engine.submit(wf))
+                batch = _submit_batch(engine, 40, 8)
                 await clock.sleep(1.0)
                 [default] = [r for r in engine.stats().resources if r.name == "default"]
                 in_flight = default.in_flight
@@ -443,11 +446,7 @@ def test_a_run_with_a_near_deadline_gets_the_lane_whatever_its_class() -> None:
     async def main() -> None:
         router = Router(llms, clock=clock)
         async with Engine(backends={"default": router}, clock=clock, policy="slack") as engine:
-            batch = []
-            for i in range(30):
-                wf = Workflow(f"doc{i}")
-                wf.add("ask", _ask(8, f"doc{i}"), resource="default")
-                batch.append(engine.submit(wf))
+            batch = _submit_batch(engine, 30, 8)
             await clock.sleep(1.0)
             near = await engine.run(chain("near", 6), deadline=20)
             far = await engine.run(chain("far", 6), deadline=3600)
