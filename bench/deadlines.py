@@ -24,9 +24,11 @@ uncached prompt computed in pieces of 128 tokens first (`lane_prefill_tokens`); 
 P:N` adds rows for other settings.
 
 Reported: the queries' deadline attainment, and the batch's throughput relative to the batch
-alone (the fastest of the modes running it alone; each mode's own alone run too); and an
+alone (the fastest of the modes running it alone; each mode's own alone run too); an
 estimate of the most batch share any schedule could keep while meeting the target share of
-deadlines (`Ceiling`; docs/admission.md, "How far a lane can go").
+deadlines (`Ceiling`; docs/admission.md, "How far a lane can go"); and the share a lane
+that takes no batch work leaves the batch (`Ceiling.whole_lane`: the queries alone on one
+replica, the batch on the others until they end).
 
 Part 2: text-to-SQL alone on one replica, at the first rate (1.0, 1.1, 1.2, ... queries/s)
 where naive attains under 0.5, against priority-only and plait (hopeless deadlines demoted
@@ -283,6 +285,13 @@ class Ceiling:
     windows: tuple[Window, ...]
     misses: int
     """Queries that may miss at the target attainment."""
+    lane_attainment: float
+    """The queries' deadline attainment alone on one replica: the most a lane of one
+    replica can give them."""
+    lane_busy_s: float
+    """How long the queries alone keep that replica busy."""
+    lane_until: float
+    """When the last of them ends there (from the batch's start)."""
 
     def _cost(self, due: Sequence[Window], steps: bool) -> float | None:
         """Replica-seconds the queries `due` cost the batch: the tokens of those met, and
@@ -306,6 +315,18 @@ class Ceiling:
         if cost is None:
             return None
         return self.reference / max(self.reference, (self.batch_busy_s + cost) / self.replicas)
+
+    @property
+    def whole_lane(self) -> float:
+        """The batch share if one replica is given whole to the queries until the last of
+        them ends (as alone on it) and the batch has the others, then all of them: what a
+        lane that takes no batch work keeps."""
+        others = (self.replicas - 1) * self.lane_until
+        if self.batch_busy_s <= others:
+            makespan = self.batch_busy_s / (self.replicas - 1)
+        else:
+            makespan = self.lane_until + (self.batch_busy_s - others) / self.replicas
+        return self.reference / max(self.reference, makespan)
 
     def share(self, steps: bool) -> float | None:
         """The ceiling: the fastest batch alone over the least makespan M that holds what
@@ -420,6 +441,9 @@ def ceiling(
         batch_savings=max(0, alone.server.steps - least),
         windows=windows,
         misses=len(windows) - math.ceil(attainment * len(windows) - 1e-9),
+        lane_attainment=by_itself.deadline_attainment,
+        lane_busy_s=by_itself.server.busy_s,
+        lane_until=min(p.arrival for p in sql) + by_itself.makespan,
     )
 
 
@@ -605,6 +629,13 @@ def report_part1(
         f"{TARGET_ATTAINMENT} of the deadlines needs, at most {shown(with_steps)} (target "
         f"{TARGET_SHARE}); {shown(steady)} if every query were due by the batch's end"
     )
+    print(
+        f"a replica given whole to the queries: alone on it they attain "
+        f"{bound.lane_attainment:.3f} and keep it busy {bound.lane_busy_s:.1f} s of the "
+        f"{bound.lane_until:.1f} s until the last ends "
+        f"({bound.lane_busy_s / bound.lane_until:.0%}); "
+        f"the batch on the other replicas until then keeps {bound.whole_lane:.3f}x"
+    )
     plait = mixed["plait"]
     return {
         "interactive_attainment": round(plait.attainment, 4),
@@ -631,6 +662,8 @@ def report_part1(
         "batch_share_ceiling_tokens": None if tokens is None else round(tokens, 4),
         "batch_share_ceiling": None if with_steps is None else round(with_steps, 4),
         "batch_share_ceiling_all_due": None if steady is None else round(steady, 4),
+        "queries_alone_on_one_replica_attainment": round(bound.lane_attainment, 4),
+        "batch_share_whole_lane": round(bound.whole_lane, 4),
         "batch_alone_s": round(reference, 2),
         "batch_rows": rows,
         "queries": n_sql,

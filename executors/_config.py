@@ -171,6 +171,9 @@ class RouterSettings(ConfigSection):
     lane_prefill_tokens: int | None = Field(default=None, ge=1)
     """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
     pieces of at most this many tokens before the call (paced prefill)."""
+    lane_clear: bool = True
+    """A replica becoming a lane is cleared of batch calls beyond `lane_batch_in_flight`:
+    each is cancelled there and sent to another replica."""
 
     @model_validator(mode="after")
     def _members(self) -> RouterSettings:
@@ -233,6 +236,9 @@ class SimSettings(ConfigSection):
     lane_prefill_tokens: int | None = Field(default=None, ge=1)
     """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
     pieces of at most this many tokens before the call (paced prefill)."""
+    lane_clear: bool = True
+    """A replica becoming a lane is cleared of batch calls beyond `lane_batch_in_flight`:
+    each is cancelled there and sent to another replica."""
 
 
 # --- building -----------------------------------------------------------------------------
@@ -288,6 +294,7 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         lane_batch_in_flight=settings.lane_batch_in_flight,
         lane_batch_programs=settings.lane_batch_programs,
         lane_prefill_tokens=settings.lane_prefill_tokens,
+        lane_clear=settings.lane_clear,
     )
     if not settings.group_prefixes:
         return router
@@ -337,6 +344,7 @@ def build_sim(name: str, settings: SimSettings, clock: Clock | None) -> LLMBacke
             lane_batch_in_flight=settings.lane_batch_in_flight,
             lane_batch_programs=settings.lane_batch_programs,
             lane_prefill_tokens=settings.lane_prefill_tokens,
+            lane_clear=settings.lane_clear,
         )
     if not settings.group_prefixes:
         return backend

@@ -70,6 +70,9 @@ class ReplicaStats:
     server_load: int = 0
     """Requests running and waiting on the server by its own metrics at the latest probe
     (all its clients', not only ours); 0 when it reports none."""
+    moved: int = 0
+    """Batch calls taken off it as it became an urgent lane (each sent to another replica;
+    `Router(lane_clear=True)`)."""
 
 
 class Router(
@@ -98,7 +101,10 @@ class Router(
     see `_lanes`; docs/admission.md, "Urgent lanes"). "auto" (the default): while urgent
     and batch calls are both around, one lane for every `lane_urgent_calls` urgent calls in
     flight, at most all replicas but one; none otherwise. A number: that many, whenever
-    urgent calls are around. 0: none.
+    urgent calls are around. 0: none. `lane_clear` (by count of calls, not with
+    `lane_batch_programs`): as an urgent call finds a lane with more of this router's batch
+    calls than `lane_batch_in_flight`, the latest sent are cancelled there and sent to
+    other replicas, so urgent calls find short steps at once, not once those calls end.
     `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and
@@ -123,6 +129,7 @@ class Router(
         lane_batch_programs: int | None = None,
         lane_quiet_s: float = 5.0,
         lane_prefill_tokens: int | None = None,
+        lane_clear: bool = True,
         peers: RouterLink | None = None,
     ) -> None:
         if not backends:
@@ -207,6 +214,12 @@ class Router(
         self.lane_batch_programs = lane_batch_programs
         self.lane_quiet_s = lane_quiet_s
         self.lane_prefill_tokens = lane_prefill_tokens
+        self.lane_clear = lane_clear
+        self._batch_sends: list[dict[asyncio.Future[LLMResponse], None]] = [{} for _ in range(n)]
+        """Per replica, in the order sent: this router's batch calls there (with
+        `lane_clear`), so that a replica becoming a lane can be cleared of them."""
+        self._moving: set[asyncio.Future[LLMResponse]] = set()
+        self._moved = [0] * n
         self.pieces = Pieces()
         """Prefill pieces sent ahead of batch calls on lanes (`lane_prefill_tokens`)."""
         self._batch_in_flight = [0] * n
@@ -374,10 +387,22 @@ class Router(
             self._urgent_in_flight += urgent
             if not urgent and self.lane_batch_programs is not None:
                 self._batch_programs[i][hints.program_id] += 1
+            send = self._send(i, request, hints, hashes, held if pace else None)
             try:
-                if pace:
-                    await self._prime(i, request, hints, hashes, held)
-                return await self.backends[i].complete(request, hints)
+                if urgent or not self._clears_lanes():
+                    return await send
+                sent = asyncio.ensure_future(send)
+                self._batch_sends[i][sent] = None
+                try:
+                    return await sent
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if sent not in self._moving or (current is not None and current.cancelling()):
+                        raise
+                    self._moved[i] += 1  # taken off a new lane: route it again
+                finally:
+                    del self._batch_sends[i][sent]
+                    self._moving.discard(sent)
             except BackendUnavailableError as exc:
                 self._failures[i] += 1
                 if self._healthy[i]:
@@ -411,6 +436,41 @@ class Router(
             f"no backend of this router could serve the call ({n} tried or ejected); "
             f"last error: {unavailable}",
         ) from unavailable
+
+    async def _send(
+        self,
+        replica: int,
+        request: LLMRequest,
+        hints: Hints,
+        hashes: Sequence[int],
+        held: int | None,
+    ) -> LLMResponse:
+        """The call to `replica`; `held`: its prompt paced in pieces first (`_prime`)."""
+        if held is not None:
+            await self._prime(replica, request, hints, hashes, held)
+        return await self.backends[replica].complete(request, hints)
+
+    # --- clearing a new lane ---------------------------------------------------------------
+
+    def _clears_lanes(self) -> bool:
+        return self.lane_clear and self.urgent_lanes != 0 and self.lane_batch_programs is None
+
+    def _clear(self, lanes: set[int]) -> None:
+        """Take this router's batch calls off `lanes` beyond `lane_batch_in_flight` each, the
+        latest sent first (they have done the least): each is cancelled there (the server
+        drops it) and routed again to a replica that is not a lane. Else an urgent call on
+        a lane just formed shares its steps with a replica's worth of batch prefill until
+        those calls end (in part 1 of bench/deadlines.py, about 5 s of 300 ms steps)."""
+        for i in lanes:
+            sends = self._batch_sends[i]
+            extra = len(sends) - len(self._moving.intersection(sends)) - self.lane_batch_in_flight
+            for sent in reversed(list(sends)):
+                if extra <= 0:
+                    break
+                if sent not in self._moving and not sent.done():
+                    self._moving.add(sent)
+                    sent.cancel()
+                    extra -= 1
 
     # --- paced prefill on lanes --------------------------------------------------------------
 
@@ -545,6 +605,8 @@ class Router(
         if not lanes:
             return allowed
         if urgent:
+            if self._clears_lanes():
+                self._clear(lanes)
             if self.urgent_lanes == "auto" and self._auto_lanes > len(lanes):
                 return allowed  # more urgent work than the lanes are for: it goes anywhere
             return [a and i in lanes for i, a in enumerate(allowed)]
@@ -632,6 +694,7 @@ class Router(
                 self._ejections[i],
                 self._checks_failed[i],
                 self._server_load[i],
+                self._moved[i],
             )
             for i in range(len(self.backends))
         ]

@@ -55,7 +55,9 @@ def test_least_need_tries_only_the_misses_that_matter_and_finds_the_least() -> N
 
 
 def ceiling(windows: tuple[Window, ...], misses: int = 0, **kw: float) -> Ceiling:
-    fields: dict[str, float] = dict(reference=10.0, batch_busy_s=40.0, query_work_s=8.0)
+    fields: dict[str, float] = dict(
+        reference=10.0, batch_busy_s=40.0, query_work_s=8.0, lane_until=0.0
+    )
     fields.update(kw)
     return Ceiling(
         reference=fields["reference"],
@@ -66,6 +68,9 @@ def ceiling(windows: tuple[Window, ...], misses: int = 0, **kw: float) -> Ceilin
         batch_savings=0,
         windows=windows,
         misses=misses,
+        lane_attainment=1.0,
+        lane_busy_s=fields["lane_until"],
+        lane_until=fields["lane_until"],
     )
 
 
@@ -109,3 +114,13 @@ def test_too_many_ways_to_choose_the_misses_is_said_not_guessed(
     bound = ceiling(windows, misses=2)
     assert bound.share(steps=True) is None and bound.steady is None
     assert bound.share(steps=False) is not None  # tokens alone need no search
+
+
+def test_a_whole_lane_leaves_the_batch_the_other_replicas_until_the_queries_end() -> None:
+    # 40 replica-s of batch on 4 replicas, one kept for queries until 6 s: 18 on the other
+    # three by then, the last 22 on all four: 6 + 5.5 = 11.5 s.
+    assert ceiling((), lane_until=6.0).whole_lane == 10.0 / 11.5
+    # Queries that end after the batch would on three replicas: 40 / 3 s.
+    assert ceiling((), lane_until=20.0).whole_lane == 10.0 / (40.0 / 3)
+    # No queries: nothing taken.
+    assert ceiling((), lane_until=0.0).whole_lane == 1.0

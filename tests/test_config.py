@@ -770,6 +770,25 @@ def test_paced_prefill_on_lanes_is_configured_and_checked() -> None:
         backends_from_config({"backends": {"d": {**lanes, "lane_prefill_tokens": 8}}})
 
 
+@pytest.mark.parametrize("kind", ["sim", "router"])
+def test_a_new_lane_is_cleared_of_batch_calls_unless_the_config_says_not(kind: str) -> None:
+    table: dict[str, object] = (
+        {"kind": "sim", "replicas": 2}
+        if kind == "sim"
+        else {"kind": "router", "urls": ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"]}
+    )
+
+    def clears(**extra: object) -> bool:
+        [backend] = backends_from_config({"backends": {"d": {**table, **extra}}}).values()
+        assert isinstance(backend, Router)
+        return backend.lane_clear
+
+    assert clears() is True
+    assert clears(lane_clear=False) is False
+    with pytest.raises(UsageError, match="lane_clear"):
+        clears(lane_clear="sometimes")
+
+
 def test_the_deadline_gate_is_set_or_turned_off_from_the_file(tmp_path: Path) -> None:
     """`[engine.gate]` sets the engine's `DeadlineGate` (unset keys keep their defaults) and
     `gate = false` turns it off, in the engine `plait run` builds."""

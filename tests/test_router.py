@@ -544,7 +544,7 @@ def test_auto_lanes_shrink_as_batch_calls_are_routed(clock: VirtualClock) -> Non
             later = [_ask(f"batch later {i}") for i in range(24)]
             for i, request in enumerate(later):
                 tg.create_task(router.complete(request, Hints(program_id=f"l{i}")))
-            await asyncio.sleep(0)
+            await clock.sleep(1.0)  # sent (a batch call is sent from a task of its own)
             return sum(served_by(llms, r) in ("r1", "r2") for r in later)
 
     # One lane again: r1 and r2 take batch calls as r3 does (none while they are lanes).
@@ -598,6 +598,116 @@ def test_by_default_a_lane_takes_no_batch_call_while_urgent_work_is_around(
     clock.run(main())
     assert [served_by(llms, r) for r in batch] == ["r1"] * 20
     assert {served_by(llms, r) for r in later} == {"r0", "r1"}  # no urgent work: both
+
+
+def _named(n: int, latency: float = 100.0) -> dict[str, FunctionLLM]:
+    """Replicas r0..r{n-1} that answer with their own name, batch calls after `latency`
+    seconds, the rest after 1 s."""
+    return {
+        f"r{i}": FunctionLLM(
+            lambda req, hints, name=f"r{i}": name,
+            latency=lambda req: latency if req.messages[0].content.startswith("batch") else 1.0,
+        )
+        for i in range(n)
+    }
+
+
+@pytest.mark.parametrize("clear", [True, False])
+def test_a_replica_becoming_a_lane_is_cleared_of_batch_calls_which_finish_elsewhere(
+    clock: VirtualClock, clear: bool
+) -> None:
+    """Batch calls fill both replicas; an urgent call comes: the first replica becomes its
+    lane, and (`lane_clear`, the default) the batch calls there are cancelled and sent to
+    the other replica, where each finishes once; the urgent call has the lane to itself at
+    once. Without clearing they stay, and the urgent call shares every step with them."""
+    llms = _named(2)
+    urgent = Hints(program_id="q", priority_class="interactive")
+    batch = [_ask(f"batch {i}") for i in range(20)]
+
+    async def main() -> tuple[list[str], int, int, str, float]:
+        async with Router(llms, clock=clock, lane_clear=clear) as router:
+            sent = [
+                asyncio.ensure_future(router.complete(r, Hints(program_id=f"b{i}")))
+                for i, r in enumerate(batch)
+            ]
+            await clock.sleep(10.0)
+            on_lane_before = router.stats()[0].in_flight
+            asked = asyncio.ensure_future(router.complete(_ask("urgent"), urgent))
+            await clock.sleep(0.5)  # before the urgent call's 1 s is up
+            on_lane = router.stats()[0].in_flight
+            answer = await asked
+            answers = [r.text for r in await asyncio.gather(*sent)]
+            assert on_lane_before >= 5  # the batch was spread over both
+            return answers, on_lane, router.stats()[0].moved, answer.text, clock.monotonic()
+
+    answers, on_lane, moved, answer, ended = clock.run(main())
+    assert answer == "r0"
+    if clear:
+        assert on_lane == 1  # the urgent call alone
+        assert moved >= 5
+        # Each moved call was answered by r1 (started again there: 10 s + 100 s).
+        assert answers.count("r1") == 20
+        assert sum(len(llm.calls) for llm in llms.values()) == 20 + moved + 1
+        assert ended >= 110.0
+    else:
+        assert on_lane > 5 and moved == 0
+        assert answers.count("r0") > 5
+
+
+def test_a_batch_call_cancelled_by_its_caller_is_not_sent_again(clock: VirtualClock) -> None:
+    """Clearing moves only calls it cancelled itself: a caller's cancellation goes through."""
+    llms = _named(2)
+
+    async def main() -> tuple[bool, list[int]]:
+        async with Router(llms, clock=clock) as router:
+            call = asyncio.ensure_future(router.complete(_ask("batch 0"), Hints(program_id="b")))
+            await clock.sleep(1.0)
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+            await clock.sleep(200.0)
+            return call.cancelled(), [s.in_flight for s in router.stats()]
+
+    cancelled, in_flight = clock.run(main())
+    assert cancelled and in_flight == [0, 0]
+    assert sum(len(llm.calls) for llm in llms.values()) == 1
+
+
+def test_a_cleared_lane_on_simulated_servers_runs_the_urgent_call_alone(
+    clock: VirtualClock,
+) -> None:
+    """On simulated servers the cleared batch requests are dropped by the lane's server
+    (aborted, their blocks freed), so the urgent call's steps carry no batch prefill, and it
+    ends sooner than beside them."""
+
+    async def urgent_latency(clear: bool) -> tuple[float, int]:
+        servers = {f"r{i}": SimServer("h100-llama3-8b", clock=clock, seed=i) for i in range(2)}
+        async with Router(servers, clock=clock, lane_clear=clear) as router:
+            batch = [
+                asyncio.ensure_future(
+                    router.complete(
+                        LLMRequest((Message("user", f"batch {i} " + "text " * 3000),), "m",
+                                   max_tokens=200),
+                        Hints(program_id=f"b{i}", priority_class="batch"),
+                    )
+                )
+                for i in range(200)
+            ]  # fmt: skip
+            await clock.sleep(0.5)
+            started = clock.monotonic()
+            await router.complete(_ask("urgent"), Hints("q", priority_class="interactive"))
+            took = clock.monotonic() - started
+            batch_on_lane = len(servers["r0"].engine.running) + len(servers["r0"].engine.waiting)
+            for call in batch:
+                call.cancel()
+            await asyncio.gather(*batch, return_exceptions=True)
+            return took, batch_on_lane
+
+    async def main() -> tuple[tuple[float, int], tuple[float, int]]:
+        return await urgent_latency(True), await urgent_latency(False)
+
+    (cleared, left), (kept, stayed) = clock.run(main())
+    assert left == 0 and stayed > 0
+    assert cleared < kept / 2
 
 
 def test_a_lane_by_programs_takes_a_program_s_calls_together(clock: VirtualClock) -> None:
