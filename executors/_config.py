@@ -172,8 +172,8 @@ class RouterSettings(ConfigSection):
     """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
     pieces of at most this many tokens before the call (paced prefill)."""
     lane_clear: bool = True
-    """A replica becoming a lane is cleared of batch calls beyond `lane_batch_in_flight`:
-    each is cancelled there and sent to another replica."""
+    """A replica becoming a lane is cleared of the router's batch calls beyond
+    `lane_batch_in_flight`: each is cancelled there and routed again."""
 
     @model_validator(mode="after")
     def _members(self) -> RouterSettings:
@@ -237,8 +237,8 @@ class SimSettings(ConfigSection):
     """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
     pieces of at most this many tokens before the call (paced prefill)."""
     lane_clear: bool = True
-    """A replica becoming a lane is cleared of batch calls beyond `lane_batch_in_flight`:
-    each is cancelled there and sent to another replica."""
+    """A replica becoming a lane is cleared of the router's batch calls beyond
+    `lane_batch_in_flight`: each is cancelled there and routed again."""
 
 
 # --- building -----------------------------------------------------------------------------

@@ -102,9 +102,10 @@ class Router(
     and batch calls are both around, one lane for every `lane_urgent_calls` urgent calls in
     flight, at most all replicas but one; none otherwise. A number: that many, whenever
     urgent calls are around. 0: none. `lane_clear` (by count of calls, not with
-    `lane_batch_programs`): as an urgent call finds a lane with more of this router's batch
-    calls than `lane_batch_in_flight`, the latest sent are cancelled there and sent to
-    other replicas, so urgent calls find short steps at once, not once those calls end.
+    `lane_batch_programs`): as an urgent call is routed while lanes are kept, a lane with
+    more of this router's batch calls than `lane_batch_in_flight` keeps the first sent, and
+    the rest are cancelled there and routed again, so urgent calls find short steps at
+    once, not once those calls end.
     `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and
@@ -215,9 +216,10 @@ class Router(
         self.lane_quiet_s = lane_quiet_s
         self.lane_prefill_tokens = lane_prefill_tokens
         self.lane_clear = lane_clear
-        self._batch_sends: list[dict[asyncio.Future[LLMResponse], None]] = [{} for _ in range(n)]
+        self._batch_sends: list[dict[asyncio.Future[LLMResponse], int]] = [{} for _ in range(n)]
         """Per replica, in the order sent: this router's batch calls there (with
-        `lane_clear`), so that a replica becoming a lane can be cleared of them."""
+        `lane_clear`), each with the times it was moved before, so that a replica becoming a
+        lane can be cleared of them."""
         self._moving: set[asyncio.Future[LLMResponse]] = set()
         self._moved = [0] * n
         self.pieces = Pieces()
@@ -357,12 +359,15 @@ class Router(
         tried = [False] * n
         unavailable: BackendUnavailableError | None = None
         busy: list[BackendOverloadedError] = []
+        moves = 0
         # Interactive by its class, or urgent by the engine's judgement (a deadline too near
         # to wait). An interactive program found hopeless stays on the lane: taking such
         # programs off it cost part 1 of bench/deadlines.py 0.085 of its deadlines on seed
         # 2 (0.966 to 0.881).
         urgent = hints.priority_class == "interactive" or bool(hints.urgent)
-        for _ in range(n):
+        tries = n
+        while tries > 0:
+            tries -= 1
             self._readmit()
             allowed = [h and not t for h, t in zip(self._healthy, tried, strict=True)]
             lanes = self._lanes(allowed, urgent, hints.program_id)
@@ -392,15 +397,24 @@ class Router(
                 if urgent or not self._clears_lanes():
                     return await send
                 sent = asyncio.ensure_future(send)
-                self._batch_sends[i][sent] = None
+                self._batch_sends[i][sent] = moves
+                current = asyncio.current_task()
+                cancelling = current.cancelling() if current is not None else 0
                 try:
                     return await sent
                 except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if sent not in self._moving or (current is not None and current.cancelling()):
-                        raise
-                    self._moved[i] += 1  # taken off a new lane: route it again
+                    if sent not in self._moving or (
+                        current is not None and current.cancelling() > cancelling
+                    ):
+                        raise  # the caller's cancellation, not a move
+                    # Taken off a new lane: route it again, without counting a try.
+                    self._moved[i] += 1
+                    moves += 1
+                    tried[i] = False
+                    tries += 1
                 finally:
+                    if not sent.done():
+                        sent.cancel()
                     del self._batch_sends[i][sent]
                     self._moving.discard(sent)
             except BackendUnavailableError as exc:
@@ -452,25 +466,35 @@ class Router(
 
     # --- clearing a new lane ---------------------------------------------------------------
 
+    MAX_MOVES = 2
+    """Times one call may be taken off a new lane; after that it is left to finish."""
+
     def _clears_lanes(self) -> bool:
-        return self.lane_clear and self.urgent_lanes != 0 and self.lane_batch_programs is None
+        return (
+            self.lane_clear
+            and self.urgent_lanes != 0
+            and self.lane_batch_programs is None
+            and len(self.backends) > 1
+        )
 
     def _clear(self, lanes: set[int]) -> None:
-        """Take this router's batch calls off `lanes` beyond `lane_batch_in_flight` each, the
-        latest sent first (they have done the least): each is cancelled there (the server
-        drops it) and routed again to a replica that is not a lane. Else an urgent call on
-        a lane just formed shares its steps with a replica's worth of batch prefill until
-        those calls end (in part 1 of bench/deadlines.py, about 5 s of 300 ms steps)."""
+        """Take this router's batch calls off `lanes`, all but the first
+        `lane_batch_in_flight` sent to each (the later have done the least): each is
+        cancelled there (the server drops it) and routed again, where the lanes allow
+        (`complete`: a move is not one of the call's tries; a call is moved at most
+        `MAX_MOVES` times). Else an urgent call on a lane just formed shares its steps with
+        a replica's worth of batch prefill until those calls end (in part 1 of
+        bench/deadlines.py, about 5 s of 300 ms steps)."""
+        cap = self.lane_batch_in_flight
         for i in lanes:
             sends = self._batch_sends[i]
-            extra = len(sends) - len(self._moving.intersection(sends)) - self.lane_batch_in_flight
-            for sent in reversed(list(sends)):
-                if extra <= 0:
-                    break
-                if sent not in self._moving and not sent.done():
+            if len(sends) <= cap:
+                continue
+            live = [s for s in sends if not s.done() and s not in self._moving]
+            for sent in live[cap:]:
+                if sends[sent] < self.MAX_MOVES:
                     self._moving.add(sent)
                     sent.cancel()
-                    extra -= 1
 
     # --- paced prefill on lanes --------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import zlib
 from typing import Any
@@ -652,6 +653,104 @@ def test_a_replica_becoming_a_lane_is_cleared_of_batch_calls_which_finish_elsewh
     else:
         assert on_lane > 5 and moved == 0
         assert answers.count("r0") > 5
+
+
+def test_a_moved_call_keeps_its_tries_and_returns_to_the_lane_if_nowhere_else_serves(
+    clock: VirtualClock,
+) -> None:
+    """Two replicas: the batch calls on the first are moved to the second as it becomes a
+    lane, and the second then goes down. The moved calls are answered by the first (no
+    lane is left with one healthy replica), not failed for want of tries."""
+    down = False
+
+    def second(request: LLMRequest, hints: Hints) -> str:
+        if down:
+            raise BackendUnavailableError("connection refused", backend="r1")
+        return "r1"
+
+    latency = {"latency": lambda req: 100.0 if "batch" in req.messages[0].content else 1.0}
+    llms = {
+        "r0": FunctionLLM(lambda req, hints: "r0", **latency),  # type: ignore[arg-type]
+        "r1": FunctionLLM(second, **latency),  # type: ignore[arg-type]
+    }
+
+    async def main() -> tuple[list[str], int]:
+        nonlocal down
+        async with Router(llms, clock=clock, readmit_after_s=1_000) as router:
+            sent = [
+                asyncio.ensure_future(
+                    router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}"))
+                )
+                for i in range(6)
+            ]
+            await clock.sleep(10.0)
+            down = True
+            await router.complete(_ask("urgent"), Hints("q", priority_class="interactive"))
+            answers = [r.text for r in await asyncio.gather(*sent)]
+            return answers, router.stats()[0].moved
+
+    answers, moved = clock.run(main())
+    assert moved >= 1
+    assert answers == ["r0"] * 6
+
+
+def test_a_lane_keeps_its_first_batch_calls_up_to_the_cap(clock: VirtualClock) -> None:
+    """With `lane_batch_in_flight=2` a new lane keeps the first 2 of its batch calls and
+    moves the rest."""
+    llms = _named(2)
+
+    async def main() -> tuple[int, int]:
+        async with Router(llms, clock=clock, lane_batch_in_flight=2) as router:
+            sent = [
+                asyncio.ensure_future(
+                    router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}"))
+                )
+                for i in range(20)
+            ]
+            await clock.sleep(10.0)
+            before = router.stats()[0].in_flight
+            asked = asyncio.ensure_future(
+                router.complete(_ask("urgent"), Hints("q", priority_class="interactive"))
+            )
+            await clock.sleep(0.5)
+            on_lane = router.stats()[0].in_flight
+            await asked
+            await asyncio.gather(*sent)
+            assert before > 3
+            return on_lane, router.stats()[0].moved
+
+    on_lane, moved = clock.run(main())
+    assert on_lane == 3  # the urgent call and 2 batch calls
+    assert moved >= 2
+
+
+def test_a_call_from_a_task_that_once_swallowed_a_cancellation_is_still_moved(
+    clock: VirtualClock,
+) -> None:
+    """A task whose cancellation was once caught (and not `uncancel`led) still counts as
+    cancelling; its batch call, moved off a new lane, is routed again all the same."""
+    llms = _named(2)
+
+    async def main() -> list[str]:
+        async with Router(llms, clock=clock) as router:
+
+            async def stubborn(i: int) -> str:
+                me = asyncio.current_task()
+                assert me is not None
+                me.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(0)  # caught without uncancel(): cancelling() stays 1
+                answer = await router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}"))
+                return answer.text
+
+            sent = [asyncio.ensure_future(stubborn(i)) for i in range(10)]
+            await clock.sleep(10.0)
+            await router.complete(_ask("urgent"), Hints("q", priority_class="interactive"))
+            answers = await asyncio.gather(*sent)
+            assert router.stats()[0].moved >= 1
+            return answers
+
+    assert clock.run(main()) == ["r1"] * 10
 
 
 def test_a_batch_call_cancelled_by_its_caller_is_not_sent_again(clock: VirtualClock) -> None:
