@@ -613,6 +613,14 @@ def _named(n: int, latency: float = 100.0) -> dict[str, FunctionLLM]:
     }
 
 
+def _send_batch(router: Router, n: int) -> list[asyncio.Future[LLMResponse]]:
+    """Batch calls "batch 0".."batch {n-1}", one program each, sent at once."""
+    return [
+        asyncio.ensure_future(router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}")))
+        for i in range(n)
+    ]
+
+
 @pytest.mark.parametrize("clear", [True, False])
 def test_a_replica_becoming_a_lane_is_cleared_of_batch_calls_which_finish_elsewhere(
     clock: VirtualClock, clear: bool
@@ -623,14 +631,10 @@ def test_a_replica_becoming_a_lane_is_cleared_of_batch_calls_which_finish_elsewh
     once. Without clearing they stay, and the urgent call shares every step with them."""
     llms = _named(2)
     urgent = Hints(program_id="q", priority_class="interactive")
-    batch = [_ask(f"batch {i}") for i in range(20)]
 
     async def main() -> tuple[list[str], int, int, str, float]:
         async with Router(llms, clock=clock, lane_clear=clear) as router:
-            sent = [
-                asyncio.ensure_future(router.complete(r, Hints(program_id=f"b{i}")))
-                for i, r in enumerate(batch)
-            ]
+            sent = _send_batch(router, 20)
             await clock.sleep(10.0)
             on_lane_before = router.stats()[0].in_flight
             asked = asyncio.ensure_future(router.complete(_ask("urgent"), urgent))
@@ -677,12 +681,7 @@ def test_a_moved_call_keeps_its_tries_and_returns_to_the_lane_if_nowhere_else_se
     async def main() -> tuple[list[str], int]:
         nonlocal down
         async with Router(llms, clock=clock, readmit_after_s=1_000) as router:
-            sent = [
-                asyncio.ensure_future(
-                    router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}"))
-                )
-                for i in range(6)
-            ]
+            sent = _send_batch(router, 6)
             await clock.sleep(10.0)
             down = True
             await router.complete(_ask("urgent"), Hints("q", priority_class="interactive"))
@@ -701,12 +700,7 @@ def test_a_lane_keeps_its_first_batch_calls_up_to_the_cap(clock: VirtualClock) -
 
     async def main() -> tuple[int, int]:
         async with Router(llms, clock=clock, lane_batch_in_flight=2) as router:
-            sent = [
-                asyncio.ensure_future(
-                    router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}"))
-                )
-                for i in range(20)
-            ]
+            sent = _send_batch(router, 20)
             await clock.sleep(10.0)
             before = router.stats()[0].in_flight
             asked = asyncio.ensure_future(
