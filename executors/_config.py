@@ -388,17 +388,28 @@ def describe_router(settings: RouterSettings) -> str:
             if settings.group_prefixes
             else ""
         )
-        + _lanes_text(settings.urgent_lanes, settings.lane_urgent_calls)
+        + _lanes_text(settings)
     ]
     for member in members:
         lines.append(f"  {member.name or member.url}: {describe_openai(settings.resolved(member))}")
     return "\n".join(lines)
 
 
-def _lanes_text(lanes: int | Literal["auto"], calls: int) -> str:
+def _lanes_text(settings: RouterSettings | SimSettings) -> str:
+    lanes = settings.urgent_lanes
+    if not lanes:
+        return ", no urgent lanes"
+    how = []
     if lanes == "auto":
-        return f", urgent lanes auto (one per {calls} urgent calls while batch work is around)"
-    return f", {lanes} urgent lane(s)" if lanes else ", no urgent lanes"
+        how.append(f"one per {settings.lane_urgent_calls} urgent calls while batch work is around")
+    if settings.lane_batch_programs is not None:
+        how.append("batch programs on them left to finish")
+    elif settings.lane_clear:
+        how.append("cleared of batch calls as they form")
+    else:
+        how.append("left to drain")
+    name = "urgent lanes auto" if lanes == "auto" else f"{lanes} urgent lane(s)"
+    return f", {name} ({'; '.join(how)})"
 
 
 def describe_sim(settings: SimSettings) -> str:
@@ -406,7 +417,7 @@ def describe_sim(settings: SimSettings) -> str:
     text = f"simulated {profile.name} ({profile.model}), seed {settings.seed}"
     if settings.replicas > 1:
         text += f", {settings.replicas} replicas behind a router"
-        text += _lanes_text(settings.urgent_lanes, settings.lane_urgent_calls)
+        text += _lanes_text(settings)
     if settings.group_prefixes:
         text += f", prefix grouping from {settings.min_shared_blocks} shared blocks"
     return text

@@ -755,7 +755,10 @@ def test_urgent_lanes_are_auto_by_default_and_a_number_or_auto(kind: str, tmp_pa
         out = io.StringIO()
         assert main(["config", "check", str(path)], out=out) == 0
         said.append(out.getvalue())
-    assert "urgent lanes auto (one per 96 urgent calls while batch work is around)" in said[0]
+    assert (
+        "urgent lanes auto (one per 96 urgent calls while batch work is around; "
+        "cleared of batch calls as they form)"
+    ) in said[0]
     assert "no urgent lanes" in said[1] and "2 urgent lane(s)" in said[2]
 
 
@@ -771,7 +774,9 @@ def test_paced_prefill_on_lanes_is_configured_and_checked() -> None:
 
 
 @pytest.mark.parametrize("kind", ["sim", "router"])
-def test_a_new_lane_is_cleared_of_batch_calls_unless_the_config_says_not(kind: str) -> None:
+def test_a_new_lane_is_cleared_of_batch_calls_unless_the_config_says_not(
+    kind: str, tmp_path: Path
+) -> None:
     table: dict[str, object] = (
         {"kind": "sim", "replicas": 2}
         if kind == "sim"
@@ -785,6 +790,14 @@ def test_a_new_lane_is_cleared_of_batch_calls_unless_the_config_says_not(kind: s
 
     assert clears() is True
     assert clears(lane_clear=False) is False
+    said = []
+    for extra in ({}, {"lane_clear": False}, {"lane_batch_programs": 1}):
+        out = io.StringIO()
+        path = write(tmp_path, f"{kind}.toml", toml_table({**table, **extra}))
+        assert main(["config", "check", str(path)], out=out) == 0
+        said.append(out.getvalue())
+    assert "cleared of batch calls as they form" in said[0]
+    assert "left to drain" in said[1] and "batch programs on them left to finish" in said[2]
     with pytest.raises(UsageError, match="lane_clear"):
         clears(lane_clear="sometimes")
 
