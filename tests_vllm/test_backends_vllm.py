@@ -304,3 +304,81 @@ def test_vllm_enforces_the_output_schema_plait_sends(vllm_small_cache: VLLMServe
     compact = re.sub(r"\s+", "", reply.text)
     fits = ['{"answer":"yes"}', '{"answer":"no"}']
     assert compact and any(whole.startswith(compact) for whole in fits), reply.text[:200]
+
+
+class Answering:
+    """Passes calls to `backend`, sets `started` as the first begins, and notes in `answered`
+    the programs it answered."""
+
+    def __init__(self, backend: LLMBackend, answered: list[str]) -> None:
+        self.backend = backend
+        self.answered = answered
+        self.started = asyncio.Event()
+
+    async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
+        self.started.set()
+        reply = await self.backend.complete(request, hints)
+        self.answered.append(hints.program_id)
+        return reply
+
+
+def test_a_new_lane_is_cleared_of_batch_calls_on_the_server(vllm_pair: list[VLLMServer]) -> None:
+    """Batch calls run on both servers; an urgent call comes, and the first server becomes
+    its lane (`lane_clear`, the default): the router cancels the batch calls there, vLLM
+    aborts them (it holds none soon after the urgent call is answered, long before they
+    would have ended), and each is answered once, by the other server."""
+    rng = random.Random(secrets.randbits(64))
+    length = 300  # ~300 steps: far longer than an urgent call of 8 tokens
+
+    def batch_call(i: int) -> LLMRequest:
+        return LLMRequest(
+            (Message("user", f"{secrets.token_hex(8)} {words(rng, 100)}"),),
+            MODEL,
+            max_tokens=length,
+            extra_body={"ignore_eos": True, "min_tokens": length},
+        )
+
+    async def on_server(http: httpx.AsyncClient, server: VLLMServer) -> float:
+        values = await metrics(http, server)
+        return float(values["vllm:num_requests_running"] + values["vllm:num_requests_waiting"])
+
+    async def main() -> tuple[list[list[str]], int, float]:
+        answered: list[list[str]] = [[], []]
+        async with (
+            backend(vllm_pair[0]) as a,
+            backend(vllm_pair[1]) as b,
+            httpx.AsyncClient() as http,
+        ):
+            lane, other = Answering(a, answered[0]), Answering(b, answered[1])
+            async with Router({"a": lane, "b": other}, block_tokens=BLOCK_TOKENS) as router:
+                sent = [
+                    asyncio.ensure_future(
+                        router.complete(batch_call(i), Hints(f"b{i}", priority_class="batch"))
+                    )
+                    for i in range(12)
+                ]
+                await asyncio.gather(lane.started.wait(), other.started.wait())
+                urgent = LLMRequest((Message("user", f"{secrets.token_hex(8)} now"),), MODEL,
+                                    max_tokens=8)  # fmt: skip
+                reply = await router.complete(urgent, Hints("q", priority_class="interactive"))
+                assert reply.usage.completion_tokens > 0
+                # vLLM aborts a cancelled request at its next step; wait for that, but
+                # not as long as the batch calls' 300 steps would take to end.
+                left = await on_server(http, vllm_pair[0])
+                for _ in range(20):
+                    if left == 0:
+                        break
+                    await asyncio.sleep(0.25)
+                    left = await on_server(http, vllm_pair[0])
+                programs = [f"b{i}" for i in range(12)]
+                replies = await asyncio.gather(*sent)
+                assert all(r.usage.completion_tokens == length for r in replies)
+                assert sorted(answered[0] + answered[1]) == sorted([*programs, "q"])
+                return answered, router.stats()[0].moved, left
+
+    answered, moved, left = asyncio.run(main())
+    report = f"answered by the lane {answered[0]}, by the other {len(answered[1])}; moved {moved}"
+    print(report)
+    assert moved >= 1, report
+    assert left == 0, f"the lane's server still holds {left} requests; {report}"
+    assert answered[0] == ["q"], report  # every batch call that was there went elsewhere
