@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypedDict
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, PlainValidator, model_validator
@@ -128,7 +128,48 @@ class RouterMember(ConfigSection):
         return self
 
 
-class RouterSettings(ConfigSection):
+class LaneSettings(ConfigSection):
+    """The urgent-lane keys a `router` table and a `sim` table with replicas share (the
+    `Router` arguments of the same names; docs/admission.md, "Urgent lanes")."""
+
+    urgent_lanes: Lanes = "auto"
+    """Replicas kept for urgent (interactive) calls while there are any; batch calls use
+    them only up to `lane_batch_in_flight` at once meanwhile. "auto": while batch calls are
+    around too, one for every `lane_urgent_calls` urgent calls in flight (docs/admission.md)."""
+    lane_urgent_calls: int = Field(default=96, ge=1)
+    lane_batch_in_flight: int = Field(default=0, ge=0)
+    lane_batch_programs: int | None = Field(default=None, ge=0)
+    """Instead of counting calls: the batch programs a lane takes at once (their calls go
+    there together)."""
+    lane_prefill_tokens: int | None = Field(default=None, ge=1)
+    """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
+    pieces of at most this many tokens before the call (paced prefill)."""
+    lane_clear: bool = True
+    """A replica becoming a lane is cleared of the router's batch calls beyond
+    `lane_batch_in_flight`: each is cancelled there and routed again."""
+
+    def lane_options(self) -> LaneOptions:
+        """These keys as `Router` arguments."""
+        return LaneOptions(
+            urgent_lanes=self.urgent_lanes,
+            lane_urgent_calls=self.lane_urgent_calls,
+            lane_batch_in_flight=self.lane_batch_in_flight,
+            lane_batch_programs=self.lane_batch_programs,
+            lane_prefill_tokens=self.lane_prefill_tokens,
+            lane_clear=self.lane_clear,
+        )
+
+
+class LaneOptions(TypedDict):
+    urgent_lanes: int | Literal["auto"]
+    lane_urgent_calls: int
+    lane_batch_in_flight: int
+    lane_batch_programs: int | None
+    lane_prefill_tokens: int | None
+    lane_clear: bool
+
+
+class RouterSettings(LaneSettings):
     """`kind = "router"`: several endpoints of one model, used as one backend.
 
     Members come from `urls` (all alike) or `endpoints` (tables that may differ); the
@@ -159,21 +200,6 @@ class RouterSettings(ConfigSection):
     servers that reuse a prefix only once computed; vLLM shares it within a step)."""
     min_shared_blocks: int = Field(default=8, ge=1)
     """How many shared blocks make calls siblings (with `group_prefixes`)."""
-    urgent_lanes: Lanes = "auto"
-    """Replicas kept for urgent (interactive) calls while there are any; batch calls use
-    them only up to `lane_batch_in_flight` at once meanwhile. "auto": while batch calls are
-    around too, one for every `lane_urgent_calls` urgent calls in flight (docs/admission.md)."""
-    lane_urgent_calls: int = Field(default=96, ge=1)
-    lane_batch_in_flight: int = Field(default=0, ge=0)
-    lane_batch_programs: int | None = Field(default=None, ge=0)
-    """Instead of counting calls: the batch programs a lane takes at once (their calls go
-    there together)."""
-    lane_prefill_tokens: int | None = Field(default=None, ge=1)
-    """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
-    pieces of at most this many tokens before the call (paced prefill)."""
-    lane_clear: bool = True
-    """A replica becoming a lane is cleared of the router's batch calls beyond
-    `lane_batch_in_flight`: each is cancelled there and routed again."""
 
     @model_validator(mode="after")
     def _members(self) -> RouterSettings:
@@ -209,7 +235,7 @@ class RouterSettings(ConfigSection):
         )
 
 
-class SimSettings(ConfigSection):
+class SimSettings(LaneSettings):
     """`kind = "sim"`: the simulated GPU server, in-process on the run's clock."""
 
     profile: ProfileName = "h100-llama3-8b"
@@ -224,21 +250,6 @@ class SimSettings(ConfigSection):
     (`PrefixGrouper`; `plait batch run` turns it on for its default backend)."""
     min_shared_blocks: int = Field(default=8, ge=1)
     """How many shared blocks make calls siblings (with `group_prefixes`)."""
-    urgent_lanes: Lanes = "auto"
-    """Replicas kept for urgent (interactive) calls while there are any; batch calls use
-    them only up to `lane_batch_in_flight` at once meanwhile. "auto": while batch calls are
-    around too, one for every `lane_urgent_calls` urgent calls in flight (docs/admission.md)."""
-    lane_urgent_calls: int = Field(default=96, ge=1)
-    lane_batch_in_flight: int = Field(default=0, ge=0)
-    lane_batch_programs: int | None = Field(default=None, ge=0)
-    """Instead of counting calls: the batch programs a lane takes at once (their calls go
-    there together)."""
-    lane_prefill_tokens: int | None = Field(default=None, ge=1)
-    """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
-    pieces of at most this many tokens before the call (paced prefill)."""
-    lane_clear: bool = True
-    """A replica becoming a lane is cleared of the router's batch calls beyond
-    `lane_batch_in_flight`: each is cancelled there and routed again."""
 
 
 # --- building -----------------------------------------------------------------------------
@@ -289,12 +300,7 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         tokenize=tokenize,
         cache_blocks=settings.cache_blocks,
         clock=clock,
-        urgent_lanes=settings.urgent_lanes,
-        lane_urgent_calls=settings.lane_urgent_calls,
-        lane_batch_in_flight=settings.lane_batch_in_flight,
-        lane_batch_programs=settings.lane_batch_programs,
-        lane_prefill_tokens=settings.lane_prefill_tokens,
-        lane_clear=settings.lane_clear,
+        **settings.lane_options(),
     )
     if not settings.group_prefixes:
         return router
@@ -339,12 +345,7 @@ def build_sim(name: str, settings: SimSettings, clock: Clock | None) -> LLMBacke
             max_imbalance=settings.max_imbalance,
             cache_blocks=profile.num_blocks,  # the simulator's cache size is known exactly
             clock=clock,
-            urgent_lanes=settings.urgent_lanes,
-            lane_urgent_calls=settings.lane_urgent_calls,
-            lane_batch_in_flight=settings.lane_batch_in_flight,
-            lane_batch_programs=settings.lane_batch_programs,
-            lane_prefill_tokens=settings.lane_prefill_tokens,
-            lane_clear=settings.lane_clear,
+            **settings.lane_options(),
         )
     if not settings.group_prefixes:
         return backend
@@ -395,7 +396,7 @@ def describe_router(settings: RouterSettings) -> str:
     return "\n".join(lines)
 
 
-def _lanes_text(settings: RouterSettings | SimSettings) -> str:
+def _lanes_text(settings: LaneSettings) -> str:
     lanes = settings.urgent_lanes
     if not lanes:
         return ", no urgent lanes"

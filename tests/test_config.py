@@ -729,12 +729,16 @@ def toml_table(table: dict[str, object]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _two_replicas(kind: str) -> dict[str, object]:
+    """A backend table of two replicas behind a router: simulated, or two endpoints."""
+    if kind == "sim":
+        return {"kind": "sim", "replicas": 2}
+    return {"kind": "router", "urls": ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"]}
+
+
 @pytest.mark.parametrize("kind", ["sim", "router"])
 def test_urgent_lanes_are_auto_by_default_and_a_number_or_auto(kind: str, tmp_path: Path) -> None:
-    members = {"urls": ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"], "model": "m"}
-    table: dict[str, object] = (
-        {"kind": "sim", "replicas": 2} if kind == "sim" else {"kind": "router", **members}
-    )
+    table = _two_replicas(kind)
 
     def lanes(**extra: object) -> tuple[object, int, int]:
         [backend] = backends_from_config({"backends": {"d": {**table, **extra}}}).values()
@@ -777,11 +781,7 @@ def test_paced_prefill_on_lanes_is_configured_and_checked() -> None:
 def test_a_new_lane_is_cleared_of_batch_calls_unless_the_config_says_not(
     kind: str, tmp_path: Path
 ) -> None:
-    table: dict[str, object] = (
-        {"kind": "sim", "replicas": 2}
-        if kind == "sim"
-        else {"kind": "router", "urls": ["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"]}
-    )
+    table = _two_replicas(kind)
 
     def clears(**extra: object) -> bool:
         [backend] = backends_from_config({"backends": {"d": {**table, **extra}}}).values()

@@ -601,14 +601,10 @@ def test_by_default_a_lane_takes_no_batch_call_while_urgent_work_is_around(
     assert {served_by(llms, r) for r in later} == {"r0", "r1"}  # no urgent work: both
 
 
-def _named(n: int, latency: float = 100.0) -> dict[str, FunctionLLM]:
-    """Replicas r0..r{n-1} that answer with their own name, batch calls after `latency`
-    seconds, the rest after 1 s."""
+def _named(n: int) -> dict[str, FunctionLLM]:
+    """Replicas r0..r{n-1} that answer with their own name, after `_slow_batch`."""
     return {
-        f"r{i}": FunctionLLM(
-            lambda req, hints, name=f"r{i}": name,
-            latency=lambda req: latency if req.messages[0].content.startswith("batch") else 1.0,
-        )
+        f"r{i}": FunctionLLM(lambda req, hints, name=f"r{i}": name, latency=_slow_batch)
         for i in range(n)
     }
 
@@ -672,10 +668,9 @@ def test_a_moved_call_keeps_its_tries_and_returns_to_the_lane_if_nowhere_else_se
             raise BackendUnavailableError("connection refused", backend="r1")
         return "r1"
 
-    latency = {"latency": lambda req: 100.0 if "batch" in req.messages[0].content else 1.0}
     llms = {
-        "r0": FunctionLLM(lambda req, hints: "r0", **latency),  # type: ignore[arg-type]
-        "r1": FunctionLLM(second, **latency),  # type: ignore[arg-type]
+        "r0": FunctionLLM(lambda req, hints: "r0", latency=_slow_batch),
+        "r1": FunctionLLM(second, latency=_slow_batch),
     }
 
     async def main() -> tuple[list[str], int]:
