@@ -130,6 +130,7 @@ def plait_mixed(
     lane_programs: int | None = None,
     lane_prefill: int | None = None,
     lane_calls: int = 0,
+    lane_share: int | None = None,
 ) -> Runner:
     """plait with the `slack` policy: queries (programs with a deadline) as interactive,
     the rest as batch; `headroom` and `gate` None is priority-only (nothing held back).
@@ -139,7 +140,9 @@ def plait_mixed(
     programs at once instead of a count of calls (`Router(lane_batch_programs=...)`);
     `lane_prefill`: their uncached prompts are sent ahead in pieces of that many tokens
     (`Router(lane_prefill_tokens=...)`); `lane_calls`: else the batch calls a lane takes at
-    once (`Router(lane_batch_in_flight=...)`, 0 by default).
+    once (`Router(lane_batch_in_flight=...)`, 0 by default); `lane_share`: the batch calls
+    a lane takes beside queries with slack to spare (`Router(lane_share_calls=...)`; None:
+    the router's default).
     `late`: queries are submitted with `late="cancel"` (shed when they cannot make their
     deadline at the present load, cancelled when it passes); a cancelled query counts as a
     miss."""
@@ -159,6 +162,7 @@ def plait_mixed(
                 lane_batch_in_flight=lane_calls,
                 lane_batch_programs=lane_programs,
                 lane_prefill_tokens=lane_prefill,
+                **({} if lane_share is None else {"lane_share_calls": lane_share}),
             )
         limits = {"default": Limits(PER_REPLICA * len(servers)), "tools": Limits(100_000)}
         outcomes: list[Outcome] = []
@@ -467,7 +471,7 @@ def part1(
         "priority-only": plait_mixed(None, gate=None, lanes=0),
         "plait": plait_mixed(DEFAULT_HEADROOM),
         "plait, no lane": plait_mixed(DEFAULT_HEADROOM, seen, lanes=0),
-        "plait + lane": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_calls=2),
+        "plait + lane": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_calls=2, lane_share=0),
         "lane, programs": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_programs=1),
         "lane, paced": plait_mixed(DEFAULT_HEADROOM, lanes=1, lane_programs=1, lane_prefill=PACED),
     }

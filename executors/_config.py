@@ -147,6 +147,11 @@ class LaneSettings(ConfigSection):
     lane_clear: bool = True
     """A replica becoming a lane is cleared of the router's batch calls beyond
     `lane_batch_in_flight`: each is cancelled there and routed again."""
+    lane_share_calls: int = Field(default=32, ge=0)
+    """The batch calls a lane takes while its urgent calls' programs have slack to spare
+    (0: none beyond `lane_batch_in_flight`)."""
+    lane_share_slack: float = Field(default=1.0, ge=0)
+    """Slack to spare: at least this many times the program's remaining path."""
 
     def lane_options(self) -> LaneOptions:
         """These keys as `Router` arguments."""
@@ -157,6 +162,8 @@ class LaneSettings(ConfigSection):
             lane_batch_programs=self.lane_batch_programs,
             lane_prefill_tokens=self.lane_prefill_tokens,
             lane_clear=self.lane_clear,
+            lane_share_calls=self.lane_share_calls,
+            lane_share_slack=self.lane_share_slack,
         )
 
 
@@ -167,6 +174,8 @@ class LaneOptions(TypedDict):
     lane_batch_programs: int | None
     lane_prefill_tokens: int | None
     lane_clear: bool
+    lane_share_calls: int
+    lane_share_slack: float
 
 
 class RouterSettings(LaneSettings):
@@ -409,6 +418,11 @@ def _lanes_text(settings: LaneSettings) -> str:
         how.append("cleared of batch calls as they form")
     else:
         how.append("left to drain")
+    if settings.lane_share_calls and settings.lane_batch_programs is None:
+        how.append(
+            f"up to {settings.lane_share_calls} batch calls beside urgent work with "
+            f"{settings.lane_share_slack:g}x its remaining time to spare"
+        )
     name = "urgent lanes auto" if lanes == "auto" else f"{lanes} urgent lane(s)"
     return f", {name} ({'; '.join(how)})"
 

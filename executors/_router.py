@@ -105,7 +105,11 @@ class Router(
     `lane_batch_programs`): as an urgent call is routed while lanes are kept, a lane with
     more of this router's batch calls than `lane_batch_in_flight` keeps the first sent, and
     the rest are cancelled there and routed again, so urgent calls find short steps at
-    once, not once those calls end.
+    once, not once those calls end. `lane_share_calls`: while every urgent call around is
+    of a program with slack to spare (`Hints.slack_s` at least `lane_share_slack` times
+    what is left of its path), a lane takes up to this many batch calls instead (longer
+    steps its programs can afford); an urgent call without that slack clears the lane back
+    to `lane_batch_in_flight` (`_lane_cap`).
     `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and
@@ -131,6 +135,8 @@ class Router(
         lane_quiet_s: float = 5.0,
         lane_prefill_tokens: int | None = None,
         lane_clear: bool = True,
+        lane_share_calls: int = 32,
+        lane_share_slack: float = 1.0,
         peers: RouterLink | None = None,
     ) -> None:
         if not backends:
@@ -193,11 +199,14 @@ class Router(
             or lane_batch_in_flight < 0
             or lane_quiet_s < 0
             or (lane_batch_programs is not None and lane_batch_programs < 0)
+            or lane_share_calls < 0
+            or lane_share_slack < 0
         ):
             raise UsageError(
                 f"Router(urgent_lanes={urgent_lanes}, lane_batch_in_flight="
                 f"{lane_batch_in_flight}, lane_batch_programs={lane_batch_programs}, "
-                f"lane_quiet_s={lane_quiet_s}): none may be negative"
+                f"lane_quiet_s={lane_quiet_s}, lane_share_calls={lane_share_calls}, "
+                f"lane_share_slack={lane_share_slack}): none may be negative"
             )
         if lane_prefill_tokens is not None and lane_prefill_tokens < block_tokens:
             raise UsageError(
@@ -216,6 +225,11 @@ class Router(
         self.lane_quiet_s = lane_quiet_s
         self.lane_prefill_tokens = lane_prefill_tokens
         self.lane_clear = lane_clear
+        self.lane_share_calls = lane_share_calls
+        self.lane_share_slack = lane_share_slack
+        self._tight_in_flight = 0
+        """Urgent calls in flight whose programs have too little slack to share a lane."""
+        self._tight_seen: float | None = None
         self._batch_sends: list[dict[asyncio.Future[LLMResponse], int]] = [{} for _ in range(n)]
         """Per replica, in the order sent: this router's batch calls there (with
         `lane_clear`), each with the times it was moved before, so that a replica becoming a
@@ -365,12 +379,15 @@ class Router(
         # programs off it cost part 1 of bench/deadlines.py 0.085 of its deadlines on seed
         # 2 (0.966 to 0.881).
         urgent = hints.priority_class == "interactive" or bool(hints.urgent)
+        tight = urgent and not self._roomy(hints)
         tries = n
         while tries > 0:
             tries -= 1
             self._readmit()
             allowed = [h and not t for h, t in zip(self._healthy, tried, strict=True)]
-            lanes = self._lanes(allowed, urgent, hints.program_id)
+            if tight:
+                self._tight_seen = self._now()
+            lanes = self._lanes(allowed, urgent, hints.program_id, tight)
             if any(lanes):  # else every lane is tried or down: the others serve it
                 allowed = lanes
             try:
@@ -390,6 +407,7 @@ class Router(
             self._requests[i] += 1
             self._batch_in_flight[i] += not urgent
             self._urgent_in_flight += urgent
+            self._tight_in_flight += tight
             if not urgent and self.lane_batch_programs is not None:
                 self._batch_programs[i][hints.program_id] += 1
             send = self._send(i, request, hints, hashes, held if pace else None)
@@ -433,6 +451,7 @@ class Router(
                 self._in_flight[i] -= 1
                 self._batch_in_flight[i] -= not urgent
                 self._urgent_in_flight -= urgent
+                self._tight_in_flight -= tight
                 if not urgent and self.lane_batch_programs is not None:
                     on = self._batch_programs[i]
                     on[hints.program_id] -= 1
@@ -477,15 +496,14 @@ class Router(
             and len(self.backends) > 1
         )
 
-    def _clear(self, lanes: set[int]) -> None:
-        """Take this router's batch calls off `lanes`, all but the first
-        `lane_batch_in_flight` sent to each (the later have done the least): each is
+    def _clear(self, lanes: set[int], cap: int) -> None:
+        """Take this router's batch calls off `lanes`, all but the first `cap` sent to each
+        (`_lane_cap`; the later have done the least): each is
         cancelled there (the server drops it) and routed again, where the lanes allow
         (`complete`: a move is not one of the call's tries; a call is moved at most
         `MAX_MOVES` times). Else an urgent call on a lane just formed shares its steps with
         a replica's worth of batch prefill until those calls end (in part 1 of
         bench/deadlines.py, about 5 s of 300 ms steps)."""
-        cap = self.lane_batch_in_flight
         for i in lanes:
             sends = self._batch_sends[i]
             if len(sends) <= cap:
@@ -495,6 +513,33 @@ class Router(
                 if sends[sent] < self.MAX_MOVES:
                     self._moving.add(sent)
                     sent.cancel()
+
+    # --- sharing a lane with urgent calls that have slack -----------------------------------
+
+    def _roomy(self, hints: Hints) -> bool:
+        """The call's program has slack (`Hints.slack_s`) of at least `lane_share_slack`
+        times its remaining path (what its deadline leaves less that slack): its steps can
+        be longer and it still makes its deadline."""
+        slack, left = hints.slack_s, hints.deadline_s
+        if self.lane_share_calls == 0 or slack is None or left is None:
+            return False
+        return slack >= self.lane_share_slack * max(0.0, left - slack)
+
+    def _lane_cap(self, tight: bool) -> int:
+        """The batch calls a lane takes beside its urgent calls: `lane_share_calls` while
+        every urgent call in flight, or routed in the last `lane_quiet_s`, is of a program
+        with room to spare (`_roomy`), else `lane_batch_in_flight`. Peers do not say how
+        much slack their urgent calls have: while any is in flight, the lane takes no more."""
+        seen = self._tight_seen
+        peers = self.peering is not None and self.peering.urgent_in_flight > 0
+        if (
+            tight
+            or peers
+            or self._tight_in_flight > 0
+            or (seen is not None and self._now() - seen <= self.lane_quiet_s)
+        ):
+            return self.lane_batch_in_flight
+        return max(self.lane_batch_in_flight, self.lane_share_calls)
 
     # --- paced prefill on lanes --------------------------------------------------------------
 
@@ -611,7 +656,9 @@ class Router(
         """What this router sent and heard on its link (None without one)."""
         return self.peering.stats() if self.peering is not None else None
 
-    def _lanes(self, allowed: list[bool], urgent: bool, program: str) -> list[bool]:
+    def _lanes(
+        self, allowed: list[bool], urgent: bool, program: str, tight: bool = False
+    ) -> list[bool]:
         """With `urgent_lanes`: the replicas this call may go to. The first `urgent_lanes`
         healthy replicas are lanes (while another is left for batch work): urgent calls go
         only there; batch calls go there only up to `lane_batch_in_flight` at once (with
@@ -628,9 +675,10 @@ class Router(
         lanes = self._lane_set()
         if not lanes:
             return allowed
+        cap = self._lane_cap(tight)
         if urgent:
             if self._clears_lanes():
-                self._clear(lanes)
+                self._clear(lanes, cap)
             if self.urgent_lanes == "auto" and self._auto_lanes > len(lanes):
                 return allowed  # more urgent work than the lanes are for: it goes anywhere
             return [a and i in lanes for i, a in enumerate(allowed)]
@@ -643,7 +691,6 @@ class Router(
                 a and (i not in lanes or program in on[i] or len(on[i]) < programs)
                 for i, a in enumerate(allowed)
             ]
-        cap = self.lane_batch_in_flight
         batch = self._batch_in_flight
         if self.peering is not None:
             batch = [a + b for a, b in zip(batch, self.peering.batch_in_flight, strict=True)]

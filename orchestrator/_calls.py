@@ -35,7 +35,7 @@ from ._llm import (
     capabilities,
 )
 from ._resilience import Breaker, CallRetry, CircuitBreaker, call_with_retries
-from ._scheduler import Policy, PriorityClass, ProgramView, urgency
+from ._scheduler import Policy, PriorityClass, ProgramView, slack_of, urgency
 
 
 class Program(Protocol):
@@ -263,6 +263,7 @@ class LLMCalls:
             priority_class=program.priority_class,
             deadline_s=None if deadline is None else deadline - now,
             urgent=None if self.urgent is None else self.urgent(program, view, now),
+            slack_s=slack_of(view, now) if self.policy.needs_remaining else None,
             **fields,  # type: ignore[arg-type]
         )
 

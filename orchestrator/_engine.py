@@ -70,7 +70,7 @@ from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
 from ._resume import Decision, ResumePlan, decision_for, plan_resume
 from ._retention import Retention, Sweeper
-from ._run import Durations, Late, Run, RunResult, RunServices, RunTimes
+from ._run import Durations, Late, Run, RunResult, RunServices, RunTimes, task_kind
 from ._scheduler import (
     CLASS_RANK,
     Policy,
@@ -661,7 +661,8 @@ class Engine:
         replayed = self.calls.take_replayed(run.id, record.id)
         if outcome.state == "done" and not replayed:
             # A task answered from a record took no time: it says nothing of its kind.
-            self.durations.observe(record.task.action.label, outcome.elapsed)
+            kind = task_kind(run.priority_class, record.task.action.label)
+            self.durations.observe(kind, outcome.elapsed)
         if not outcome.llm_calls:
             task = record.task
             self.calls.task_ended(

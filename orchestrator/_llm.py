@@ -123,7 +123,10 @@ class Hints:
     `prefix_key`: calls with equal keys share a prompt prefix. `urgent`: the engine counts
     the program as urgent work (not slack-rich: interactive without a deadline, or a
     deadline too near to wait; docs/admission.md); None where nothing judged it (a router
-    then goes by `priority_class`).
+    then goes by `priority_class`). `slack_s`: the seconds the program has to spare at what
+    its tasks take lately (`deadline_s` less its remaining critical path; a router's urgent
+    lane takes batch calls beside programs with enough of it); None without a deadline or
+    where nothing estimated it.
     """
 
     program_id: str
@@ -135,6 +138,7 @@ class Hints:
     last_call: bool = False
     prefix_key: str | None = None
     urgent: bool | None = None
+    slack_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

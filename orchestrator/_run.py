@@ -117,10 +117,17 @@ _Verdict = tuple[TaskState, BaseException | None, str | None]
 
 
 class Durations:
-    """How long each kind of task (its action's label) has taken lately, from admission to
-    its end: an exponential mean over the finished ones, so that under load (longer queues
-    and steps at the servers) the estimate grows with what the tasks really take. Used for a
-    task without an estimate of its own; `default` until one of its kind has finished.
+    """How long each kind of task (`task_kind`: its action's label, in runs of one priority
+    class) has taken lately, from admission to its end: an exponential mean over the
+    finished ones, so that under load (longer queues and steps at the servers) the estimate
+    grows with what the tasks really take. Used for a task without an estimate of its own;
+    `default` until one of its kind has finished.
+
+    The class is part of the kind because the same task takes different times in each: an
+    interactive run's call goes to a router's urgent lane with short steps while a batch
+    run's waits on saturated replicas. Learned together, the batch's many calls made the
+    queries of bench/deadlines.py look 3-10x longer than they were (13-54 s left of runs
+    that took 5 s).
 
     Also the least each kind has taken (`least`): what it needs with the least load seen,
     which tells a deadline that cannot be met even alone from one that is only late at the
@@ -134,17 +141,22 @@ class Durations:
         self._mean: dict[str, float] = {}
         self._least: dict[str, float] = {}
 
-    def observe(self, label: str, seconds: float) -> None:
-        mean = self._mean.get(label)
-        self._mean[label] = seconds if mean is None else mean + self.weight * (seconds - mean)
-        least = self._least.get(label)
-        self._least[label] = seconds if least is None else min(least, seconds)
+    def observe(self, kind: str, seconds: float) -> None:
+        mean = self._mean.get(kind)
+        self._mean[kind] = seconds if mean is None else mean + self.weight * (seconds - mean)
+        least = self._least.get(kind)
+        self._least[kind] = seconds if least is None else min(least, seconds)
 
-    def estimate(self, label: str) -> float:
-        return self._mean.get(label, self.default)
+    def estimate(self, kind: str) -> float:
+        return self._mean.get(kind, self.default)
 
-    def least(self, label: str) -> float:
-        return self._least.get(label, self.default)
+    def least(self, kind: str) -> float:
+        return self._least.get(kind, self.default)
+
+
+def task_kind(priority_class: str, label: str) -> str:
+    """What `Durations` learns a task's time under: its label within its run's class."""
+    return f"{priority_class}: {label}"
 
 
 Late = Literal["finish", "cancel"]
@@ -280,8 +292,8 @@ class Run:
             elif learned is None:
                 unfinished[task.id] = (default, default)
             else:
-                label = task.action.label
-                unfinished[task.id] = (learned.estimate(label), learned.least(label))
+                kind = task_kind(self.priority_class, task.action.label)
+                unfinished[task.id] = (learned.estimate(kind), learned.least(kind))
         return remaining_critical_paths(self.workflow.graph, unfinished)
 
     # --- what a task's context asks (facts for its LLM calls) -----------------------------

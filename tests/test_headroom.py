@@ -16,6 +16,7 @@ from orchestrator import (
     Engine,
     Event,
     Headroom,
+    Hints,
     KneeController,
     Limits,
     LLMRequest,
@@ -31,7 +32,7 @@ from orchestrator import (
 )
 from orchestrator._admission import Admission
 from orchestrator._knee import slack_rich
-from orchestrator._run import Durations, RunTimes
+from orchestrator._run import Durations, RunTimes, task_kind
 from orchestrator._scheduler import alone_slack_of, slack_of
 
 A, B = 0.005, 0.0001
@@ -161,9 +162,10 @@ def _loaded_then_deadline(late: str) -> tuple[float | None, bool]:
 
     async def main() -> tuple[float | None, bool]:
         async with Engine(clock=clock, policy="slack") as engine:
-            await engine.run(chain(1))  # 1 s alone
+            # Learned in interactive runs: durations are learned per priority class.
+            await engine.run(chain(1), priority="interactive")  # 1 s alone
             seconds["now"] = 4.0
-            await engine.run(chain(3))  # 4 s a step under load
+            await engine.run(chain(3), priority="interactive")  # 4 s a step under load
             seconds["now"] = 1.5  # the load eases
             result = await engine.run(chain(3), deadline=6, priority="interactive", late=late)
             return result.hopeless_at, bool(result.deadline_met)
@@ -262,23 +264,27 @@ def _slow_chain(n: int) -> Workflow:
 
 
 def test_what_tasks_took_is_learned_and_decides_hopeless() -> None:
-    """Without estimates, a run's remaining work is what tasks of the same kind took lately:
-    after one 3-step run (3 s a step), a second with 5 s for 3 steps is hopeless at once;
-    on an engine that has seen none, the default of 1 s a task calls it feasible at first."""
+    """Without estimates, a run's remaining work is what tasks of the same kind (in runs of
+    the same class) took lately: after one 3-step run (3 s a step), a second with 5 s for 3
+    steps is hopeless at once; on an engine that has seen none, the default of 1 s a task
+    calls it feasible at first, as it does when only batch runs were seen."""
     clock = VirtualClock()
 
-    async def main(learn_first: bool) -> tuple[float | None, float]:
+    async def main(learn_from: str | None) -> tuple[float | None, float]:
         async with Engine(clock=clock, policy="slack") as engine:
-            if learn_first:
-                await engine.run(_slow_chain(3))
+            if learn_from is not None:
+                await engine.run(_slow_chain(3), priority=learn_from)  # type: ignore[arg-type]
             started = clock.monotonic()
             result = await engine.run(_slow_chain(3), deadline=5, priority="interactive")
             return result.hopeless_at, started
 
-    learned_at, learned_start = clock.run(main(True))
+    learned_at, learned_start = clock.run(main("interactive"))
     assert learned_at == learned_start  # 9 s learned, 5 s left: at once
-    naive_at, naive_start = clock.run(main(False))
+    naive_at, naive_start = clock.run(main(None))
     assert naive_at is not None and naive_at > naive_start  # found only later, when late
+    # What batch runs took says nothing of the interactive run's steps.
+    other_at, other_start = clock.run(main("batch"))
+    assert other_at is not None and other_at > other_start
 
 
 def _submit_batch(engine: Engine, rows: int, tokens: int) -> list[RunHandle]:
@@ -573,7 +579,7 @@ def test_a_task_answered_from_a_record_teaches_no_duration() -> None:
             engine.calls.memo = _Record()
             wf = Workflow("w")
             wf.add("ask", agent.ask("hi"))
-            label = wf.task("ask").action.label
+            label = task_kind("batch", wf.task("ask").action.label)  # engine.run's class
             await engine.run(wf)
             sent = engine.durations.least(label), engine.durations.estimate(label)
             started = clock.monotonic()
@@ -587,3 +593,35 @@ def test_a_task_answered_from_a_record_teaches_no_duration() -> None:
     least, mean, least_after, mean_after = clock.run(main())
     assert least == mean == 2.0
     assert (least_after, mean_after) == (2.0, 2.0)
+
+
+@pytest.mark.parametrize("policy", ["slack", "fcfs"])
+def test_calls_carry_the_slack_their_program_has_to_spare(policy: str) -> None:
+    """`Hints.slack_s`: the deadline's seconds left less the remaining critical path at what
+    tasks take (here the default estimate, 1 s a task: the call's own task and one after
+    it); None where the policy estimates no path, or without a deadline."""
+    clock = VirtualClock()
+    seen: list[Hints] = []
+
+    def answer(request: LLMRequest, hints: Hints) -> str:
+        seen.append(hints)
+        return "ok"
+
+    async def main() -> None:
+        llm = FunctionLLM(answer, latency=0.5, clock=clock)
+        async with Engine(backends={"default": llm}, clock=clock, policy=policy) as engine:
+            for deadline in (10.0, None):
+                wf = Workflow("w")
+                wf.add("ask", _ask(4, "q"), resource="default")
+                wf.add("then", _ask(4, "q"), after=["ask"], resource="default")
+                await engine.run(wf, deadline=deadline, priority="interactive")
+
+    clock.run(main())
+    first, second, free, _ = seen
+    if policy == "fcfs":
+        assert [h.slack_s for h in seen] == [None] * 4
+        return
+    assert first.deadline_s == 10.0 and first.slack_s == pytest.approx(8.0)
+    # The first call took 0.5 s: the next has 9.5 s left and one task (0.5 s lately) to go.
+    assert second.deadline_s == pytest.approx(9.5) and second.slack_s == pytest.approx(9.0)
+    assert free.slack_s is None

@@ -30,6 +30,7 @@ from orchestrator import (
     UsageError,
     Workflow,
 )
+from orchestrator._run import task_kind
 
 writer = Agent("writer", "You write.")
 
@@ -373,7 +374,7 @@ def test_a_result_recalled_by_its_idempotency_key_teaches_no_duration(
         wf = Workflow("pay")
         wf.add("topic", topic)
         wf.add("charge", charge, after=["topic"], idempotent=False, idempotency_key=order_key)
-        label = wf.task("charge").action.label
+        label = task_kind("batch", wf.task("charge").action.label)
         run_id = await crash_during(store, llm, wf)
         # What the crashed process's journal had committed: the result under its key, the
         # task's end not yet.

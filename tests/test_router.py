@@ -1050,3 +1050,54 @@ def test_lanes_need_a_replica_left_for_batch_and_no_negative_settings() -> None:
     assert Router(llms).isolates_urgent()  # "auto" by default
     assert not Router(llms, urgent_lanes=0).isolates_urgent()
     assert not Router({"a": llms["a"]}).isolates_urgent()  # one replica: never a lane
+
+
+@pytest.mark.parametrize("share", [4, 0])
+def test_a_lane_shares_with_urgent_work_that_has_slack_to_spare_and_not_with_the_rest(
+    clock: VirtualClock, share: int
+) -> None:
+    """While the urgent calls' programs have slack to spare (`Hints.slack_s` at least
+    `lane_share_slack` times what is left of the path), a lane takes up to
+    `lane_share_calls` batch calls beside them. An urgent call of a program without it
+    clears the lane down to `lane_batch_in_flight` (0), and no batch call goes there while
+    that call is in flight; the moved calls finish elsewhere, each once."""
+    llms = _named(2)
+    roomy = Hints("q", priority_class="interactive", deadline_s=20.0, slack_s=15.0)  # 5 s left
+    tight = Hints("t", priority_class="interactive", deadline_s=20.0, slack_s=5.0)  # 15 s left
+
+    def batch(tag: str, n: int) -> list[asyncio.Future[LLMResponse]]:
+        return [
+            asyncio.ensure_future(router.complete(_ask(f"batch {tag} {i}"), Hints(f"{tag}{i}")))
+            for i in range(n)
+        ]
+
+    async def main() -> tuple[list[int], int, list[str], int]:
+        nonlocal router
+        async with Router(llms, clock=clock, lane_share_calls=share) as router:
+            sent = batch("a", 2)  # one on each replica
+            await clock.sleep(1.0)
+            asked = asyncio.ensure_future(router.complete(_ask("urgent roomy"), roomy))
+            await clock.sleep(0.1)
+            sent += batch("b", 10)
+            await clock.sleep(0.1)
+            beside_roomy = router.stats()[0].in_flight - 1  # less the urgent call
+            await asked
+            strict = asyncio.ensure_future(router.complete(_ask("urgent tight"), tight))
+            await clock.sleep(0.1)
+            beside_tight = router.stats()[0].in_flight - 1
+            sent += batch("c", 5)
+            await clock.sleep(0.1)
+            still = router.stats()[0].in_flight - 1
+            assert (await strict).text == "r0"
+            answers = [r.text for r in await asyncio.gather(*sent)]
+            calls = sum(len(llm.calls) for llm in llms.values())
+            return [beside_roomy, beside_tight, still], router.stats()[0].moved, answers, calls
+
+    router: Router
+    beside, moved, answers, calls = clock.run(main())
+    assert beside == [share, 0, 0]
+    # Moved off for the tight call: what the lane took beside the roomy one. Without
+    # sharing, the roomy call itself moved the first batch call off.
+    assert moved == (4 if share else 1)
+    assert answers == ["r1"] * 17  # each batch call once, all on the other replica
+    assert calls == 17 + moved + 2
