@@ -421,7 +421,7 @@ def _lanes_text(settings: LaneSettings) -> str:
     if settings.lane_share_calls and settings.lane_batch_programs is None:
         how.append(
             f"up to {settings.lane_share_calls} batch calls beside urgent work with "
-            f"{settings.lane_share_slack:g}x its remaining time to spare"
+            f"{settings.lane_share_slack:g}x its remaining time to spare (slack policy)"
         )
     name = "urgent lanes auto" if lanes == "auto" else f"{lanes} urgent lane(s)"
     return f", {name} ({'; '.join(how)})"

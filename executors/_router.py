@@ -452,6 +452,8 @@ class Router(
                 self._batch_in_flight[i] -= not urgent
                 self._urgent_in_flight -= urgent
                 self._tight_in_flight -= tight
+                if tight:  # the lane stays unshared for lane_quiet_s after it ends too
+                    self._tight_seen = self._now()
                 if not urgent and self.lane_batch_programs is not None:
                     on = self._batch_programs[i]
                     on[hints.program_id] -= 1

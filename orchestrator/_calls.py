@@ -263,7 +263,9 @@ class LLMCalls:
             priority_class=program.priority_class,
             deadline_s=None if deadline is None else deadline - now,
             urgent=None if self.urgent is None else self.urgent(program, view, now),
-            slack_s=slack_of(view, now) if self.policy.needs_remaining else None,
+            slack_s=None
+            if view.guessed or not self.policy.needs_remaining
+            else slack_of(view, now),
             **fields,  # type: ignore[arg-type]
         )
 

@@ -153,6 +153,10 @@ class Durations:
     def least(self, kind: str) -> float:
         return self._least.get(kind, self.default)
 
+    def knows(self, kind: str) -> bool:
+        """A task of this kind has finished: `estimate` is learned, not the default."""
+        return kind in self._mean
+
 
 def task_kind(priority_class: str, label: str) -> str:
     """What `Durations` learns a task's time under: its label within its run's class."""
@@ -242,7 +246,7 @@ class Run:
         self.done: asyncio.Future[RunResult] = asyncio.get_running_loop().create_future()
         self.complete = False
         """Every task is final and none is running: the run can be finished."""
-        self._remaining: tuple[float, float] | None = None
+        self._remaining: tuple[float, float, bool] | None = None
         """The remaining critical path, lately and at the least (`_critical_paths`)."""
         self.hopeless_at: float | None = None
         """Set once admission finds the deadline out of reach (see `DeadlineHopeless`)."""
@@ -264,25 +268,34 @@ class Run:
 
     def view(self, now: float) -> ProgramView:
         remaining = least = 0.0
+        guessed = False
         if self.services.policy.needs_remaining and self.deadline is not None:
             if self._remaining is None:
                 self._remaining = self._critical_paths()
-            remaining, least = self._remaining
+            remaining, least, guessed = self._remaining
             if self.late == "cancel":
                 # Given up once late: what it needs is what tasks take at the present load,
                 # so one late at this load makes way at once instead of using capacity
                 # others need and being cancelled at its deadline anyway.
                 least = remaining
         return ProgramView(
-            self.program, self.priority_class, self.attained, self.deadline, remaining, least
+            self.program,
+            self.priority_class,
+            self.attained,
+            self.deadline,
+            remaining,
+            least,
+            guessed,
         )
 
-    def _critical_paths(self) -> tuple[float, float]:
+    def _critical_paths(self) -> tuple[float, float, bool]:
         """The remaining critical path at what tasks take lately, and at the least they
-        have taken (a task's own estimate, or the default, stands for both)."""
+        have taken (a task's own estimate, or the default, stands for both); and whether
+        some task's time is only the default."""
         learned = self.services.durations
         default = self.services.default_estimate
         unfinished: dict[str, tuple[float, float]] = {}
+        guessed = False
         for r in self.records.values():
             if r.state in FINAL_STATES:
                 continue
@@ -291,10 +304,12 @@ class Run:
                 unfinished[task.id] = (task.estimate, task.estimate)
             elif learned is None:
                 unfinished[task.id] = (default, default)
+                guessed = True
             else:
                 kind = task_kind(self.priority_class, task.action.label)
                 unfinished[task.id] = (learned.estimate(kind), learned.least(kind))
-        return remaining_critical_paths(self.workflow.graph, unfinished)
+                guessed = guessed or not learned.knows(kind)
+        return (*remaining_critical_paths(self.workflow.graph, unfinished), guessed)
 
     # --- what a task's context asks (facts for its LLM calls) -----------------------------
 

@@ -48,6 +48,9 @@ class ProgramView:
     least_remaining: float | None = None
     """The same path at the least its tasks have taken (what it needs even alone; None:
     `remaining`)."""
+    guessed: bool = False
+    """Some unfinished task's time in `remaining` is only the default: neither given nor
+    learned from a task of its kind."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -762,7 +762,7 @@ def test_urgent_lanes_are_auto_by_default_and_a_number_or_auto(kind: str, tmp_pa
     assert (
         "urgent lanes auto (one per 96 urgent calls while batch work is around; "
         "cleared of batch calls as they form; up to 32 batch calls beside urgent work with "
-        "1x its remaining time to spare)"
+        "1x its remaining time to spare (slack policy))"
     ) in said[0]
     assert "no urgent lanes" in said[1] and "2 urgent lane(s)" in said[2]
 

@@ -1101,3 +1101,43 @@ def test_a_lane_shares_with_urgent_work_that_has_slack_to_spare_and_not_with_the
     assert moved == (4 if share else 1)
     assert answers == ["r1"] * 17  # each batch call once, all on the other replica
     assert calls == 17 + moved + 2
+
+
+def test_a_lane_stays_unshared_for_lane_quiet_s_after_a_tight_call_ends(
+    clock: VirtualClock,
+) -> None:
+    """A tight urgent call (1 s) keeps the lane from sharing while it runs and for
+    `lane_quiet_s` (5 s) after it ends: batch calls sent beside a roomy urgent call 4.5 s
+    after that end keep off the lane; 6 s after it the lane takes `lane_share_calls`."""
+    llms = _named(2)
+    roomy = Hints("q", priority_class="interactive", deadline_s=20.0, slack_s=15.0)
+    tight = Hints("t", priority_class="interactive", deadline_s=20.0, slack_s=5.0)
+
+    sent: list[asyncio.Future[LLMResponse]] = []
+
+    async def main() -> list[int]:
+        async with Router(llms, clock=clock, lane_share_calls=4, lane_quiet_s=5.0) as router:
+
+            async def beside_roomy(tag: str) -> int:
+                asked = asyncio.ensure_future(router.complete(_ask(f"urgent {tag}"), roomy))
+                await clock.sleep(0.1)
+                sent.extend(
+                    asyncio.ensure_future(router.complete(_ask(f"batch {tag} {i}"), Hints(tag)))
+                    for i in range(10)
+                )
+                await clock.sleep(0.1)
+                on_lane = router.stats()[0].in_flight - 1  # less the urgent call
+                await asked
+                return on_lane
+
+            sent.extend(_send_batch(router, 2))
+            await clock.sleep(1.0)
+            await router.complete(_ask("urgent tight"), tight)  # ends 1 s after it was routed
+            await clock.sleep(4.3)  # 5.3 s after it was routed, 4.3 s after it ended
+            soon = await beside_roomy("soon")
+            await clock.sleep(6.0)
+            later = await beside_roomy("later")
+            await asyncio.gather(*sent)  # every batch call answered
+            return [soon, later]
+
+    assert clock.run(main()) == [0, 4]
