@@ -500,8 +500,8 @@ class Router(
 
     def _clear(self, lanes: set[int], cap: int) -> None:
         """Take this router's batch calls off `lanes`, all but the first `cap` sent to each
-        (`_lane_cap`; the later have done the least): each is
-        cancelled there (the server drops it) and routed again, where the lanes allow
+        (`_lane_cap`; the later have done the least): each is cancelled there (the server
+        drops it) and routed again, where the lanes allow
         (`complete`: a move is not one of the call's tries; a call is moved at most
         `MAX_MOVES` times). Else an urgent call on a lane just formed shares its steps with
         a replica's worth of batch prefill until those calls end (in part 1 of
@@ -529,9 +529,10 @@ class Router(
 
     def _lane_cap(self, tight: bool) -> int:
         """The batch calls a lane takes beside its urgent calls: `lane_share_calls` while
-        every urgent call in flight, or routed in the last `lane_quiet_s`, is of a program
-        with room to spare (`_roomy`), else `lane_batch_in_flight`. Peers do not say how
-        much slack their urgent calls have: while any is in flight, the lane takes no more."""
+        every urgent call in flight, or routed or ended in the last `lane_quiet_s`, is of a
+        program with room to spare (`_roomy`), else `lane_batch_in_flight`. Peers do not say
+        how much slack their urgent calls have: while any is in flight, the lane takes no
+        more."""
         seen = self._tight_seen
         peers = self.peering is not None and self.peering.urgent_in_flight > 0
         if (
@@ -663,11 +664,13 @@ class Router(
     ) -> list[bool]:
         """With `urgent_lanes`: the replicas this call may go to. The first `urgent_lanes`
         healthy replicas are lanes (while another is left for batch work): urgent calls go
-        only there; batch calls go there only up to `lane_batch_in_flight` at once (with
-        `lane_batch_programs`: only calls of a program already there, or of a new one while
-        fewer programs than that are) while an urgent call is in flight or was routed in
-        the last `lane_quiet_s` seconds, so that urgent calls find short steps (a batch's
-        prefill shares every step of its server)."""
+        only there; batch calls go there only up to `lane_batch_in_flight` at once
+        (`lane_share_calls` while every urgent program around has slack to spare:
+        `_lane_cap`; with `lane_batch_programs`: only calls of a program already there, or
+        of a new one while fewer programs than that are) while an urgent call is in flight
+        or was routed in the last `lane_quiet_s` seconds, so that urgent calls find short
+        steps (a batch's prefill shares every step of its server). `tight`: the call being
+        routed is urgent and its program has no slack to spare."""
         if self.urgent_lanes == "auto":
             self._size_lanes(urgent)
         if urgent:
