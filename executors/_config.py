@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypedDict
+from typing import Annotated, Any, Literal, TypedDict, cast
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, PlainValidator, model_validator
@@ -154,20 +154,13 @@ class LaneSettings(ConfigSection):
     """Slack to spare: at least this many times the program's remaining path."""
 
     def lane_options(self) -> LaneOptions:
-        """These keys as `Router` arguments."""
-        return LaneOptions(
-            urgent_lanes=self.urgent_lanes,
-            lane_urgent_calls=self.lane_urgent_calls,
-            lane_batch_in_flight=self.lane_batch_in_flight,
-            lane_batch_programs=self.lane_batch_programs,
-            lane_prefill_tokens=self.lane_prefill_tokens,
-            lane_clear=self.lane_clear,
-            lane_share_calls=self.lane_share_calls,
-            lane_share_slack=self.lane_share_slack,
-        )
+        """These keys as `Router` arguments (`LaneOptions` names them all)."""
+        return cast(LaneOptions, {key: getattr(self, key) for key in LaneOptions.__annotations__})
 
 
 class LaneOptions(TypedDict):
+    """`LaneSettings`' keys, as the `Router` arguments of the same names."""
+
     urgent_lanes: int | Literal["auto"]
     lane_urgent_calls: int
     lane_batch_in_flight: int

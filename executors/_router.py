@@ -230,6 +230,7 @@ class Router(
         self._tight_in_flight = 0
         """Urgent calls in flight whose programs have too little slack to share a lane."""
         self._tight_seen: float | None = None
+        """When a tight urgent call last ended (`_lane_cap`)."""
         self._batch_sends: list[dict[asyncio.Future[LLMResponse], int]] = [{} for _ in range(n)]
         """Per replica, in the order sent: this router's batch calls there (with
         `lane_clear`), each with the times it was moved before, so that a replica becoming a
@@ -385,8 +386,6 @@ class Router(
             tries -= 1
             self._readmit()
             allowed = [h and not t for h, t in zip(self._healthy, tried, strict=True)]
-            if tight:
-                self._tight_seen = self._now()
             lanes = self._lanes(allowed, urgent, hints.program_id, tight)
             if any(lanes):  # else every lane is tried or down: the others serve it
                 allowed = lanes
@@ -529,8 +528,8 @@ class Router(
 
     def _lane_cap(self, tight: bool) -> int:
         """The batch calls a lane takes beside its urgent calls: `lane_share_calls` while
-        every urgent call in flight, or routed or ended in the last `lane_quiet_s`, is of a
-        program with room to spare (`_roomy`), else `lane_batch_in_flight`. Peers do not say
+        every urgent call being routed, in flight, or ended in the last `lane_quiet_s` is of
+        a program with room to spare (`_roomy`), else `lane_batch_in_flight`. Peers do not say
         how much slack their urgent calls have: while any is in flight, the lane takes no
         more."""
         seen = self._tight_seen
@@ -659,9 +658,7 @@ class Router(
         """What this router sent and heard on its link (None without one)."""
         return self.peering.stats() if self.peering is not None else None
 
-    def _lanes(
-        self, allowed: list[bool], urgent: bool, program: str, tight: bool = False
-    ) -> list[bool]:
+    def _lanes(self, allowed: list[bool], urgent: bool, program: str, tight: bool) -> list[bool]:
         """With `urgent_lanes`: the replicas this call may go to. The first `urgent_lanes`
         healthy replicas are lanes (while another is left for batch work): urgent calls go
         only there; batch calls go there only up to `lane_batch_in_flight` at once
