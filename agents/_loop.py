@@ -7,6 +7,10 @@ the answer to that next turn. So every pause of the loop is a tool task the sche
 the keep-alive predictor learns each tool's pause, the agent's calls share one program
 priority, and the event log holds each step (a resumed loop continues from its last step).
 
+A turn records only what it adds to the conversation (its result: the prompt or the tool
+replies it sent, then the model's reply); the next turn rebuilds the whole conversation from
+its predecessors' results (`ctx.upstream`), so the log grows with the turns, not their square.
+
 What the model gets wrong goes back to it as the tool's answer: arguments that do not fit a
 tool's schema, a tool it does not have, a tool that raised. What it cannot fix stops the
 loop with `AgentStopped` and the reason: too many turns, too many tokens, an answer that
@@ -17,10 +21,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import pydantic
+from pydantic_core import PydanticSerializationError, to_json
 
 from orchestrator import (
     DEFAULT_FUNCTION_RESOURCE,
@@ -148,12 +153,15 @@ class Loop:
     agent: LoopAgent
     answer: str
     """The task that carries the loop's answer."""
-    prompt: Prompt
+    prompt: Prompt | None
+    """None in a later turn rebuilt from the log: the first turn's result holds the prompt."""
     output: type[pydantic.BaseModel] | None = None
     limits: Limits = field(default_factory=Limits)
 
-    def args(self) -> dict[str, Any]:
-        args: dict[str, Any] = {"answer": self.answer, **prompt_args(self.prompt)}
+    def args(self, *, prompt: bool = True) -> dict[str, Any]:
+        args: dict[str, Any] = {"answer": self.answer}
+        if prompt and self.prompt is not None:
+            args.update(prompt_args(self.prompt))
         if self.output is not None:
             args["output"] = registered_name(self.output)
         limits = self.limits
@@ -182,7 +190,8 @@ def prompt_from_args(args: Mapping[str, Any], function: Callable[..., Any]) -> P
 
 def loop_from(agent: LoopAgent, args: Mapping[str, Any], function: Callable[..., Any]) -> Loop:
     """The `Loop` a step recorded (`function` finds prompt builders and output models)."""
-    prompt = prompt_from_args(args, function)
+    recorded = any(key in args for key in ("prompt", "template", "prompt_from"))
+    prompt = prompt_from_args(args, function) if recorded else None  # a later turn's
     output = function(args["output"], "output model") if "output" in args else None
     max_turns, max_tokens, retries = args["limits"]
     return Loop(agent, args["answer"], prompt, output, Limits(max_turns, max_tokens, retries))
@@ -193,13 +202,13 @@ def loop_from(agent: LoopAgent, args: Mapping[str, Any], function: Callable[...,
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """One LLM turn of a loop. Its result is the reply's text and tool calls, or, for the
-    last turn, the answer."""
+    """One LLM turn of a loop. A turn that calls tools returns `{"messages": [...]}`: what it
+    added to the conversation (turn 1: the remembered turns and the prompt; a later turn: the
+    replies to the previous turn's tool calls), its reply last. The last turn returns the
+    answer."""
 
     loop: Loop
     number: int = 1
-    history: tuple[Message, ...] = ()
-    """Everything after the system prompt up to this turn (the prompt included after turn 1)."""
     pending: tuple[Pending, ...] = ()
     tokens: int = 0
 
@@ -213,11 +222,10 @@ class Turn:
 
     @property
     def spec(self) -> ActionSpec:
-        args = self.loop.args()
+        args = self.loop.args(prompt=self.number == 1)
         args.update(
             step="turn",
             turn=self.number,
-            history=[message_data(m) for m in self.history],
             pending=[[p.call_id, p.name, p.task, p.reply] for p in self.pending],
             tokens=self.tokens,
         )
@@ -225,14 +233,21 @@ class Turn:
 
     async def run(self, ctx: TaskContext) -> Any:
         loop, agent = self.loop, self.loop.agent
-        history = list(self.history)
+        history = self._earlier(ctx)
         if self.number == 1:
-            history = [
+            if loop.prompt is None:
+                raise UsageError(
+                    f"the first turn {ctx.task_id!r} of agent {agent.name!r} has no prompt"
+                )
+            added = [
                 *await _remembered(agent, ctx),
                 Message("user", prompt_text(loop.prompt, ctx)),
             ]
-        for p in self.pending:
-            history.append(Message("tool", _tool_reply(p, ctx), tool_call_id=p.call_id))
+        else:
+            added = [
+                Message("tool", _tool_reply(p, ctx), tool_call_id=p.call_id) for p in self.pending
+            ]
+        history += added
         _check_budget(loop, self.tokens)
         tools = agent.tools
         # With tools offered the model must be free to call them (a JSON grammar would rule
@@ -246,11 +261,27 @@ class Turn:
         )
         tokens = self.tokens + response.usage.total_tokens
         if response.tool_calls:
-            return self._call_tools(ctx, history, response, tokens)
+            return self._call_tools(ctx, added, response, tokens)
         return await _finish(ctx, loop, history, response, tokens)
 
+    def _earlier(self, ctx: TaskContext) -> list[Message]:
+        """The conversation before this turn: what each earlier turn added, in order."""
+        history: list[Message] = []
+        upstream = ctx.upstream if self.number > 1 else {}
+        for number in range(1, self.number):
+            task = f"{self.loop.answer}.turn{number}"
+            result = upstream.get(task)
+            if not isinstance(result, Mapping) or "messages" not in result:
+                raise UsageError(
+                    f"turn {ctx.task_id!r} of agent {self.loop.agent.name!r} cannot rebuild "
+                    f"its conversation: {task!r} left no messages (a loop recorded by an "
+                    "earlier plait, or a turn edited out of the workflow); run the loop again"
+                )
+            history.extend(message_from(m) for m in result["messages"])
+        return history
+
     def _call_tools(
-        self, ctx: TaskContext, history: list[Message], response: LLMResponse, tokens: int
+        self, ctx: TaskContext, added: list[Message], response: LLMResponse, tokens: int
     ) -> dict[str, Any]:
         loop, agent = self.loop, self.loop.agent
         if self.number >= loop.limits.max_turns:
@@ -280,7 +311,7 @@ class Turn:
             steps.append((task, tool, args))
             pending.append(Pending(call.id, call.name, task=task))
         said = Message("assistant", response.text, tool_calls=response.tool_calls)
-        follow = Turn(loop, self.number + 1, (*history, said), tuple(pending), tokens)
+        follow = Turn(loop, self.number + 1, tuple(pending), tokens)
         wf = ctx.workflow
         for task, tool, args in steps:
             wf.add(task, ToolUse(tool, args), after=[ctx.task_id])
@@ -293,10 +324,7 @@ class Turn:
             trigger="all_done",  # a tool that failed is said to the model, not skipped
         )
         wf.remove_edge(ctx.task_id, loop.answer)
-        return {
-            "text": response.text,
-            "tool_calls": [[c.id, c.name, c.arguments] for c in response.tool_calls],
-        }
+        return {"messages": [message_data(m) for m in (*added, said)]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,11 +496,12 @@ def _tool_reply(pending: Pending, ctx: TaskContext) -> str:
         return str(value[TOOL_ERROR])
     if isinstance(value, str):
         return value
-    if isinstance(value, pydantic.BaseModel):
-        return value.model_dump_json()
+    # As the log stores it: the same text whether the result is the tool's own object or
+    # read back after a resume (a model and its dict, a tuple and its list), so a resumed
+    # turn sends what it sent before and its recorded call answers it.
     try:
-        return json.dumps(value, default=str)
-    except (TypeError, ValueError):
+        return to_json(value).decode()
+    except (PydanticSerializationError, TypeError, ValueError):
         return repr(value)
 
 
@@ -492,12 +521,11 @@ def rebuild_step(agent: LoopAgent, spec: ActionSpec, function: Callable[..., Any
     loop = loop_from(agent, args, function)
     if args["step"] == "answer":
         return Answer(loop)
+    if "history" in args:
+        raise UsageError(
+            f"agent {agent.name!r}: a turn of loop {args['answer']!r} was recorded by an "
+            "earlier plait (each turn kept the whole history); finish it with that version "
+            "or run the loop again"
+        )
     pending = tuple(Pending(*p) for p in args.get("pending", ()))
-    history = tuple(message_from(m) for m in args.get("history", ()))
-    return replace(
-        Turn(loop),
-        number=args["turn"],
-        history=history,
-        pending=pending,
-        tokens=args.get("tokens", 0),
-    )
+    return Turn(loop, args["turn"], pending, args.get("tokens", 0))

@@ -62,6 +62,8 @@ class WorkflowEditor(Protocol):
 
     def dependencies(self, task_id: str) -> list[str]: ...
 
+    def upstream(self, task_id: str) -> dict[str, Any]: ...
+
     def dependents(self, task_id: str) -> list[str]: ...
 
 
@@ -81,7 +83,8 @@ class TaskContext:
     """Given to a task function: its inputs, its workflow (to mutate it), time and the LLM.
 
     `inputs` maps each dependency's task id to its result (only dependencies that
-    succeeded, for tasks with `trigger="all_done"`).
+    succeeded, for tasks with `trigger="all_done"`); `upstream` does so for every task it
+    waits for, directly or through others.
     """
 
     __slots__ = (
@@ -96,6 +99,7 @@ class TaskContext:
         "_calls",
         "_caller",
         "_to_thread",
+        "_upstream",
     )
 
     def __init__(
@@ -121,6 +125,7 @@ class TaskContext:
         self._caller = caller
         self._to_thread = to_thread
         self._key: str | None = None
+        self._upstream: Mapping[str, Any] | None = None
 
     @property
     def idempotency_key(self) -> str:
@@ -131,6 +136,16 @@ class TaskContext:
     @idempotency_key.setter
     def idempotency_key(self, key: str) -> None:
         self._key = key
+
+    @property
+    def upstream(self) -> Mapping[str, Any]:
+        """The results of every task this one waits for, directly or through others (those
+        that succeeded), by task id: final before it started, and the same after a resume.
+        A step that builds on all of its predecessors reads them here rather than carrying
+        them along (an agent loop's turns rebuild the conversation this way)."""
+        if self._upstream is None:
+            self._upstream = self.workflow.upstream(self.task_id)
+        return self._upstream
 
     def input(self, task_id: str) -> Any:
         """The result of dependency `task_id`, with a clear error if it is not an input."""

@@ -141,6 +141,18 @@ class Workflow:
         self.task(task_id)
         return list(self.graph.predecessors(task_id))
 
+    @_on_loop
+    def upstream(self, task_id: str) -> dict[str, Any]:
+        """The results of the tasks `task_id` waits for, directly or through others, that
+        succeeded in this workflow's run (read on the loop, from any thread)."""
+        self.task(task_id)
+        records = self._records
+        return {
+            dep: record.result
+            for dep in nx.ancestors(self.graph, task_id)
+            if (record := records.get(dep)) is not None and record.state == "done"
+        }
+
     def dependents(self, task_id: str) -> list[str]:
         self.task(task_id)
         return list(self.graph.successors(task_id))

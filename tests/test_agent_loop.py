@@ -354,6 +354,159 @@ def test_a_loop_resumes_from_its_last_step_without_paying_a_turn_twice(
     asyncio.run(main())
 
 
+class Page(pydantic.BaseModel):
+    number: int
+    text: str
+
+
+class Stop:
+    """Where the first process stops: at page 2's tool task ("page"), or after the last
+    turn's call, as its answer is remembered ("answer"); None: nowhere."""
+
+    at: ClassVar[str | None] = None
+
+
+async def stop_at(where: str) -> None:
+    assert Gate.event is not None and Gate.reached is not None
+    if Stop.at == where and not Gate.event.is_set():
+        Gate.reached.set()
+        await Gate.event.wait()
+
+
+@tool
+async def page(number: int) -> Page:
+    """One page of the book (a model: its text must read the same after a resume).
+
+    Args:
+        number: the page
+    """
+    if number == 2:
+        await stop_at("page")
+    return Page(number=number, text=f"page {number}")
+
+
+class Book:
+    """A `ConversationLog` in a list."""
+
+    def __init__(self) -> None:
+        self.turns: list[dict[str, str]] = []
+
+    async def append_turn(self, agent: str, workflow: str, role: str, content: str) -> None:
+        await stop_at("answer")
+        self.turns.append({"role": role, "content": content})
+
+    async def conversation(self, agent: str, workflow: str) -> list[dict[str, str]]:
+        return list(self.turns)
+
+
+BOOK = Book()
+reader = Agent("reader", "You read books.", tools=(page,), memory=BOOK)
+EARLIER = [{"role": "user", "content": "Find a book."}, {"role": "assistant", "content": "Found."}]
+
+
+def read_four(request: LLMRequest, hints: object) -> LLMResponse | str:
+    read = [m.content for m in request.messages if m.role == "tool"]
+    if len(read) < 4:
+        call = ToolCall(f"p{len(read)}", "page", json.dumps({"number": len(read)}))
+        return LLMResponse("", Usage(20, 5), "tool_calls", (call,))
+    return " / ".join(read)
+
+
+async def read_book(engine: Engine) -> Any:
+    BOOK.turns = list(EARLIER)
+    wf = Workflow("book")
+    reader.solve(wf, "answer", "Read four pages.", limits=Limits(max_turns=5))
+    return engine.submit(wf)
+
+
+@pytest.mark.parametrize("stop", ["page", "answer"])
+def test_a_resumed_loop_sends_what_an_uninterrupted_one_sends(
+    make_store: StoreFactory, stop: str
+) -> None:
+    async def main() -> None:
+        Gate.event, Gate.reached = asyncio.Event(), asyncio.Event()
+        Stop.at = None
+        whole = FunctionLLM(read_four)
+        async with Engine(backends={"default": whole}) as engine:
+            expected = await (await read_book(engine))
+        assert expected.status == "succeeded", expected.failures
+        assert len(whole.calls) == 5
+        remembered = BOOK.turns
+
+        Stop.at = stop
+        llm = FunctionLLM(read_four)
+        async with make_store() as store:
+            async with Engine(backends={"default": llm}, store=store) as engine:
+                await read_book(engine)
+                await Gate.reached.wait()
+                assert engine.journal is not None
+                await engine.journal.durable()
+            # Stopped at page 2 (turns 1-3 sent), or once the last turn's call was recorded.
+            assert len(llm.calls) == (3 if stop == "page" else 5)
+            Gate.event.set()
+            async with Engine(backends={"default": llm}, store=store) as engine:
+                report = await engine.resume(Registry(reader))
+                assert not report.failed, [p.error for p in report.failed]
+                result = await report.runs[0]
+            assert (await store.size()).calls == 5  # each call recorded once
+        assert result.status == "succeeded", result.failures
+        assert result["answer"] == expected["answer"]
+        # Every turn sent exactly what the uninterrupted run sent, and none was sent twice
+        # (the last turn, rerun after the crash, was answered from the store).
+        assert [c.request for c in llm.calls] == [c.request for c in whole.calls]
+        assert BOOK.turns == remembered
+        assert [m["role"] for m in BOOK.turns] == ["user", "assistant"] * 2
+
+    asyncio.run(main())
+
+
+@tool
+def chapter(number: int) -> str:
+    """One kilobyte of a book.
+
+    Args:
+        number: the chapter
+    """
+    return f"{number:04d}" + "x" * 1020
+
+
+skimmer = Agent("skimmer", "You skim books.", tools=(chapter,))
+
+
+def test_the_store_grows_with_a_loops_turns_not_their_square(make_store: StoreFactory) -> None:
+    """Each turn records what it adds to the conversation, not the whole of it."""
+
+    def read(turns: int) -> Callable[[LLMRequest, object], LLMResponse | str]:
+        def reply(request: LLMRequest, hints: object) -> LLMResponse | str:
+            done = sum(1 for m in request.messages if m.role == "tool")
+            if done < turns - 1:
+                call = ToolCall(f"c{done}", "chapter", json.dumps({"number": done}))
+                return LLMResponse("", Usage(20, 5), "tool_calls", (call,))
+            return f"skimmed {done} chapters"
+
+        return reply
+
+    async def stored(turns: int) -> int:
+        async with make_store() as store:
+            before = await store.size()
+            async with Engine(backends={"default": FunctionLLM(read(turns))}, store=store) as e:
+                wf = Workflow("skim")
+                skimmer.solve(wf, "answer", "Skim the book.", limits=Limits(max_turns=turns))
+                result = await e.run(wf)
+            assert result.status == "succeeded", result.failures
+            assert result["answer"] == f"skimmed {turns - 1} chapters"
+            after = await store.size()
+        return (after.event_bytes + after.payload_bytes) - (
+            before.event_bytes + before.payload_bytes
+        )
+
+    async def main() -> None:
+        short, long = await stored(20), await stored(40)
+        assert long / short < 2.2, (short, long)
+
+    asyncio.run(main())
+
+
 # --- agents on the blackboard ----------------------------------------------------------------
 
 

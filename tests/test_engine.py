@@ -940,3 +940,24 @@ def test_timeout_message_says_how_to_give_more_time(clock: VirtualClock) -> None
     wf.add("s", slow, timeout=1)
     message = run_sync(wf, clock=clock).failures["s"]
     assert "within its timeout of 1 s" in message and "workflow.add(..., timeout=...)" in message
+
+
+def test_a_task_reads_every_result_upstream_of_it(clock: VirtualClock) -> None:
+    seen: dict[str, Any] = {}
+
+    def fails(ctx: TaskContext) -> None:
+        raise ValueError("no")
+
+    def last(ctx: TaskContext) -> int:
+        seen.update(ctx.upstream)
+        return len(ctx.inputs)
+
+    wf = Workflow("upstream")
+    wf.add("a", lambda ctx: 1)
+    wf.add("aside", lambda ctx: 2)  # succeeds, but "last" does not wait for it
+    wf.add("b", lambda ctx: ctx.input("a") + 1, after=["a"])
+    wf.add("broken", fails, after=["a"])
+    wf.add("last", last, after=["b", "broken"], trigger="all_done")
+    result = run_sync(wf, clock=clock)
+    assert result["last"] == 1  # its one input that succeeded: b
+    assert seen == {"a": 1, "b": 2}  # through b too; not what failed, not what is aside
