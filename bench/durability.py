@@ -10,7 +10,10 @@ task, same graphs, same process), `langgraph_checkpoint_us_per_step` and `..._pe
 (checkpointer minus plain), `store_bytes_per_task_sqlite` and `..._after_compaction`
 (bench/compaction.py on the same graphs), and `resume_100k_s`: how long `engine.resume()`
 takes to put a stopped 100,000-task run (half of it done) back to work, on SQLite
-(bench/_resume_large.py; `--resume-tasks` changes the size, 0 skips it).
+(bench/_resume_large.py; `--resume-tasks` changes the size, 0 skips it). With SQLite it also
+runs one agent tool loop of 80 and one of 160 turns (each tool result 1 KB) and reports the
+bytes they store: `loop_bytes_per_turn` (at 160 turns) and `loop_bytes_ratio_160_80` (2.0 is
+linear in the turns, 4.0 quadratic; the target is at most 2.2).
 
 Each figure is the best of `--repeat` runs; the in-memory and durable runs of one graph
 alternate so that a busy machine slows both.
@@ -173,6 +176,63 @@ def measure_compaction(quick: bool, seed: int) -> float | None:
     return round(statistics.fmean(per_task), 1)
 
 
+LOOP_TURNS = (80, 160)
+LOOP_RESULT_BYTES = 1024
+
+
+async def _loop_bytes(turns: int) -> int:
+    """Event and payload bytes one agent loop of `turns` turns stores on SQLite: each turn
+    but the last calls a tool that returns LOOP_RESULT_BYTES of text."""
+    from agents import Agent, Limits, tool
+    from executors import FunctionLLM
+    from memory import SQLStore
+    from orchestrator import Engine, LLMRequest, LLMResponse, ToolCall, Usage, Workflow
+
+    @tool
+    def page(number: int) -> str:
+        """A page of the book.
+
+        Args:
+            number: the page
+        """
+        return f"{number:08d}".ljust(LOOP_RESULT_BYTES, "x")
+
+    def reply(request: LLMRequest, hints: object) -> LLMResponse | str:
+        done = sum(1 for m in request.messages if m.role == "tool")
+        if done < turns - 1:
+            call = ToolCall(f"call{done}", "page", json.dumps({"number": done}))
+            return LLMResponse("", Usage(20, 5), "tool_calls", (call,))
+        return f"read {done} pages"
+
+    agent = Agent("reader", "You read the book a page at a time.", tools=(page,))
+    with tempfile.TemporaryDirectory() as tmp:
+        async with SQLStore(Path(tmp) / "plait.db") as store:
+            async with Engine(backends={"default": FunctionLLM(reply)}, store=store) as engine:
+                wf = Workflow("loop")
+                agent.solve(wf, "answer", "Read the book.", limits=Limits(max_turns=turns))
+                result = await engine.run(wf)
+            if result.status != "succeeded":
+                raise RuntimeError(f"the {turns}-turn loop failed: {result.failures}")
+            stats = await store.size()
+    return stats.event_bytes + stats.payload_bytes
+
+
+def measure_loop() -> dict[str, Any]:
+    """Stored bytes of agent loops of LOOP_TURNS turns: per turn, and how they grow."""
+    stored = {}
+    for turns in LOOP_TURNS:
+        print(f"agent loop of {turns} turns", file=sys.stderr)
+        stored[turns] = asyncio.run(_loop_bytes(turns))
+    short, long = LOOP_TURNS
+    return {
+        "turns": list(LOOP_TURNS),
+        "result_bytes": LOOP_RESULT_BYTES,
+        "bytes": [stored[t] for t in LOOP_TURNS],
+        "bytes_per_turn": round(stored[long] / long, 1),
+        "ratio": round(stored[long] / stored[short], 3),
+    }
+
+
 def measure_resume(tasks: int) -> dict[str, float]:
     from _resume_large import run as resume_large
 
@@ -219,6 +279,12 @@ def main(argv: list[str] | None = None) -> None:
     lg_step = mean([r["us_per_step"] for r in langgraph.values()]) if langgraph else None
     sqlite_added = added.get("sqlite")
     compacted = measure_compaction(args.quick, args.seed) if "sqlite" in stores else None
+    loop = measure_loop() if "sqlite" in stores else None
+    if loop is not None:
+        print(
+            f"agent loop  {loop['bytes_per_turn']:.0f} B/turn, "
+            f"{loop['turns'][1]} vs {loop['turns'][0]} turns x{loop['ratio']:.2f}"
+        )
     resume = measure_resume(args.resume_tasks) if args.resume_tasks else None
     summary = {
         "added_us_per_task_sqlite": sqlite_added,
@@ -234,6 +300,9 @@ def main(argv: list[str] | None = None) -> None:
         if "sqlite" in stores
         else None,
         "store_bytes_per_task_after_compaction": compacted,
+        "loop_bytes_per_turn": loop["bytes_per_turn"] if loop else None,
+        "loop_bytes_ratio_160_80": loop["ratio"] if loop else None,
+        "loop": loop,
         "resume_100k_s": resume["resume_s"] if resume and resume["tasks"] == 100_000 else None,
         "resume": resume,
         "quick": args.quick,
