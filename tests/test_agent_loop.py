@@ -15,6 +15,7 @@ from conftest import StoreFactory
 from agents import TOOL_ERROR, Agent, Limits, Tool, tool
 from executors import FunctionLLM, SimServer
 from orchestrator import (
+    ActionSpec,
     Engine,
     KeepAlive,
     LLMRequest,
@@ -458,6 +459,13 @@ def test_a_resumed_loop_sends_what_an_uninterrupted_one_sends(
         assert [m["role"] for m in BOOK.turns] == ["user", "assistant"] * 2
 
     asyncio.run(main())
+
+
+def test_a_turn_recorded_with_the_whole_history_is_refused_with_what_to_do() -> None:
+    args = {"answer": "answer", "limits": [8, None, 2], "step": "turn", "turn": 2}
+    old = ActionSpec("llm", "reader", {**args, "history": [], "pending": [], "tokens": 0})
+    with pytest.raises(UsageError, match="recorded by an earlier plait.*run the loop again"):
+        reader.rebuild(old, Registry(reader))
 
 
 @tool
