@@ -140,7 +140,9 @@ class SimServer:
         output, call = "", None
         if request.tools or request.output is not None:
             output, call = agent_reply(request, self.seed, prompt_hash)
-        finish = "length"
+        # Text runs to the output limit: the request's own limit ends it (`length`), the
+        # default length is where the simulated model stops of itself.
+        finish = "length" if request.max_tokens is not None else "stop"
         if output or call is not None:  # an answer of its own length, as a model stops
             written = output or (call.arguments if call is not None else "")
             output_tokens = max(1, min(output_tokens, count_tokens(written)))
