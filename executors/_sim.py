@@ -4,7 +4,8 @@
 work replays in seconds, identically every time; on the system clock it behaves like a
 real server in real time (the HTTP endpoint serves it so). It honours every hint: urgency
 orders its queue, keep-alive pins a finished call's KV blocks for the program's next call,
-a last call releases them at once.
+a last call releases them at once, a cache salt keeps its prompt's blocks apart from those
+of other salts.
 
     async with SimServer("h100-llama3-8b") as sim:
         async with Engine(backends={"default": sim}) as engine:
@@ -35,7 +36,7 @@ from orchestrator import (
 from ._simagent import agent_reply
 from ._simengine import SimEngine, SimRequest, StepPlan
 from ._simprofile import Profile, get_profile
-from ._simtext import chat_block_hashes, count_tokens, generate, render, text_hash
+from ._simtext import chat_block_hashes, count_tokens, generate, render, salted, text_hash
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -152,7 +153,10 @@ class SimServer:
         req = self.make_request(
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
-            hashes=chat_block_hashes(request.messages, prompt + output, self.profile.block_size),
+            hashes=salted(
+                chat_block_hashes(request.messages, prompt + output, self.profile.block_size),
+                hints.cache_salt,
+            ),
             hints=hints,
         )
         done = await self.submit(req)

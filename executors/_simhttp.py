@@ -8,7 +8,8 @@ GET /v1/models, GET /metrics (Prometheus text with vLLM's metric names), GET /he
 A streamed answer starts once the simulated request has finished, so over HTTP its time to
 first token is its whole latency. Hints ride in the body as the
 `sim` dialect spells them: `priority` (lower runs sooner, as in vLLM), `session_id` (the
-program), `keep_alive_s` and `last_call`. `tools` (with `tool_choice`), `response_format` and
+program), `keep_alive_s`, `last_call` and `cache_salt` (vLLM's: prompts share cached blocks
+only with prompts of the same salt). `tools` (with `tool_choice`), `response_format` and
 vLLM's `structured_outputs.json` act as in the in-process simulator (the same code answers):
 a tool call in OpenAI's format, or JSON that fits the schema. Every bad request gets a 400
 whose message names the field (`logprobs` too: nothing here computes them); nothing a client
@@ -201,6 +202,8 @@ class _Hinted(BaseModel):
     session_id: Annotated[str, Field(strict=True)] | None = None
     keep_alive_s: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)] | None = None
     last_call: Annotated[bool, Field(strict=True)] = False
+    # As vLLM: a non-empty string when given; prompts share cached blocks only within it.
+    cache_salt: Annotated[str, Field(strict=True, min_length=1)] | None = None
     response_format: _ResponseFormat | None = None
     structured_outputs: _StructuredOutputs | None = None
     logprobs: Any = None
@@ -231,6 +234,7 @@ class _Hinted(BaseModel):
             urgency=-self.priority,
             keep_alive_s=self.keep_alive_s,
             last_call=self.last_call,
+            cache_salt=self.cache_salt,
         )
 
     def limit(self) -> int | None:

@@ -20,9 +20,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from test_examples import load
 
+from agents import Agent
 from executors import OpenAIBackend, SimHTTP, SimServer
 from executors._simengine import SimRequest
-from orchestrator import Engine, RunResult, VirtualClock
+from orchestrator import Engine, RunResult, VirtualClock, Workflow
 
 SYSTEM = "You answer questions about GPUs. " * 30
 
@@ -594,3 +595,31 @@ def test_the_tool_agent_example_runs_against_the_http_simulator(
         assert result.ok, result
         assert isinstance(result["finding"], module.Finding)
         assert any(".monthly_sales" in t or ".list_regions" in t for t in result.results)
+
+
+@pytest.mark.parametrize("dialect", ["sim", "vllm"])
+def test_the_cache_salt_keeps_tenants_apart_over_http(clock: VirtualClock, dialect: str) -> None:
+    """Engine.submit(tenant=...) -> the dialect's `cache_salt` -> the served simulator: one
+    tenant's repeat hits the cache, another tenant's same prompt gets cached_tokens 0."""
+    agent = Agent("a", SYSTEM, max_tokens=8)
+
+    async def body(url: str, sim: SimServer) -> list[int | None]:
+        backend = OpenAIBackend(f"{url}/v1", dialect=dialect, model=sim.profile.model, local=True)
+        cached = []
+        async with backend, Engine(backends={"default": backend}) as engine:
+            for i, tenant in enumerate(["alice", "bob", "alice"]):
+                wf = Workflow(f"ask-{i}")
+                wf.add("ask", agent.ask("What did alice ask?"))
+                result = await engine.submit(wf, tenant=tenant)
+                assert result.ok, result
+                cached.append(result.usage.cached_prompt_tokens)
+        return cached
+
+    alice, bob, alice_again = run(clock, body)
+    assert alice == 0 and bob == 0
+    assert alice_again is not None and alice_again > 0
+
+
+def test_an_empty_cache_salt_is_a_400_as_in_vllm(clock: VirtualClock) -> None:
+    status, answer = post_chat(clock, {"cache_salt": ""})
+    assert status == 400 and answer["error"]["param"] == "cache_salt"
