@@ -623,3 +623,38 @@ def test_the_cache_salt_keeps_tenants_apart_over_http(clock: VirtualClock, diale
 def test_an_empty_cache_salt_is_a_400_as_in_vllm(clock: VirtualClock) -> None:
     status, answer = post_chat(clock, {"cache_salt": ""})
     assert status == 400 and answer["error"]["param"] == "cache_salt"
+
+
+FAN_OUT = {
+    "$defs": {
+        "n": {"type": "object", "properties": {f"k{i}": {"$ref": "#/$defs/n"} for i in range(100)}}
+    },
+    "$ref": "#/$defs/n",
+}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        FAN_OUT,  # 100 ** 3 values unless bounded
+        {"type": "string", "minLength": 10**6},
+        {"type": "object", "properties": {"a": 5, "b": {"$ref": 7}, "c": {"enum": 5}}},
+        {"type": "array", "minItems": "many", "items": [1]},
+        {"type": "integer", "minimum": "zero"},
+        {"anyOf": [3, {"type": "number", "minimum": 1e308}]},
+    ],
+)
+def test_a_hostile_schema_gets_a_small_answer_not_a_crash(
+    clock: VirtualClock, schema: dict[str, Any]
+) -> None:
+    """A client's schema drives the simulator's work: whatever it says, the answer is made
+    of at most MAX_NODES values and MAX_STRING-long strings, as a tool's arguments too."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    status, answer = post_chat(clock, {"response_format": fmt, "max_tokens": 1000})
+    assert status == 200, answer
+    assert len(answer["choices"][0]["message"]["content"]) < 200_000
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    status, answer = post_chat(clock, {"tools": [tool], "max_tokens": 1000})
+    assert status == 200, answer
+    [call] = answer["choices"][0]["message"]["tool_calls"]
+    assert len(call["function"]["arguments"]) < 200_000
