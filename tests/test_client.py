@@ -418,6 +418,23 @@ def test_events_follow_a_workflow_across_a_restart_of_the_service(
     assert [e.kind for e in seen].count("task_started") == 2  # before and after the restart
 
 
+def test_a_stream_that_never_opened_says_the_service_cannot_be_reached() -> None:
+    """Only a stream that was open is resumed for `reconnect_s`: the first connection is
+    tried as any request, and no answer at all is said as such."""
+    url = f"http://127.0.0.1:{unused_port()}/"
+
+    async def main() -> tuple[ClientError, list[float]]:
+        clock = Instant()
+        async with client(url, clock=clock) as plait:
+            with pytest.raises(ClientError) as failed:
+                await anext(plait.events("brief-1"))
+        return failed.value, clock.slept
+
+    error, slept = asyncio.run(main())
+    assert error.status is None and f"no answer from the service at {url}" in str(error)
+    assert slept == [0.25, 0.5, 1.0]  # `retries` (3) tries more, as any request
+
+
 def test_429_and_503_are_tried_again_after_the_retry_after_asked_for(
     make_store: StoreFactory,
 ) -> None:
