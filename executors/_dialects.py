@@ -45,21 +45,24 @@ def encode(dialect: str, hints: Hints, *, slots: int | None = None) -> Encoded:
     `slots`: llama.cpp's number of server slots; a program keeps one slot (its KV stays).
     """
     program = hints.program_id
+    # The prefix-cache salt (vLLM's `cache_salt`, also read by SGLang and the simulator;
+    # Dynamo's `nvext.cache_salt`). llama.cpp and the OpenAI API have none: not sent.
+    salt = {"cache_salt": hints.cache_salt} if hints.cache_salt else {}
     if dialect == "openai":
         return Encoded()
     if dialect == "vllm":
-        body: dict[str, Any] = {"priority": -_priority(hints)}
+        body: dict[str, Any] = {"priority": -_priority(hints), **salt}
         if program:
             body["session_id"] = program
         # Ask for the load report header on the answer (vLLM's endpoint-load-metrics).
         return Encoded(body, {"endpoint-load-metrics-format": "TEXT"})
     if dialect == "vllm-continuum":
-        body = {"priority": -_priority(hints), "is_last_step": hints.last_call}
+        body = {"priority": -_priority(hints), "is_last_step": hints.last_call, **salt}
         if program:
             body["job_id"] = program
         return Encoded(body)
     if dialect == "sglang":
-        body = {"priority": _priority(hints)}
+        body = {"priority": _priority(hints), **salt}
         if program:
             body["session_id"] = program
         return Encoded(body)
@@ -74,14 +77,14 @@ def encode(dialect: str, hints: Hints, *, slots: int | None = None) -> Encoded:
             headers["X-Dynamo-Session-ID"] = program
         if hints.last_call:
             headers["X-Dynamo-Session-Final"] = "true"
-        return Encoded({"nvext": {"agent_hints": agent_hints}}, headers)
+        return Encoded({"nvext": {"agent_hints": agent_hints, **salt}}, headers)
     if dialect == "llamacpp":
         body = {"cache_prompt": True}
         if program and slots:
             body["id_slot"] = zlib.crc32(program.encode()) % slots
         return Encoded(body)
     if dialect == "sim":
-        body = {"priority": -_priority(hints), "last_call": hints.last_call}
+        body = {"priority": -_priority(hints), "last_call": hints.last_call, **salt}
         if program:
             body["session_id"] = program
         if hints.keep_alive_s is not None:

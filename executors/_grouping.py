@@ -77,7 +77,7 @@ class PrefixGrouper(WrappedBackend):
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
         self._calls += 1
-        hashes = prompt_hashes(request, self.block_tokens, self._tokenize)
+        hashes = prompt_hashes(request, self.block_tokens, self._tokenize, hints.cache_salt)
         held = False
         while (leader := self._leader(hashes)) is not None:
             held = True

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator import LLMRequest, Message
 
-from ._simtext import chained_hashes, chat_block_hashes, render
+from ._simtext import chained_hashes, chat_block_hashes, render, salted
 
 Tokenize = Callable[[str], Sequence[int]]
 """Text to token ids, e.g. `AutoTokenizer.from_pretrained(...).encode`."""
@@ -32,13 +32,18 @@ def token_block_hashes(tokens: Sequence[int], block_size: int) -> list[int]:
 
 
 def prompt_hashes(
-    request: LLMRequest, block_tokens: int, tokenize: Tokenize | None = None
+    request: LLMRequest,
+    block_tokens: int,
+    tokenize: Tokenize | None = None,
+    salt: str | None = None,
 ) -> tuple[int, ...]:
-    """The chained block hashes of `request`'s rendered prompt.
+    """The chained block hashes of `request`'s rendered prompt, in the namespace of its
+    cache `salt` (`Hints.cache_salt`: prompts of different salts share no prefix).
 
     Computed once per prompt and settings: the hashes depend only on the messages, so the
     latest `MEMO_SIZE` answers are kept and an equal request is answered from them."""
-    return _hashes(request.messages, block_tokens, _Identity(tokenize))
+    hashes = _hashes(request.messages, block_tokens, _Identity(tokenize))
+    return tuple(salted(hashes, salt)) if salt else hashes
 
 
 class _Identity:

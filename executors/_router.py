@@ -369,7 +369,8 @@ class Router(
     # --- calls -------------------------------------------------------------------------------
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
-        hashes = prompt_hashes(request, self.block_tokens, self.tokenize)
+        # Salted as the server salts them: another tenant's prefix is no hit to route for.
+        hashes = prompt_hashes(request, self.block_tokens, self.tokenize, hints.cache_salt)
         n = len(self.backends)
         tried = [False] * n
         unavailable: BackendUnavailableError | None = None

@@ -4,7 +4,8 @@
 work replays in seconds, identically every time; on the system clock it behaves like a
 real server in real time (the HTTP endpoint serves it so). It honours every hint: urgency
 orders its queue, keep-alive pins a finished call's KV blocks for the program's next call,
-a last call releases them at once.
+a last call releases them at once, a cache salt keeps its prompt's blocks apart from those
+of other salts.
 
     async with SimServer("h100-llama3-8b") as sim:
         async with Engine(backends={"default": sim}) as engine:
@@ -35,7 +36,7 @@ from orchestrator import (
 from ._simagent import agent_reply
 from ._simengine import SimEngine, SimRequest, StepPlan
 from ._simprofile import Profile, get_profile
-from ._simtext import chat_block_hashes, count_tokens, generate, render, text_hash
+from ._simtext import chat_block_hashes, count_tokens, generate, render, salted, text_hash
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -140,7 +141,9 @@ class SimServer:
         output, call = "", None
         if request.tools or request.output is not None:
             output, call = agent_reply(request, self.seed, prompt_hash)
-        finish = "length"
+        # Text runs to the output limit: the request's own limit ends it (`length`), the
+        # default length is where the simulated model stops of itself.
+        finish = "length" if request.max_tokens is not None else "stop"
         if output or call is not None:  # an answer of its own length, as a model stops
             written = output or (call.arguments if call is not None else "")
             output_tokens = max(1, min(output_tokens, count_tokens(written)))
@@ -150,7 +153,10 @@ class SimServer:
         req = self.make_request(
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
-            hashes=chat_block_hashes(request.messages, prompt + output, self.profile.block_size),
+            hashes=salted(
+                chat_block_hashes(request.messages, prompt + output, self.profile.block_size),
+                hints.cache_salt,
+            ),
             hints=hints,
         )
         done = await self.submit(req)

@@ -11,6 +11,7 @@ values are noise from the prompt's hash, like the simulator's text.
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any
 
@@ -19,6 +20,10 @@ from orchestrator import LLMRequest, ToolCall
 from ._simtext import generate
 
 _MAX_DEPTH = 6
+MAX_NODES = 10_000
+"""Values one schema instance is made of at most (objects, arrays and leaves)."""
+MAX_STRING = 4_096
+"""The longest string made for a `minLength` (a longer one is cut to this)."""
 
 
 def agent_reply(request: LLMRequest, seed: int, prompt_hash: int) -> tuple[str, ToolCall | None]:
@@ -46,40 +51,67 @@ def _awaits_tool(request: LLMRequest) -> bool:
 
 
 def instance(
-    schema: dict[str, Any], rng: random.Random, root: dict[str, Any], depth: int = 0
+    schema: Any, rng: random.Random, root: Any, depth: int = 0, budget: list[int] | None = None
 ) -> Any:
-    """A small value that fits the JSON schema `schema` (`root` holds its `$defs`)."""
-    if depth > _MAX_DEPTH:
+    """A small value that fits the JSON schema `schema` (`root` holds its `$defs`).
+
+    A schema can come from a client over HTTP, so nothing in it is trusted: a part that is
+    not what JSON Schema says is read as no constraint, lengths are capped, and at most
+    `MAX_NODES` values are made in all (a `$ref` fanned out at every level would otherwise
+    ask for exponentially many)."""
+    budget = [MAX_NODES] if budget is None else budget
+    if depth > _MAX_DEPTH or budget[0] <= 0 or not isinstance(schema, dict):
         return None
+    budget[0] -= 1
     if "$ref" in schema:
-        name = schema["$ref"].rsplit("/", 1)[-1]
-        return instance(root.get("$defs", {}).get(name, {}), rng, root, depth + 1)
+        ref, defs = schema["$ref"], root.get("$defs") if isinstance(root, dict) else None
+        name = ref.rsplit("/", 1)[-1] if isinstance(ref, str) else ""
+        target = defs.get(name, {}) if isinstance(defs, dict) else {}
+        return instance(target, rng, root, depth + 1, budget)
     if "const" in schema:
         return schema["const"]
-    if schema.get("enum"):
-        return rng.choice(schema["enum"])
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return rng.choice(enum)
     for key in ("anyOf", "oneOf", "allOf"):
-        if schema.get(key):
-            options = [s for s in schema[key] if s.get("type") != "null"] or schema[key]
-            return instance(options[0], rng, root, depth + 1)
+        given = schema.get(key)
+        if isinstance(given, list) and given:
+            options = [s for s in given if isinstance(s, dict) and s.get("type") != "null"]
+            return instance((options or given)[0], rng, root, depth + 1, budget)
     kind = schema.get("type", "object")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
-        properties = schema.get("properties", {})
-        return {name: instance(sub, rng, root, depth + 1) for name, sub in properties.items()}
+        properties = schema.get("properties")
+        if not isinstance(properties, dict):
+            return {}
+        return {
+            name: instance(sub, rng, root, depth + 1, budget) for name, sub in properties.items()
+        }
     if kind == "array":
+        count = max(_integer(schema.get("minItems"), 1), 1)
         items = schema.get("items", {})
-        count = max(schema.get("minItems", 1), 1)
-        return [instance(items, rng, root, depth + 1) for _ in range(min(count, 3))]
+        return [instance(items, rng, root, depth + 1, budget) for _ in range(min(count, 3))]
     if kind == "string":
-        low = max(schema.get("minLength", 0), 1)
+        low = min(max(_integer(schema.get("minLength"), 0), 1), MAX_STRING)
         text = generate(rng.randrange(1 << 30), 0, rng.randint(1, 3)).strip() or "text"
         return (text * low)[: max(low, len(text))]
     if kind == "integer":
-        return int(schema.get("minimum", 0)) + rng.randrange(10)
+        return int(_number(schema.get("minimum"))) + rng.randrange(10)
     if kind == "number":
-        return float(schema.get("minimum", 0)) + rng.random()
+        return float(_number(schema.get("minimum"))) + rng.random()
     if kind == "boolean":
         return rng.random() < 0.5
     return None
+
+
+def _number(value: Any) -> int | float:
+    """`value` if it is a finite JSON number, else 0."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return value
+    return 0
+
+
+def _integer(value: Any, default: int) -> int:
+    """`value` if it is an integer (JSON's), else `default`."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default

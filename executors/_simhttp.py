@@ -8,8 +8,12 @@ GET /v1/models, GET /metrics (Prometheus text with vLLM's metric names), GET /he
 A streamed answer starts once the simulated request has finished, so over HTTP its time to
 first token is its whole latency. Hints ride in the body as the
 `sim` dialect spells them: `priority` (lower runs sooner, as in vLLM), `session_id` (the
-program), `keep_alive_s` and `last_call`. Every bad request gets a 400 whose message names
-the field; nothing a client sends can crash the server.
+program), `keep_alive_s`, `last_call` and `cache_salt` (vLLM's: prompts share cached blocks
+only with prompts of the same salt). `tools` (with `tool_choice`), `response_format` and
+vLLM's `structured_outputs.json` act as in the in-process simulator (the same code answers):
+a tool call in OpenAI's format, or JSON that fits the schema. Every bad request gets a 400
+whose message names the field (`logprobs` too: nothing here computes them); nothing a client
+sends can crash the server.
 """
 
 from __future__ import annotations
@@ -23,9 +27,29 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from aiohttp import web
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-from orchestrator import BackendError, Hints, LLMRequest, Message, Sampling, UsageError
+from orchestrator import (
+    BackendError,
+    Hints,
+    LLMRequest,
+    LLMResponse,
+    Message,
+    OutputSchema,
+    Sampling,
+    ToolCall,
+    ToolSpec,
+    UsageError,
+)
 
 from ._sim import SimServer
 from ._simtext import CHARS_PER_TOKEN
@@ -64,10 +88,99 @@ def _content_text(content: Any) -> str:
     return "".join(texts)
 
 
+_Name = Annotated[str, Field(strict=True, min_length=1)]
+_Schema = dict[str, Any]
+
+
+class _CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: _Name
+    arguments: Annotated[str, Field(strict=True)] = ""
+
+
+class _ToolCallIn(BaseModel):
+    """A tool call an assistant message made, sent back in the history."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: Annotated[str, Field(strict=True)]
+    type: Literal["function"] = "function"
+    function: _CalledFunction
+
+
 class _ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: Annotated[str, BeforeValidator(_content_text)] = ""
+    name: Annotated[str, Field(strict=True)] | None = None
+    tool_call_id: Annotated[str, Field(strict=True)] | None = None
+    tool_calls: list[_ToolCallIn] | None = None
+
+    def message(self) -> Message:
+        calls = tuple(
+            ToolCall(c.id, c.function.name, c.function.arguments) for c in self.tool_calls or ()
+        )
+        role = "system" if self.role == "developer" else self.role
+        return Message(role, self.content, self.name, self.tool_call_id, calls)
+
+
+class _Function(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: _Name
+    description: Annotated[str, Field(strict=True)] = ""
+    parameters: _Schema = Field(default_factory=dict)
+
+
+class _Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: _Function
+
+
+class _ChosenFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: _Name
+
+
+class _ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: _ChosenFunction
+
+
+class _JsonSchema(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: Annotated[str, Field(strict=True)] = "output"
+    # `schema` would shadow a BaseModel attribute, hence the alias.
+    json_schema: _Schema = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+
+
+class _ResponseFormat(BaseModel):
+    """OpenAI's `response_format` (SGLang, llama.cpp, Dynamo and the `sim` dialect send it)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: _JsonSchema | None = None
+
+    def output(self) -> OutputSchema | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object" or self.json_schema is None:
+            return OutputSchema("json_object", {"type": "object"})
+        return OutputSchema(self.json_schema.name or "output", self.json_schema.json_schema)
+
+
+class _StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs` (the `vllm` dialect sends it); the simulator follows a
+    JSON schema only, so its other constraints are refused rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: _Schema | None = Field(default=None, alias="json")
+
+    @model_validator(mode="after")
+    def _has_json(self) -> _StructuredOutputs:
+        if self.json_ is None:
+            raise ValueError("needs `json`, a JSON schema (the simulator follows no other)")
+        return self
 
 
 class _StreamOptions(BaseModel):
@@ -89,6 +202,31 @@ class _Hinted(BaseModel):
     session_id: Annotated[str, Field(strict=True)] | None = None
     keep_alive_s: Annotated[float, Field(strict=True, allow_inf_nan=False, ge=0)] | None = None
     last_call: Annotated[bool, Field(strict=True)] = False
+    # As vLLM: a non-empty string when given; prompts share cached blocks only within it.
+    cache_salt: Annotated[str, Field(strict=True, min_length=1)] | None = None
+    response_format: _ResponseFormat | None = None
+    structured_outputs: _StructuredOutputs | None = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: Any) -> Any:
+        # A client that asks for log probabilities must not get a silent null to misread.
+        if value is None or value is False or value == 0:
+            return value
+        raise ValueError(
+            "the simulated server computes no log probabilities; leave the field out "
+            "(or set it to null or false)"
+        )
+
+    def output(self) -> OutputSchema | None:
+        """The schema the reply must fit, from either spelling of structured output."""
+        if self.structured_outputs is not None:
+            return OutputSchema("structured_outputs", self.structured_outputs.json_ or {})
+        if self.response_format is not None:
+            return self.response_format.output()
+        return None
 
     def hints(self) -> Hints:
         return Hints(
@@ -96,6 +234,7 @@ class _Hinted(BaseModel):
             urgency=-self.priority,
             keep_alive_s=self.keep_alive_s,
             last_call=self.last_call,
+            cache_salt=self.cache_salt,
         )
 
     def limit(self) -> int | None:
@@ -104,6 +243,33 @@ class _Hinted(BaseModel):
 
 class _ChatBody(_Hinted):
     messages: list[_ChatMessage] = Field(min_length=1)
+    tools: list[_Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | _ToolChoice | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _offered(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(value, _ToolChoice):
+            offered = [t.function.name for t in info.data.get("tools") or ()]
+            if value.function.name not in offered:
+                raise ValueError(
+                    f"names the function {value.function.name!r}, which is not among the "
+                    f"tools ({', '.join(offered) or 'none'})"
+                )
+        return value
+
+    def tool_specs(self) -> tuple[ToolSpec, ...]:
+        """The tools the model may call, after `tool_choice` ("none": none; a named
+        function: that one only)."""
+        tools = tuple(
+            ToolSpec(t.function.name, t.function.description, t.function.parameters)
+            for t in self.tools or ()
+        )
+        if self.tool_choice == "none":
+            return ()
+        if isinstance(self.tool_choice, _ToolChoice):
+            return tuple(t for t in tools if t.name == self.tool_choice.function.name)
+        return tools
 
 
 class _CompletionBody(_Hinted):
@@ -230,8 +396,11 @@ class SimHTTP:
 
     def _sizes(
         self, body: _Hinted, messages: tuple[Message, ...], where: str
-    ) -> int | web.Response:
-        """The output tokens to simulate, or the 400 vLLM gives a request that cannot fit.
+    ) -> int | web.Response | None:
+        """The request's output limit for the simulator, or the 400 vLLM gives a request
+        that cannot fit. None: no limit was asked for and the context leaves room for the
+        simulator's default length, where its answer ends of itself (`finish_reason` stop);
+        a limit the answer reaches ends it with `length`.
 
         Checked before any work: the output text and the block hashes cost time in proportion
         to the length, so a huge `max_tokens` refused afterwards would stall every request."""
@@ -249,7 +418,10 @@ class SimHTTP:
         asked = body.limit()
         if asked is None:
             # As vLLM: no limit means what the context leaves (here capped by the default).
-            asked = min(self.server.default_max_tokens, context - prompt)
+            left = context - prompt
+            if left >= self.server.default_max_tokens:
+                return None
+            asked = left
         elif prompt + asked > context:
             return _error(
                 400,
@@ -268,7 +440,11 @@ class SimHTTP:
             )
         return asked
 
-    async def _run(self, request: LLMRequest, hints: Hints) -> dict[str, Any] | web.Response:
+    async def _run(
+        self, request: LLMRequest, hints: Hints
+    ) -> tuple[dict[str, Any], LLMResponse] | web.Response:
+        """The answer's envelope (id, model, usage) and the simulator's response; the same
+        `SimServer.complete` as the in-process backend, so tools and schemas act alike."""
         fault = await self._inject()
         if fault is not None:
             return fault
@@ -282,7 +458,7 @@ class SimHTTP:
             self.disconnects += 1
             raise
         usage = response.usage
-        return {
+        out = {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "created": int(time.time()),
             "model": self.model,
@@ -292,9 +468,8 @@ class SimHTTP:
                 "total_tokens": usage.total_tokens,
                 "prompt_tokens_details": {"cached_tokens": usage.cached_prompt_tokens or 0},
             },
-            "_text": response.text,
-            "_finish": response.finish_reason,
         }
+        return out, response
 
     async def _stream(
         self,
@@ -327,34 +502,54 @@ class SimHTTP:
         if isinstance(body, web.Response):
             return body
         assert isinstance(body, _ChatBody)
-        messages = tuple(
-            Message("system" if m.role == "developer" else m.role, m.content) for m in body.messages
-        )
+        messages = tuple(m.message() for m in body.messages)
         sampling = Sampling(temperature=body.temperature, seed=body.seed)
         tokens = self._sizes(body, messages, "messages")
         if isinstance(tokens, web.Response):
             return tokens
-        out = await self._run(
-            LLMRequest(messages, body.model or self.model, sampling, tokens), body.hints()
+        request_ = LLMRequest(
+            messages,
+            body.model or self.model,
+            sampling,
+            tokens,
+            tools=body.tool_specs(),
+            output=body.output(),
         )
-        if isinstance(out, web.Response):
-            return out
-        text, finish = out.pop("_text"), out.pop("_finish")
+        ran = await self._run(request_, body.hints())
+        if isinstance(ran, web.Response):
+            return ran
+        out, answer = ran
+        calls: list[dict[str, Any]] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in answer.tool_calls
+        ]
         if body.stream:
             out["object"] = "chat.completion.chunk"
-            deltas = [{"role": "assistant", "content": ""}]
-            deltas += [{"content": piece} for piece in _pieces(text)]
-            chunks = [{"index": 0, "delta": d, "finish_reason": None} for d in deltas]
-            chunks.append({"index": 0, "delta": {}, "finish_reason": finish})
+            deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+            deltas += [{"content": piece} for piece in _pieces(answer.text)]
+            for i, c in enumerate(answer.tool_calls):
+                # As OpenAI streams a call: id and name first, then the arguments in pieces.
+                head = {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": ""},
+                }
+                deltas.append({"tool_calls": [{"index": i, **head}]})
+                deltas += [
+                    {"tool_calls": [{"index": i, "function": {"arguments": piece}}]}
+                    for piece in _pieces(c.arguments)
+                ]
+            chunks: list[dict[str, Any]] = [
+                {"index": 0, "delta": d, "finish_reason": None} for d in deltas
+            ]
+            chunks.append({"index": 0, "delta": {}, "finish_reason": answer.finish_reason})
             return await self._stream(request, body, out, chunks)
+        message: dict[str, Any] = {"role": "assistant", "content": answer.text}
+        if calls:
+            message["content"] = answer.text or None
+            message["tool_calls"] = calls
         out["object"] = "chat.completion"
-        out["choices"] = [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": finish,
-            }
-        ]
+        out["choices"] = [{"index": 0, "message": message, "finish_reason": answer.finish_reason}]
         return web.json_response(out)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -367,12 +562,14 @@ class SimHTTP:
         tokens = self._sizes(body, messages, "prompt")
         if isinstance(tokens, web.Response):
             return tokens
-        out = await self._run(
-            LLMRequest(messages, body.model or self.model, max_tokens=tokens), body.hints()
+        request_ = LLMRequest(
+            messages, body.model or self.model, max_tokens=tokens, output=body.output()
         )
-        if isinstance(out, web.Response):
-            return out
-        text, finish = out.pop("_text"), out.pop("_finish")
+        ran = await self._run(request_, body.hints())
+        if isinstance(ran, web.Response):
+            return ran
+        out, answer = ran
+        text, finish = answer.text, answer.finish_reason
         out["object"] = "text_completion"
         if body.stream:
             chunks = [{"index": 0, "text": p, "finish_reason": None} for p in _pieces(text)]

@@ -169,5 +169,16 @@ def _remember(key: tuple[_Body, int], length: int, hashes: tuple[int, ...]) -> N
         _chat_memo_blocks -= len(dropped)
 
 
+def salted(hashes: Sequence[int], salt: str | None) -> list[int]:
+    """Block hashes in `salt`'s namespace: each is hashed again with the salt, so prompts
+    with different salts share no block while each salt's hashes stay chained (block i's
+    still covers blocks 0..i), as vLLM's `cache_salt` enters its first block's hash. No
+    salt: the hashes as they are."""
+    if not salt:
+        return list(hashes)
+    key = text_hash(salt)
+    return [hash((key, h)) for h in hashes]
+
+
 def text_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")

@@ -9,9 +9,12 @@ priority, deadline, what its task does next) is passed down with the call.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import hashlib
+import hmac
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -50,6 +53,9 @@ class Program(Protocol):
     @property
     def deadline(self) -> float | None: ...
 
+    @property
+    def tenant(self) -> str | None: ...
+
     def view(self, now: float) -> ProgramView: ...
 
 
@@ -87,6 +93,14 @@ class CallMemo(Protocol):
 
 _REQUEST = TypeAdapter(LLMRequest)
 RESPONSE_ADAPTER: TypeAdapter[LLMResponse] = TypeAdapter(LLMResponse)
+
+
+def tenant_salt(key: bytes, tenant: str) -> str:
+    """The prefix-cache salt of `tenant`: HMAC-SHA256 under `key`, 43 URL-safe base64
+    characters (256 bits, as vLLM advises), so a server never sees a tenant's name and
+    nobody without the key can compute another tenant's salt."""
+    digest = hmac.new(key, tenant.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def call_key(site: CallSite, request: LLMRequest) -> str:
@@ -157,6 +171,9 @@ class LLMCalls:
         self._clock: Clock | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._timers: set[asyncio.TimerHandle] = set()
+        self._salt_key = secrets.token_bytes(32)
+        """Keys the tenants' cache salts (`tenant_salt`): one per engine, so a tenant's
+        salt holds for the engine's life and is unknown outside it."""
         self.memo: CallMemo | None = None
         """Set by a durable engine: call results are recorded and reused from there."""
         self._replayed: set[tuple[str, str]] = set()
@@ -257,8 +274,10 @@ class LLMCalls:
         now = self._clock.monotonic()
         deadline = program.deadline
         view = program.view(now)
+        tenant = program.tenant
         return Hints(
             program_id=program.id,
+            cache_salt=None if tenant is None else tenant_salt(self._salt_key, tenant),
             urgency=urgency(self.policy, view, now),
             priority_class=program.priority_class,
             deadline_s=None if deadline is None else deadline - now,

@@ -126,7 +126,11 @@ class Hints:
     then goes by `priority_class`). `slack_s`: the seconds the program has to spare at what
     its tasks take lately (`deadline_s` less its remaining critical path; a router's urgent
     lane takes batch calls beside programs with enough of it); None without a deadline or
-    where nothing estimated it.
+    where nothing estimated it. `cache_salt`: an opaque string that puts the call's prompt
+    in its own prefix-cache namespace on servers that support it (vLLM, SGLang, Dynamo, the
+    simulator; docs/backends.md): calls share cached prefixes only with calls of the same
+    salt. The engine derives it from the run's tenant (a keyed hash, never the name
+    itself); None (a run without a tenant) shares the cache with every unsalted call.
     """
 
     program_id: str
@@ -139,6 +143,7 @@ class Hints:
     prefix_key: str | None = None
     urgent: bool | None = None
     slack_s: float | None = None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ import pydantic
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
 from ._clock import Clock, SystemClock
-from ._errors import PlaitError
+from ._errors import PlaitError, UsageError
 from ._events import EVENT_ADAPTER, Event
 from .service._spec import (
     Accepted,
@@ -71,6 +71,10 @@ __all__ = [
 
 DEFAULT_URL = "http://127.0.0.1:8470"
 """Where `plait serve --config examples/serve.toml` listens; `$PLAIT_URL` overrides it."""
+
+RECONNECT_S = 60.0
+"""How long `Client.events` tries to resume a lost stream by default: longer than a
+service takes to restart (it resumes its workflows from the store as it starts)."""
 
 WAIT_STEP = 30.0
 """The longest wait asked of the service in one request (its `max_wait_s` is 60 s by
@@ -136,8 +140,10 @@ class Client:
     `url` defaults to `$PLAIT_URL`, else `DEFAULT_URL`; `token` to `$PLAIT_TOKEN`.
     `timeout` bounds connecting and each request (plus its `wait`), and the silence of an
     event stream (the service sends a heartbeat every 15 s by default). `retries` bounds the
-    attempts after the first, and the reconnections of a stream in a row without an event.
-    `clock` is what waits between attempts.
+    attempts after the first (a stream's first connection included). `reconnect_s` bounds
+    how long a stream that was following a workflow tries to resume after it is lost (a
+    restart of the service), from the loss to the last try. `clock` is what waits between
+    attempts.
     """
 
     def __init__(
@@ -148,14 +154,18 @@ class Client:
         session: aiohttp.ClientSession | None = None,
         timeout: float = 30.0,
         retries: int = 3,
+        reconnect_s: float = RECONNECT_S,
         clock: Clock | None = None,
     ) -> None:
+        if not 0 <= reconnect_s < float("inf"):
+            raise UsageError(f"reconnect_s must be a number of seconds >= 0, got {reconnect_s!r}")
         self.url = (url or os.environ.get("PLAIT_URL") or DEFAULT_URL).rstrip("/") + "/"
         self._token = token if token is not None else os.environ.get("PLAIT_TOKEN") or None
         self._session = session
         self._owned = session is None
         self.timeout = timeout
         self.retries = retries
+        self.reconnect_s = reconnect_s
         self._clock = clock or SystemClock()
 
     def __repr__(self) -> str:
@@ -286,9 +296,16 @@ class Client:
 
     async def events(self, id: str, *, after: int = 0) -> AsyncIterator[StreamEvent]:
         """The workflow's events after the `after`-th, as they are committed; the iterator
-        ends after `workflow_finished`. A stream that drops (or goes silent for `timeout`
-        seconds) is resumed after the last event seen, `retries` times in a row at most."""
-        last, failures = after, 0
+        ends after `workflow_finished`.
+
+        The first connection is tried as any request (`retries` times more at most). Once
+        the stream has been open, one that drops or goes silent for `timeout` seconds is
+        resumed after the last event seen (`Last-Event-ID`), with pauses of 0.25 s doubling
+        to 4 s (or the `Retry-After` the service asks for), for up to `reconnect_s` seconds
+        from the loss: long enough to outlast a restart of the service. No event is given
+        twice and none is lost."""
+        last, failures, opened = after, 0, False
+        lost_at: float | None = None
         while True:
             problem: BaseException
             try:
@@ -296,9 +313,10 @@ class Client:
                     self._stream(id, last) as response,
                     contextlib.aclosing(_lines(response)) as lines,
                 ):
+                    opened = True
                     parser = _SSEParser()
                     async for line in lines:
-                        failures = 0  # an event or a heartbeat: the stream is alive
+                        failures, lost_at = 0, None  # an event or a heartbeat: alive
                         event = parser.feed(line)
                         if event is None:
                             continue
@@ -314,17 +332,22 @@ class Client:
             except _LOST as exc:
                 problem = exc
             failures += 1
-            if failures > self.retries:
+            now = self._clock.monotonic()
+            lost_at = now if lost_at is None else lost_at
+            retry_after = problem.retry_after if isinstance(problem, ClientError) else None
+            pause = retry_after if retry_after is not None else 0.25 * 2 ** min(failures - 1, 4)
+            if not opened and failures > self.retries:
+                if isinstance(problem, ClientError):
+                    raise problem
+                raise self._unreachable(problem) from problem
+            if opened and now + pause - lost_at > self.reconnect_s:
                 raise ClientError(
                     None,
                     f"lost the event stream of {id!r} after event {last} and could not resume "
-                    f"it ({self.retries} tries): {_reason(problem)}; follow it again from there "
-                    f"with after={last}",
+                    f"it within {self.reconnect_s:g} s (reconnect_s): {_reason(problem)}; "
+                    f"follow it again from there with after={last}",
                 ) from problem
-            retry_after = problem.retry_after if isinstance(problem, ClientError) else None
-            await self._clock.sleep(
-                retry_after if retry_after is not None else 0.25 * 2 ** min(failures - 1, 4)
-            )
+            await self._clock.sleep(pause)
 
     # In this class body `list` names this method: annotations here say `builtins.list`.
     async def list(

@@ -15,17 +15,20 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import web
 from conftest import StoreFactory
-from test_service import GATED, SPEC, Api, Gate, _Lines, on_stores
+from test_service import ACME, BETA, GATED, REGISTRY, SPEC, Api, Gate, _Lines, on_stores
 from yarl import URL
 
 import orchestrator.client
-from orchestrator import SystemClock, VirtualClock, WorkflowFinished
+from executors import FunctionLLM, echo
+from orchestrator import Engine, Store, SystemClock, VirtualClock, WorkflowFinished
 from orchestrator._cli import main
 from orchestrator._clientcli import describe
 from orchestrator.client import (
@@ -37,7 +40,7 @@ from orchestrator.client import (
     WorkflowView,
     _SSEParser,
 )
-from orchestrator.service import Tenant, hash_token, load_serve_config
+from orchestrator.service import Service, Tenant, hash_token, load_serve_config
 from orchestrator.service._config import ServiceSettings
 from orchestrator.service._serve import serve
 
@@ -62,6 +65,34 @@ class Instant(SystemClock):
         self.slept.append(seconds)
         if self.then is not None:
             self.then(seconds)
+        await asyncio.sleep(0)
+
+
+class Outage(SystemClock):
+    """A client's clock whose time passes only as the client waits. After `down()`, once
+    `outage_s` of it have passed, the client's next wait lasts until `back` is set: the
+    service is down that long, then up again."""
+
+    def __init__(self, outage_s: float = 4.0) -> None:
+        self.now = 0.0
+        self.slept: list[float] = []
+        self.outage_s = outage_s
+        self.down_at: float | None = None
+        self.waiting = asyncio.Event()
+        self.back = asyncio.Event()
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def down(self) -> None:
+        self.down_at = self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+        if self.down_at is not None and self.now - self.down_at >= self.outage_s:
+            self.waiting.set()
+            await self.back.wait()
         await asyncio.sleep(0)
 
 
@@ -304,16 +335,104 @@ def test_events_resume_after_a_dropped_connection(make_store: StoreFactory) -> N
             assert seen[-1].data["status"] == "succeeded"
             started = next(e.id for e in seen if e.kind == "task_started")
             assert f"Last-Event-ID: {started}\r\n".encode() in proxy.received
-            # A stream that cannot be resumed ends in an error after `retries` attempts.
-            Gate.opened, Gate.reached = asyncio.Event(), asyncio.Event()
+        # A stream that cannot be resumed ends in an error once `reconnect_s` has passed.
+        Gate.opened, Gate.reached = asyncio.Event(), asyncio.Event()
+        clock = Outage()
+        async with Proxy(api.base) as proxy, client(proxy.url, clock=clock) as plait:
             stuck = await plait.submit(GATED)
             with pytest.raises(ClientError, match="lost the event stream") as lost:
                 async for event in plait.events(stuck.id):
                     if event.kind == "task_started":
                         await proxy.close()
             assert lost.value.status is None and "after=" in str(lost.value)
+            assert "within 60 s (reconnect_s)" in str(lost.value)
+            assert clock.slept[:6] == [0.25, 0.5, 1.0, 2.0, 4.0, 4.0]
+            assert sum(clock.slept) <= plait.reconnect_s < sum(clock.slept) + 4.0
 
     on_stores(make_store, body, settings=ServiceSettings(heartbeat_s=3600))
+
+
+@asynccontextmanager
+async def service_on(store: Store, port: int, batch_dir: Path) -> AsyncIterator[str]:
+    """A real service on `port` over `store`, started as `plait serve` starts (it resumes
+    the store's unfinished workflows first) and stopped as it stops."""
+    async with Engine(backends={"default": FunctionLLM(echo)}, store=store) as engine:
+        await engine.resume(REGISTRY, workflows=await store.unfinished())
+        service = Service(engine, REGISTRY, (ACME, BETA), batch_dir=batch_dir)
+        runner = web.AppRunner(service.app(), handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            yield f"http://127.0.0.1:{port}/"
+        finally:
+            service.stop_accepting()
+            await runner.cleanup()
+
+
+async def first_of(*waits: Awaitable[Any]) -> None:
+    """Until the first of `waits` is done (the others go on)."""
+    futures = [asyncio.ensure_future(w) for w in waits]
+    await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+
+
+def test_events_follow_a_workflow_across_a_restart_of_the_service(
+    make_store: StoreFactory, tmp_path: Path
+) -> None:
+    """The service stops while a client follows a workflow, stays down 4 s of the client's
+    time, and starts again on the same port and store: the client resumes and gets every
+    event once, in order, to the end."""
+    port = unused_port()
+
+    async def main() -> tuple[list[StreamEvent], list[int]]:
+        Gate.opened, Gate.reached = asyncio.Event(), asyncio.Event()
+        clock = Outage(outage_s=4.0)
+        seen: list[StreamEvent] = []
+        started = asyncio.Event()
+        base = f"http://127.0.0.1:{port}/"
+        async with asyncio.timeout(60), make_store() as store, client(base, clock=clock) as plait:
+            async with service_on(store, port, tmp_path):
+                accepted = await plait.submit(GATED)
+
+                async def follow() -> None:
+                    async for event in plait.events(accepted.id):
+                        seen.append(event)
+                        if event.kind == "task_started":
+                            started.set()
+
+                following = asyncio.ensure_future(follow())
+                await first_of(started.wait(), following)
+            clock.down()  # the service has stopped
+            await first_of(clock.waiting.wait(), following)  # the client waited out 4 s
+            Gate.reached = asyncio.Event()
+            async with service_on(store, port, tmp_path):  # started again on the same port
+                clock.back.set()
+                await first_of(Gate.reached.wait(), following)  # resumed, at the gate again
+                Gate.opened.set()
+                await following  # raises if the client gave up
+            logged = [record.seq for record in await store.events(accepted.id)]
+        return seen, logged
+
+    seen, logged = asyncio.run(main())
+    assert [e.id for e in seen] == logged == list(range(1, len(logged) + 1))
+    assert seen[-1].kind == "workflow_finished" and seen[-1].data["status"] == "succeeded"
+    assert [e.kind for e in seen].count("task_started") == 2  # before and after the restart
+
+
+def test_a_stream_that_never_opened_says_the_service_cannot_be_reached() -> None:
+    """Only a stream that was open is resumed for `reconnect_s`: the first connection is
+    tried as any request, and no answer at all is said as such."""
+    url = f"http://127.0.0.1:{unused_port()}/"
+
+    async def main() -> tuple[ClientError, list[float]]:
+        clock = Instant()
+        async with client(url, clock=clock) as plait:
+            with pytest.raises(ClientError) as failed:
+                await anext(plait.events("brief-1"))
+        return failed.value, clock.slept
+
+    error, slept = asyncio.run(main())
+    assert error.status is None and f"no answer from the service at {url}" in str(error)
+    assert slept == [0.25, 0.5, 1.0]  # `retries` (3) tries more, as any request
 
 
 def test_429_and_503_are_tried_again_after_the_retry_after_asked_for(

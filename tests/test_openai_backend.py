@@ -307,6 +307,57 @@ def test_each_dialect_sends_exactly_its_fields(clock: VirtualClock, dialect: str
     assert body["max_tokens"] == 8 and body["messages"][1] == {"role": "user", "content": "hi"}
 
 
+SALTED: dict[str, dict[str, Any]] = {
+    "vllm": {"cache_salt": "s4lt"},
+    "vllm-continuum": {"cache_salt": "s4lt"},
+    "sglang": {"cache_salt": "s4lt"},
+    "dynamo": {"nvext": {"agent_hints": {"priority": 0}, "cache_salt": "s4lt"}},
+    "llamacpp": {},  # no salt: llama.cpp's slots share their prompt cache
+    "openai": {},
+    "sim": {"cache_salt": "s4lt"},
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(SALTED))
+def test_each_dialect_sends_the_cache_salt_its_own_way(clock: VirtualClock, dialect: str) -> None:
+    recorder = Recorder()
+    call(clock, dialect, recorder, hints=Hints(program_id="", cache_salt="s4lt"))
+    _, body, _ = recorder.seen[0]
+    sent = {k: v for k, v in body.items() if k in ("cache_salt", "nvext")}
+    assert sent == SALTED[dialect]
+    recorder = Recorder()
+    call(clock, dialect, recorder, hints=Hints(program_id=""))  # unsalted: no field at all
+    assert "cache_salt" not in json.dumps(recorder.seen[0][1])
+
+
+def test_a_runs_tenant_reaches_vllm_as_a_keyed_cache_salt(clock: VirtualClock) -> None:
+    """Engine.submit(tenant=...) -> Hints.cache_salt -> vLLM's `cache_salt` body field: the
+    same salt for a tenant's runs, another for another tenant, none without a tenant; the
+    tenant's name never leaves the process."""
+    recorder = Recorder()
+    agent = Agent("a", "You are brief.")
+
+    async def main() -> list[RunResult]:
+        async with (
+            recording(recorder) as url,
+            OpenAIBackend(url, dialect="vllm", local=True) as llm,
+            Engine(backends={"default": llm}) as engine,
+        ):
+            runs = []
+            for i, tenant in enumerate(["acme-corp", "acme-corp", "globex", None]):
+                wf = Workflow(f"run-{i}")
+                wf.add("ask", agent.ask("same question", max_tokens=4))
+                runs.append(await engine.submit(wf, tenant=tenant))
+            return runs
+
+    assert all(r.ok for r in clock.run(main()))
+    salts = [body.get("cache_salt") for _, body, _ in recorder.seen]
+    acme, acme_again, globex, nobody = salts
+    assert acme == acme_again and acme != globex and nobody is None
+    assert isinstance(acme, str) and re.fullmatch(r"[A-Za-z0-9_-]{43}", acme)
+    assert all("acme" not in json.dumps(body) for _, body, _ in recorder.seen)
+
+
 def test_sglang_closes_the_session_after_the_programs_last_call(clock: VirtualClock) -> None:
     recorder = Recorder()
     call(clock, "sglang", recorder)

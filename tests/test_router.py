@@ -1141,3 +1141,23 @@ def test_a_lane_stays_unshared_for_lane_quiet_s_after_a_tight_call_ends(
             return [soon, later]
 
     assert clock.run(main()) == [0, 4]
+
+
+def test_prefixes_are_known_per_cache_salt(clock: VirtualClock) -> None:
+    """A server keeps each salt's prefixes apart, so the router's model does too: a prompt
+    routed under one tenant's salt is no known prefix for another salt, or for none."""
+    llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=1.0) for i in range(2)}
+    request = conversation("shared", 1)[0]
+
+    async def main() -> tuple[list[int], list[int], list[int]]:
+        async with Router(llms) as router:
+            await router.complete(request, Hints(program_id="a", cache_salt="salt-a"))
+            held = [
+                [router.policy.held_prefix(prompt_hashes(request, 16, None, s), i) for i in (0, 1)]
+                for s in ("salt-a", "salt-b", None)
+            ]
+        return held[0], held[1], held[2]
+
+    mine, other, unsalted = clock.run(main())
+    assert max(mine) == len(prompt_hashes(request, 16))  # where it went, all of it
+    assert other == [0, 0] and unsalted == [0, 0]

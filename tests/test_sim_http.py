@@ -18,10 +18,12 @@ import openai
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from test_examples import load
 
-from executors import SimHTTP, SimServer
+from agents import Agent
+from executors import OpenAIBackend, SimHTTP, SimServer
 from executors._simengine import SimRequest
-from orchestrator import VirtualClock
+from orchestrator import Engine, RunResult, VirtualClock, Workflow
 
 SYSTEM = "You answer questions about GPUs. " * 30
 
@@ -407,3 +409,252 @@ def test_a_client_that_hangs_up_mid_request_stops_its_simulation(clock: VirtualC
     disconnects, state = clock.run(main())
     assert state == "aborted"  # dropped from the batch, not decoded to the end
     assert disconnects == 1
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city", "days"],
+        },
+    },
+}
+ANSWER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "rain": {"type": "boolean"}},
+    "required": ["city", "rain"],
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_tools_are_called_in_the_openai_format_then_the_answer_fits_the_schema(
+    clock: VirtualClock, stream: bool
+) -> None:
+    """Offered tools, it calls one (as the in-process simulator); given the tool's answer
+    and a `response_format`, it answers JSON that fits the schema."""
+
+    async def body(url: str, sim: SimServer) -> tuple[Any, Any]:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        ask: list[Any] = [{"role": "user", "content": "Will it rain in Oslo?"}]
+        fmt: Any = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+        try:
+            if stream:
+                parts: dict[str, str] = {"id": "", "name": "", "arguments": ""}
+                finish = None
+                chunks = await client.chat.completions.create(
+                    model="", messages=ask, tools=[WEATHER], stream=True
+                )
+                async for chunk in chunks:
+                    choice = chunk.choices[0]
+                    finish = choice.finish_reason or finish
+                    for call in choice.delta.tool_calls or ():
+                        parts["id"] += call.id or ""
+                        assert call.function is not None
+                        parts["name"] += call.function.name or ""
+                        parts["arguments"] += call.function.arguments or ""
+                first: Any = (parts, finish)
+            else:
+                reply = await client.chat.completions.create(
+                    model="", messages=ask, tools=[WEATHER]
+                )
+                [call] = reply.choices[0].message.tool_calls or []
+                assert reply.choices[0].message.content is None
+                first = (
+                    {
+                        "id": call.id,
+                        "name": call.function.name,
+                        "arguments": call.function.arguments,
+                    },  # type: ignore[union-attr]
+                    reply.choices[0].finish_reason,
+                )
+            made = first[0]
+            history = [
+                *ask,
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": made["id"],
+                            "type": "function",
+                            "function": {"name": made["name"], "arguments": made["arguments"]},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": made["id"], "content": "rain all week"},
+            ]
+            final = await client.chat.completions.create(
+                model="", messages=history, tools=[WEATHER], response_format=fmt
+            )
+        finally:
+            await client.close()
+        return first, final
+
+    (call, finish), final = run(clock, body)
+    assert finish == "tool_calls"
+    assert call["name"] == "weather" and call["id"]
+    arguments = json.loads(call["arguments"])
+    assert isinstance(arguments["city"], str) and isinstance(arguments["days"], int)
+    choice = final.choices[0]
+    assert choice.finish_reason == "stop" and not choice.message.tool_calls
+    answer = json.loads(choice.message.content)
+    assert set(answer) == {"city", "rain"} and isinstance(answer["rain"], bool)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": ANSWER}}},
+        {"structured_outputs": {"json": ANSWER}},  # vLLM's spelling
+    ],
+)
+def test_structured_output_fits_the_schema_in_either_spelling(
+    clock: VirtualClock, fields: dict[str, Any]
+) -> None:
+    status, answer = post_chat(clock, {"max_tokens": 200, **fields})
+    assert status == 200, answer
+    assert set(json.loads(answer["choices"][0]["message"]["content"])) == {"city", "rain"}
+    assert answer["choices"][0]["finish_reason"] == "stop"
+
+
+def test_tool_choice_none_answers_in_text_and_an_unknown_named_tool_is_refused(
+    clock: VirtualClock,
+) -> None:
+    status, answer = post_chat(clock, {"tools": [WEATHER], "tool_choice": "none"})
+    assert status == 200 and "tool_calls" not in answer["choices"][0]["message"]
+    named = {"type": "function", "function": {"name": "stocks"}}
+    status, answer = post_chat(clock, {"tools": [WEATHER], "tool_choice": named})
+    assert status == 400 and answer["error"]["param"] == "tool_choice"
+    assert "'stocks', which is not among the tools (weather)" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("route", "fields", "param"),
+    [
+        ("chat/completions", {"logprobs": True}, "logprobs"),
+        ("chat/completions", {"logprobs": True, "top_logprobs": 3}, "logprobs"),
+        ("completions", {"logprobs": 2}, "logprobs"),
+        ("chat/completions", {"structured_outputs": {"regex": "a+"}}, "structured_outputs.regex"),
+    ],
+)
+def test_what_the_simulator_cannot_do_is_a_400_naming_the_field(
+    clock: VirtualClock, route: str, fields: dict[str, Any], param: str
+) -> None:
+    async def body(url: str, sim: SimServer) -> tuple[int, dict[str, Any]]:
+        prompt: dict[str, Any] = (
+            {"prompt": "hi"}
+            if route == "completions"
+            else {"messages": [{"role": "user", "content": "hi"}]}
+        )
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{url}/v1/{route}", json={**prompt, **fields}) as response,
+        ):
+            return response.status, await response.json()
+
+    status, answer = run(clock, body)
+    assert status == 400, answer
+    assert answer["error"]["param"] == param
+    if param == "logprobs":
+        assert "computes no log probabilities" in answer["error"]["message"]
+    assert post_chat(clock, {"logprobs": False})[0] == 200
+
+
+def test_finish_reason_is_stop_unless_the_answer_reaches_max_tokens(clock: VirtualClock) -> None:
+    status, unbounded = post_chat(clock, {"max_tokens": None})
+    assert status == 200, unbounded
+    assert unbounded["choices"][0]["finish_reason"] == "stop"
+    assert unbounded["usage"]["completion_tokens"] == 256  # the simulator's default length
+    status, bounded = post_chat(clock, {"max_tokens": 7})
+    assert bounded["choices"][0]["finish_reason"] == "length"
+    assert bounded["usage"]["completion_tokens"] == 7
+
+
+@pytest.mark.parametrize(("dialect", "stream"), [("sim", False), ("vllm", True)])
+def test_the_tool_agent_example_runs_against_the_http_simulator(
+    clock: VirtualClock, dialect: str, stream: bool
+) -> None:
+    """examples/tool_agent.py through the OpenAI backend against a served simulator on a
+    free port: tool calls, then answers that validate as its `Finding`."""
+    module = load("tool_agent")
+
+    async def body(url: str, sim: SimServer) -> list[RunResult]:
+        backend = OpenAIBackend(
+            f"{url}/v1", dialect=dialect, model=sim.profile.model, stream=stream, local=True
+        )
+        async with backend, Engine(backends={"default": backend}) as engine:
+            handles = [engine.submit(wf) for wf in module.workflows()]
+            return [await h for h in handles]
+
+    results = run(clock, body)
+    for result in results:
+        assert result.ok, result
+        assert isinstance(result["finding"], module.Finding)
+        assert any(".monthly_sales" in t or ".list_regions" in t for t in result.results)
+
+
+@pytest.mark.parametrize("dialect", ["sim", "vllm"])
+def test_the_cache_salt_keeps_tenants_apart_over_http(clock: VirtualClock, dialect: str) -> None:
+    """Engine.submit(tenant=...) -> the dialect's `cache_salt` -> the served simulator: one
+    tenant's repeat hits the cache, another tenant's same prompt gets cached_tokens 0."""
+    agent = Agent("a", SYSTEM, max_tokens=8)
+
+    async def body(url: str, sim: SimServer) -> list[int | None]:
+        backend = OpenAIBackend(f"{url}/v1", dialect=dialect, model=sim.profile.model, local=True)
+        cached = []
+        async with backend, Engine(backends={"default": backend}) as engine:
+            for i, tenant in enumerate(["alice", "bob", "alice"]):
+                wf = Workflow(f"ask-{i}")
+                wf.add("ask", agent.ask("What did alice ask?"))
+                result = await engine.submit(wf, tenant=tenant)
+                assert result.ok, result
+                cached.append(result.usage.cached_prompt_tokens)
+        return cached
+
+    alice, bob, alice_again = run(clock, body)
+    assert alice == 0 and bob == 0
+    assert alice_again is not None and alice_again > 0
+
+
+def test_an_empty_cache_salt_is_a_400_as_in_vllm(clock: VirtualClock) -> None:
+    status, answer = post_chat(clock, {"cache_salt": ""})
+    assert status == 400 and answer["error"]["param"] == "cache_salt"
+
+
+FAN_OUT = {
+    "$defs": {
+        "n": {"type": "object", "properties": {f"k{i}": {"$ref": "#/$defs/n"} for i in range(100)}}
+    },
+    "$ref": "#/$defs/n",
+}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        FAN_OUT,  # 100 ** 3 values unless bounded
+        {"type": "string", "minLength": 10**6},
+        {"type": "object", "properties": {"a": 5, "b": {"$ref": 7}, "c": {"enum": 5}}},
+        {"type": "array", "minItems": "many", "items": [1]},
+        {"type": "integer", "minimum": "zero"},
+        {"anyOf": [3, {"type": "number", "minimum": 1e308}]},
+    ],
+)
+def test_a_hostile_schema_gets_a_small_answer_not_a_crash(
+    clock: VirtualClock, schema: dict[str, Any]
+) -> None:
+    """A client's schema drives the simulator's work: whatever it says, the answer is made
+    of at most MAX_NODES values and MAX_STRING-long strings, as a tool's arguments too."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    status, answer = post_chat(clock, {"response_format": fmt, "max_tokens": 1000})
+    assert status == 200, answer
+    assert len(answer["choices"][0]["message"]["content"]) < 200_000
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    status, answer = post_chat(clock, {"tools": [tool], "max_tokens": 1000})
+    assert status == 200, answer
+    [call] = answer["choices"][0]["message"]["tool_calls"]
+    assert len(call["function"]["arguments"]) < 200_000

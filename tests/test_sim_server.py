@@ -149,3 +149,31 @@ def test_agent_tasks_run_on_the_simulator(clock: VirtualClock) -> None:
     result = clock.run(main())
     assert result.ok and result.usage.completion_tokens == 32
     assert 0.1 < result.duration < 1.0  # ~600 prompt tokens and 32 decode steps on an H100
+
+
+TENANTS = [("alice-1", "alice"), ("bob", "bob"), ("alice-2", "alice"), ("anon-1", None)]
+TENANTS += [("anon-2", None)]
+
+
+def test_a_tenant_gets_no_cache_hits_from_another_tenants_prompt(clock: VirtualClock) -> None:
+    """Runs of one tenant share their prompts' cached blocks; another tenant sending the
+    same prompt finds nothing cached (so cannot learn it was sent), and runs without a
+    tenant share among themselves as before."""
+    agent = Agent("a", SYSTEM, max_tokens=8)
+
+    async def main() -> dict[str, int | None]:
+        cached: dict[str, int | None] = {}
+        async with SimServer("h100-llama3-8b") as sim, Engine(backends={"default": sim}) as engine:
+            for name, tenant in TENANTS:
+                wf = Workflow(name)
+                wf.add("ask", agent.ask("What is the secret launch date?"))
+                result = await engine.submit(wf, tenant=tenant)
+                assert result.ok
+                cached[name] = result.usage.cached_prompt_tokens
+        return cached
+
+    cached = clock.run(main())
+    assert cached["alice-1"] == 0 and cached["bob"] == 0 and cached["anon-1"] == 0
+    hits = cached["alice-2"]
+    assert hits is not None and hits > 500  # the ~550-token system prompt and more
+    assert cached["anon-2"] == hits
