@@ -21,7 +21,7 @@ from pydantic import TypeAdapter
 from ._admission import Admission, Limits, Ticket
 from ._bus import EventBus
 from ._clock import Clock
-from ._errors import BackendError, CircuitOpenError, UsageError
+from ._errors import UsageError
 from ._events import CallRetrying
 from ._keepalive import CacheBudget, KeepAlive, PausePredictor
 from ._knee import KneeController
@@ -34,7 +34,13 @@ from ._llm import (
     ProgramAware,
     capabilities,
 )
-from ._resilience import Breaker, CallRetry, CircuitBreaker, call_with_retries
+from ._resilience import (
+    Breaker,
+    CallRetry,
+    CircuitBreaker,
+    call_with_retries,
+    through_circuit,
+)
 from ._scheduler import Policy, PriorityClass, ProgramView, slack_of, urgency
 
 
@@ -148,7 +154,7 @@ class LLMCalls:
         ]
         self._circuits: dict[str, CircuitBreaker | None] = {
             name: (
-                CircuitBreaker(breaker.failures, breaker.cooldown_s)
+                CircuitBreaker(breaker.failures, breaker.cooldown_s, breaker.wait_s)
                 if breaker is not None and not caps.isolates_failures
                 else None
             )
@@ -346,6 +352,18 @@ class LLMCalls:
         admission = self._admission
 
         async def send() -> LLMResponse:
+            # Past the backend's circuit, which may hold the call while the backend is down.
+            if circuit is None:
+                return await measured_send()
+            return await through_circuit(
+                circuit,
+                measured_send,
+                backend=backend,
+                monotonic=clock.monotonic,
+                sleep=clock.sleep,
+            )
+
+        async def measured_send() -> LLMResponse:
             # The program holds cache on the backend from here (after any slot was granted:
             # a call still queued for one holds nothing) until its keep-alive runs out.
             if budget is not None:
@@ -376,24 +394,7 @@ class LLMCalls:
                 last_call=last_call,
                 prefix_key=prefix_key,
             )
-            if circuit is None:
-                return await llm.complete(request, hints)
-            wait = circuit.acquire(clock.monotonic())
-            if wait is not None:
-                raise CircuitOpenError(backend, circuit.consecutive_failures, wait)
-            try:
-                response = await llm.complete(request, hints)
-            except BackendError as exc:
-                if exc.retryable:
-                    circuit.failed(clock.monotonic())
-                else:
-                    circuit.succeeded()  # it answered: the server is up, the request was bad
-                raise
-            except BaseException:
-                circuit.abandoned()
-                raise
-            circuit.succeeded()
-            return response
+            return await llm.complete(request, hints)
 
         if site.holds_slot:
             # The task itself holds the slot, and keeps it while a retry waits: the slot is
