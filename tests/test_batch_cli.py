@@ -223,3 +223,25 @@ def test_retry_failed_runs_only_the_failed_rows_again(
     # The rows that had succeeded are the very lines of the first run.
     kept = {r["custom_id"]: r for r in first if not r["error"]}
     assert all(r == kept[r["custom_id"]] for r in records if r["custom_id"] in kept)
+
+
+def test_rows_with_text_no_store_keeps_fail_alone(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    rows = [
+        '{"custom_id": "ok", "prompt": "fine"}',
+        '{"custom_id": "sur", "prompt": "lone \\udcff"}',
+        '{"custom_id": "nul", "messages": [{"role": "user", "content": "a \\u0000 b"}]}',
+        '{"custom_id": "id \\ud800", "prompt": "fine too"}',
+    ]
+    src.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out.jsonl"
+    command = ["--input", str(src), "--output", str(out), "--backend", BACKEND]
+    assert plait(*command, "--progress", "none") == 1
+    records = {r["custom_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert records["ok"]["error"] is None
+    assert records["sur"]["error"]["code"] == "invalid_text"
+    assert "lone surrogate" in records["sur"]["error"]["message"]
+    assert "prompt" in records["sur"]["error"]["message"]
+    assert "NUL" in records["nul"]["error"]["message"]
+    assert "messages[0].content" in records["nul"]["error"]["message"]
+    assert records["id \\ud800"]["error"]["code"] == "invalid_text"  # its id, escaped
