@@ -152,10 +152,12 @@ class LLMCalls:
             for name, caps in self._caps.items()
             if caps.program_aware
         ]
+        # A backend that isolates failures (a router) gets a circuit only to wait out an
+        # outage of all of it (`wait_s`), opened by its "no replica reachable" alone.
         self._circuits: dict[str, CircuitBreaker | None] = {
             name: (
                 CircuitBreaker(breaker.failures, breaker.cooldown_s, breaker.wait_s)
-                if breaker is not None and not caps.isolates_failures
+                if breaker is not None and (not caps.isolates_failures or breaker.wait_s > 0)
                 else None
             )
             for name, caps in self._caps.items()
@@ -252,7 +254,9 @@ class LLMCalls:
     def circuit(self, backend: str) -> CircuitBreaker | None:
         """The circuit breaker of `backend`: None if `Engine(breaker=None)`, or if the
         backend isolates failures itself (`FailureIsolating`: a router over replicas ejects
-        the failing one; one breaker over all of them would stop the healthy too)."""
+        the failing one; one breaker over all of them would stop the healthy too) and the
+        breaker does not wait (`wait_s` 0). With a wait, such a backend's circuit counts
+        only its calls that reached no replica (`BackendUnavailableError`)."""
         if backend not in self._circuits:
             self.backend(backend)
             return None
@@ -361,6 +365,7 @@ class LLMCalls:
                 backend=backend,
                 monotonic=clock.monotonic,
                 sleep=clock.sleep,
+                unreachable_only=self._caps[backend].isolates_failures,
             )
 
         async def measured_send() -> LLMResponse:

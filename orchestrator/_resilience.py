@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
-from ._errors import BackendError, CircuitOpenError, UsageError
+from ._errors import BackendError, BackendUnavailableError, CircuitOpenError, UsageError
 
 T = TypeVar("T")
 
@@ -229,6 +229,7 @@ async def through_circuit(
     backend: str,
     monotonic: Callable[[], float],
     sleep: Callable[[float], Awaitable[None]],
+    unreachable_only: bool = False,
 ) -> T:
     """Await `send()` once the circuit lets it go, telling the circuit how it went.
 
@@ -236,7 +237,9 @@ async def through_circuit(
     `circuit.wait_s` (the probe's verdict included), then raises `CircuitOpenError`; with
     `wait_s` 0 it raises at once. A retryable `BackendError` that leaves the circuit open
     (it opened it, or was a failed probe) makes the call wait too; one that leaves it
-    closed is raised, for the caller's retries.
+    closed is raised, for the caller's retries. `unreachable_only`: only a
+    `BackendUnavailableError` counts as a failure (a router raises one only when none of
+    its replicas could be reached; any other error shows the backend answered).
     """
     while True:
         now = monotonic()
@@ -251,7 +254,10 @@ async def through_circuit(
         try:
             result = await send()
         except BackendError as exc:
-            if not exc.retryable:
+            down = exc.retryable and (
+                not unreachable_only or isinstance(exc, BackendUnavailableError)
+            )
+            if not down:
                 circuit.succeeded()  # it answered: the server is up, the request was bad
                 raise
             circuit.failed(monotonic())

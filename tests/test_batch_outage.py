@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from agents import Agent
-from executors import FunctionLLM, OpenAIBackend, SimHTTP, SimServer
+from executors import FunctionLLM, OpenAIBackend, Router, SimHTTP, SimServer
 from orchestrator import (
     BackendRequestError,
     BackendUnavailableError,
@@ -62,10 +62,10 @@ async def _serve(front: SimHTTP, port: int = 0) -> web.AppRunner:
 
 
 def run_through_outage(
-    tmp_path: Path, *, down_s: float, breaker: Breaker | None = None
+    tmp_path: Path, *, down_s: float, breaker: Breaker | None = None, router: bool = False
 ) -> tuple[Any, BatchJob, list[BatchProgress]]:
     """300 rows on one simulated server over HTTP, stopped after 50 rows are written and
-    started again on its port `down_s` seconds later."""
+    started again on its port `down_s` seconds later; `router`: behind a `Router`."""
     clock = VirtualClock()
     job = BatchJob(
         read_rows(str(write_rows(tmp_path / "in.jsonl", ROWS))),
@@ -92,6 +92,10 @@ def run_through_outage(
                 local=True,  # the server shares this test's (virtual) clock
                 model=MODEL,
             )
+            if router:
+                llm = await stack.enter_async_context(
+                    Router({"s0": llm}, health_interval_s=1.0, health_timeout_s=1.0)
+                )
 
             async def outage() -> None:
                 await job.written(50)
@@ -129,6 +133,15 @@ def test_rows_wait_for_a_backend_that_comes_back(tmp_path: Path) -> None:
     assert all(set(w) == {"default"} for w in waiting)
     downs = [w["default"] for w in waiting]
     assert max(downs) >= 10.0 and downs == sorted(downs)
+    assert job.progress().waiting == {}
+
+
+def test_rows_wait_for_a_router_whose_every_replica_went_down(tmp_path: Path) -> None:
+    summary, job, seen = run_through_outage(tmp_path, down_s=12.0, router=True)
+    got = lines(tmp_path / "out.jsonl")
+    assert len(got) == ROWS and [r for r in got if r["error"]] == []
+    assert summary.ok == ROWS
+    assert any(p.waiting.get("default", 0.0) >= 10.0 for p in seen), seen
     assert job.progress().waiting == {}
 
 
