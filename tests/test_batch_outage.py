@@ -62,13 +62,18 @@ async def _serve(front: SimHTTP, port: int = 0) -> web.AppRunner:
 
 
 def run_through_outage(
-    tmp_path: Path, *, down_s: float, breaker: Breaker | None = None, router: bool = False
+    tmp_path: Path,
+    *,
+    down_s: float,
+    breaker: Breaker | None = None,
+    router: bool = False,
+    rows: int = ROWS,
 ) -> tuple[Any, BatchJob, list[BatchProgress]]:
-    """300 rows on one simulated server over HTTP, stopped after 50 rows are written and
+    """`rows` rows on one simulated server over HTTP, stopped after 50 rows are written and
     started again on its port `down_s` seconds later; `router`: behind a `Router`."""
     clock = VirtualClock()
     job = BatchJob(
-        read_rows(str(write_rows(tmp_path / "in.jsonl", ROWS))),
+        read_rows(str(write_rows(tmp_path / "in.jsonl", rows))),
         sink_for(str(tmp_path / "out.jsonl")),
         max_running=64,
     )
@@ -137,10 +142,10 @@ def test_rows_wait_for_a_backend_that_comes_back(tmp_path: Path) -> None:
 
 
 def test_rows_wait_for_a_router_whose_every_replica_went_down(tmp_path: Path) -> None:
-    summary, job, seen = run_through_outage(tmp_path, down_s=12.0, router=True)
+    summary, job, seen = run_through_outage(tmp_path, down_s=12.0, router=True, rows=120)
     got = lines(tmp_path / "out.jsonl")
-    assert len(got) == ROWS and [r for r in got if r["error"]] == []
-    assert summary.ok == ROWS
+    assert len(got) == 120 and [r for r in got if r["error"]] == []
+    assert summary.ok == 120
     assert any(p.waiting.get("default", 0.0) >= 10.0 for p in seen), seen
     assert job.progress().waiting == {}
 
