@@ -258,7 +258,7 @@ async def through_circuit(
                 not unreachable_only or isinstance(exc, BackendUnavailableError)
             )
             if not down:
-                circuit.succeeded()  # it answered: the server is up, the request was bad
+                circuit.succeeded()  # it answered: the server is up (the request was bad)
                 raise
             circuit.failed(monotonic())
             since = circuit.down_for(monotonic())
