@@ -245,3 +245,32 @@ def test_rows_with_text_no_store_keeps_fail_alone(tmp_path: Path) -> None:
     assert "NUL" in records["nul"]["error"]["message"]
     assert "messages[0].content" in records["nul"]["error"]["message"]
     assert records["id \\ud800"]["error"]["code"] == "invalid_text"  # its id, escaped
+
+
+def test_a_damaged_stored_run_costs_its_row_a_new_run_not_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    src = write_rows(tmp_path / "in.jsonl", 3)
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("BATCH_CALL_LOG", str(log))
+    command = ["--input", str(src), "--output", str(out), "--backend", BACKEND]
+    assert plait(*command, "--progress", "none") == 0
+    with sqlite3.connect(tmp_path / "out.jsonl.plait.db") as db:
+        (run_id,) = db.execute(
+            "SELECT id FROM plait_workflows WHERE labels LIKE '%\"plait.batch.row\": \"1\"%'"
+        ).fetchone()
+        db.execute(  # the row's first event no longer reads
+            "UPDATE plait_events SET data = '{not json' WHERE workflow_id = ? AND seq = "
+            "(SELECT min(seq) FROM plait_events WHERE workflow_id = ?)",
+            (run_id, run_id),
+        )
+    out.write_text("")  # every row is written from the store again: row 1 cannot be
+    calls = len(log.read_text().splitlines())
+    assert plait(*command, "--progress", "none") == 0
+    assert log.read_text().splitlines()[calls:] == ["row 1"]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in records) == ["r0", "r1", "r2"]
+    assert all(r["error"] is None for r in records)

@@ -370,8 +370,9 @@ class BatchJob:
                 if status == "succeeded" or (
                     status in ("failed", "cancelled") and not self.retry_failed
                 ):
-                    await self._from_log(engine, row, run_id)
-                    continue
+                    if await self._from_log(engine, row, run_id):
+                        continue
+                    run_id = ""  # its stored run cannot be read: the row runs again
                 await window.acquire()
                 handle = handles.get(run_id)
                 if handle is not None:
@@ -488,23 +489,37 @@ class BatchJob:
         record = self._record(row, handle.id, result.status, outputs, result.failures, result.usage)
         self._write(row, record, result.usage, result.duration)
 
-    async def _from_log(self, engine: Engine, row: Row, run_id: str) -> None:
+    async def _from_log(self, engine: Engine, row: Row, run_id: str) -> bool:
+        """Write the row from its finished run in the store; False (said in the log) if
+        that run cannot be read back (a damaged log): the row then runs again."""
         assert engine.store is not None
-        events, _ = await read_log(engine.store, run_id)
-        image = rebuild(events)
-        usage = Usage(0, 0, 0)
-        failures: dict[str, str] = {}
-        for event in events:
-            if isinstance(event, TaskSucceeded) and event.usage is not None:
-                usage = usage + event.usage
-            elif isinstance(event, TaskFailed):
-                failures[event.task] = event.error
-        status = image.status or "failed"
-        results = image.results()
-        sinks = {t for t in image.tasks} - {dep for t in image.tasks.values() for dep in t.after}
-        outputs = {t: results[t] for t in sorted(sinks) if t in results}
+        try:
+            events, _ = await read_log(engine.store, run_id)
+            image = rebuild(events)
+            usage = Usage(0, 0, 0)
+            failures: dict[str, str] = {}
+            for event in events:
+                if isinstance(event, TaskSucceeded) and event.usage is not None:
+                    usage = usage + event.usage
+                elif isinstance(event, TaskFailed):
+                    failures[event.task] = event.error
+            status = image.status or "failed"
+            results = image.results()
+            tasks = image.tasks
+            sinks = {t for t in tasks} - {dep for t in tasks.values() for dep in t.after}
+            outputs = {t: results[t] for t in sorted(sinks) if t in results}
+        except Exception as exc:  # one damaged run costs its row a new run, not the batch
+            _log.warning(
+                "row %s: its finished run %s cannot be read back from the store (%s); the "
+                "row runs again",
+                row.custom_id,
+                run_id,
+                error_text(exc),
+            )
+            return False
         self._from_store += 1
         self._write(row, self._record(row, run_id, status, outputs, failures, usage), usage, 0.0)
+        return True
 
     async def _copy(self, row: Row, leader: int) -> None:
         """A duplicate row: the answer of its leader's identical call."""
