@@ -260,7 +260,7 @@ def test_a_damaged_stored_run_costs_its_row_a_new_run_not_the_batch(
     assert plait(*command, "--progress", "none") == 0
     with sqlite3.connect(tmp_path / "out.jsonl.plait.db") as db:
         (run_id,) = db.execute(
-            "SELECT id FROM plait_workflows WHERE labels LIKE '%\"plait.batch.row\": \"1\"%'"
+            'SELECT id FROM plait_workflows WHERE labels LIKE \'%"plait.batch.row": "1"%\''
         ).fetchone()
         db.execute(  # the row's first event no longer reads
             "UPDATE plait_events SET data = '{not json' WHERE workflow_id = ? AND seq = "
