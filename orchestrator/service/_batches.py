@@ -44,13 +44,19 @@ OUTPUT = "output.jsonl"
 
 
 async def batch_runs(store: Store, directory: Path) -> set[str]:
-    """Ids of the unfinished runs of every batch in `directory`: the service's start resumes
-    every other unfinished run; a batch left running resumes its own, and those of a
-    cancelled or failed batch are not run again."""
+    """Ids of the unfinished runs of every batch folder in `directory`: the service's start
+    resumes every other unfinished run; a batch left running resumes its own, and those of
+    a cancelled or failed batch, or of a folder that cannot be loaded, are not run again."""
     found: set[str] = set()
-    for meta in _metas(directory):
-        found |= await _unfinished(store, meta.id)
+    for name in _batch_folders(directory):  # a batch's runs are labelled with its folder's name
+        found |= await _unfinished(store, name)
     return found
+
+
+def _batch_folders(directory: Path) -> list[str]:
+    if not directory.is_dir():
+        return []
+    return sorted(f.name for f in directory.iterdir() if (f / META).is_file())
 
 
 async def _unfinished(store: Store, batch_id: str) -> set[str]:
