@@ -24,7 +24,7 @@ from pydantic import TypeAdapter
 from ._admission import Admission, Limits, Ticket
 from ._bus import EventBus
 from ._clock import Clock
-from ._errors import BackendError, CircuitOpenError, UsageError
+from ._errors import UsageError
 from ._events import CallRetrying
 from ._keepalive import CacheBudget, KeepAlive, PausePredictor
 from ._knee import KneeController
@@ -37,7 +37,13 @@ from ._llm import (
     ProgramAware,
     capabilities,
 )
-from ._resilience import Breaker, CallRetry, CircuitBreaker, call_with_retries
+from ._resilience import (
+    Breaker,
+    CallRetry,
+    CircuitBreaker,
+    call_with_retries,
+    through_circuit,
+)
 from ._scheduler import Policy, PriorityClass, ProgramView, slack_of, urgency
 
 
@@ -160,10 +166,12 @@ class LLMCalls:
             for name, caps in self._caps.items()
             if caps.program_aware
         ]
+        # A backend that isolates failures (a router) gets a circuit only to wait out an
+        # outage of all of it (`wait_s`), opened by its "no replica reachable" alone.
         self._circuits: dict[str, CircuitBreaker | None] = {
             name: (
-                CircuitBreaker(breaker.failures, breaker.cooldown_s)
-                if breaker is not None and not caps.isolates_failures
+                CircuitBreaker(breaker.failures, breaker.cooldown_s, breaker.wait_s)
+                if breaker is not None and (not caps.isolates_failures or breaker.wait_s > 0)
                 else None
             )
             for name, caps in self._caps.items()
@@ -263,7 +271,9 @@ class LLMCalls:
     def circuit(self, backend: str) -> CircuitBreaker | None:
         """The circuit breaker of `backend`: None if `Engine(breaker=None)`, or if the
         backend isolates failures itself (`FailureIsolating`: a router over replicas ejects
-        the failing one; one breaker over all of them would stop the healthy too)."""
+        the failing one; one breaker over all of them would stop the healthy too) and the
+        breaker does not wait (`wait_s` 0). With a wait, such a backend's circuit counts
+        only its calls that reached no replica (`BackendUnavailableError`)."""
         if backend not in self._circuits:
             self.backend(backend)
             return None
@@ -365,6 +375,19 @@ class LLMCalls:
         admission = self._admission
 
         async def send() -> LLMResponse:
+            # Past the backend's circuit, which may hold the call while the backend is down.
+            if circuit is None:
+                return await measured_send()
+            return await through_circuit(
+                circuit,
+                measured_send,
+                backend=backend,
+                monotonic=clock.monotonic,
+                sleep=clock.sleep,
+                unreachable_only=self._caps[backend].isolates_failures,
+            )
+
+        async def measured_send() -> LLMResponse:
             # The program holds cache on the backend from here (after any slot was granted:
             # a call still queued for one holds nothing) until its keep-alive runs out.
             if budget is not None:
@@ -395,24 +418,7 @@ class LLMCalls:
                 last_call=last_call,
                 prefix_key=prefix_key,
             )
-            if circuit is None:
-                return await llm.complete(request, hints)
-            wait = circuit.acquire(clock.monotonic())
-            if wait is not None:
-                raise CircuitOpenError(backend, circuit.consecutive_failures, wait)
-            try:
-                response = await llm.complete(request, hints)
-            except BackendError as exc:
-                if exc.retryable:
-                    circuit.failed(clock.monotonic())
-                else:
-                    circuit.succeeded()  # it answered: the server is up, the request was bad
-                raise
-            except BaseException:
-                circuit.abandoned()
-                raise
-            circuit.succeeded()
-            return response
+            return await llm.complete(request, hints)
 
         if site.holds_slot:
             # The task itself holds the slot, and keeps it while a retry waits: the slot is

@@ -174,15 +174,25 @@ class CircuitOpenError(BackendUnavailableError):
     """The engine stopped sending to a backend that failed too often in a row; it lets one
     probe call through after `retry_after` seconds. Raised without calling the backend."""
 
-    def __init__(self, backend: str, failures: int, retry_after: float) -> None:
-        super().__init__(
+    def __init__(
+        self, backend: str, failures: int, retry_after: float, *, waited_s: float | None = None
+    ) -> None:
+        message = (
             f"circuit open for backend {backend!r} after {failures} consecutive failures; "
             f"retry in {retry_after:.3g} s (Engine(breaker=Breaker(...)) sets the threshold "
-            "and cooldown)",
-            backend=backend,
-            retry_after=retry_after,
+            "and cooldown)"
         )
+        if waited_s is not None:
+            message = (
+                f"backend {backend!r} is down for longer than calls wait for it "
+                "(Breaker(wait_s=...), plait batch run --backend-wait): "
+                f"{failures} consecutive failures over {waited_s:.0f} s; check the server, "
+                "then run the work again"
+            )
+        super().__init__(message, backend=backend, retry_after=retry_after)
         self.failures = failures
+        if waited_s is not None:
+            self.retryable = False  # calls waited as long as they may: no retry helps now
 
 
 class BackendOverloadedError(BackendError):

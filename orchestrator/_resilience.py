@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception
 
-from ._errors import BackendError, UsageError
+from ._errors import BackendError, BackendUnavailableError, CircuitOpenError, UsageError
 
 T = TypeVar("T")
 
@@ -112,16 +112,26 @@ async def call_with_retries(
 @dataclass(frozen=True, slots=True)
 class Breaker:
     """When the engine stops sending to a backend: after `failures` consecutive failed calls
-    it opens the backend's circuit for `cooldown_s`, then lets one probe call through."""
+    it opens the backend's circuit for `cooldown_s`, then lets one probe call through.
+
+    `wait_s`: how long a call waits for a backend whose circuit is open, counted from the
+    first failure of the backend's current run of failures. 0 (the default) fails the call
+    at once with `CircuitOpenError`; more makes calls wait for a backend that comes back
+    (a batch, where no one is waiting on a row), and fail once it has been down that long.
+    A waiting call is not sent and counts no attempt; a failed probe, or the failure that
+    opened the circuit, makes its call wait as well instead of failing."""
 
     failures: int = 5
     cooldown_s: float = 10.0
+    wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.failures < 1:
             raise UsageError(f"Breaker(failures={self.failures}) must be at least 1")
         if self.cooldown_s < 0:
             raise UsageError(f"Breaker(cooldown_s={self.cooldown_s}) must not be negative")
+        if self.wait_s < 0:
+            raise UsageError(f"Breaker(wait_s={self.wait_s}) must not be negative")
 
 
 DEFAULT_BREAKER = Breaker()
@@ -137,14 +147,25 @@ class CircuitBreaker:
     `BackendError`s (a 400 shows that the server is up, so it counts as a success).
     """
 
-    __slots__ = ("cooldown_s", "failures", "_consecutive", "_opened_at", "_probing", "_state")
+    __slots__ = (
+        "cooldown_s",
+        "failures",
+        "wait_s",
+        "_consecutive",
+        "_failing_since",
+        "_opened_at",
+        "_probing",
+        "_state",
+    )
 
-    def __init__(self, failures: int = 5, cooldown_s: float = 10.0) -> None:
-        Breaker(failures, cooldown_s)  # validates
+    def __init__(self, failures: int = 5, cooldown_s: float = 10.0, wait_s: float = 0.0) -> None:
+        Breaker(failures, cooldown_s, wait_s)  # validates
         self.failures = failures
         self.cooldown_s = cooldown_s
+        self.wait_s = wait_s
         self._state: CircuitState = "closed"
         self._consecutive = 0
+        self._failing_since = 0.0
         self._opened_at = 0.0
         self._probing = False
 
@@ -155,6 +176,13 @@ class CircuitBreaker:
     @property
     def consecutive_failures(self) -> int:
         return self._consecutive
+
+    def down_for(self, now: float) -> float | None:
+        """Seconds since the first failure of the run that opened the circuit; None while
+        the circuit is closed (the backend is taken to be up)."""
+        if self._state == "closed":
+            return None
+        return max(0.0, now - self._failing_since)
 
     def acquire(self, now: float) -> float | None:
         if self._state == "closed":
@@ -177,6 +205,8 @@ class CircuitBreaker:
         self._probing = False
 
     def failed(self, now: float) -> None:
+        if self._consecutive == 0:
+            self._failing_since = now
         self._consecutive += 1
         if self._state == "half_open" or (
             self._state == "closed" and self._consecutive >= self.failures
@@ -190,3 +220,53 @@ class CircuitBreaker:
 
     def __repr__(self) -> str:
         return f"CircuitBreaker(state={self._state!r}, consecutive_failures={self._consecutive})"
+
+
+async def through_circuit(
+    circuit: CircuitBreaker,
+    send: Callable[[], Awaitable[T]],
+    *,
+    backend: str,
+    monotonic: Callable[[], float],
+    sleep: Callable[[float], Awaitable[None]],
+    unreachable_only: bool = False,
+) -> T:
+    """Await `send()` once the circuit lets it go, telling the circuit how it went.
+
+    On an open circuit the call waits for it while the backend has been down less than
+    `circuit.wait_s` (the probe's verdict included), then raises `CircuitOpenError`; with
+    `wait_s` 0 it raises at once. A retryable `BackendError` that leaves the circuit open
+    (it opened it, or was a failed probe) makes the call wait too; one that leaves it
+    closed is raised, for the caller's retries. `unreachable_only`: only a
+    `BackendUnavailableError` counts as a failure (a router raises one only when none of
+    its replicas could be reached; any other error shows the backend answered).
+    """
+    while True:
+        now = monotonic()
+        wait = circuit.acquire(now)
+        if wait is not None:
+            down = circuit.down_for(now) or 0.0
+            if down >= circuit.wait_s:
+                waited = down if circuit.wait_s > 0 else None
+                raise CircuitOpenError(backend, circuit.consecutive_failures, wait, waited_s=waited)
+            await sleep(min(wait, circuit.wait_s - down))
+            continue
+        try:
+            result = await send()
+        except BackendError as exc:
+            down = exc.retryable and (
+                not unreachable_only or isinstance(exc, BackendUnavailableError)
+            )
+            if not down:
+                circuit.succeeded()  # it answered: the server is up (the request was bad)
+                raise
+            circuit.failed(monotonic())
+            since = circuit.down_for(monotonic())
+            if since is None or since >= circuit.wait_s:
+                raise
+            continue  # the backend is down: wait for it with the others
+        except BaseException:
+            circuit.abandoned()
+            raise
+        circuit.succeeded()
+        return result

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from executors import FunctionLLM
-from orchestrator import Clock, Hints, LLMRequest, TaskContext, Workflow
+from orchestrator import BackendRequestError, Clock, Hints, LLMRequest, TaskContext, Workflow
 
 
 def _answer(request: LLMRequest, hints: Hints) -> str:
@@ -16,11 +16,14 @@ def _answer(request: LLMRequest, hints: Hints) -> str:
         with open(log, "a", encoding="utf-8") as out:  # one line per call sent
             out.write(prompt + "\n")
             out.flush()
+    if prompt in os.environ.get("BATCH_REFUSE", "").split(","):  # for good: a 400
+        raise BackendRequestError("the server refuses this prompt", status=400)
     return f"answer to {prompt}"
 
 
 def backends(clock: Clock) -> dict[str, Any]:
-    """Calls take `BATCH_LATENCY` seconds (default 0.02) and are logged to $BATCH_CALL_LOG."""
+    """Calls take `BATCH_LATENCY` seconds (default 0.02) and are logged to $BATCH_CALL_LOG;
+    the prompts listed in $BATCH_REFUSE (comma-separated) are refused with a 400."""
     latency = float(os.environ.get("BATCH_LATENCY", "0.02"))
     return {"default": FunctionLLM(_answer, latency=latency, clock=clock)}
 

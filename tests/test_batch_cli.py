@@ -185,3 +185,92 @@ def test_the_batch_engines_deadline_gate_comes_from_the_config(
     code = plait("--input", str(src), "--output", str(out), "--config", str(config))
     assert code == 0 and len(out.read_text().splitlines()) == 3
     assert seen == [None if wanted is None else settings[wanted]]
+
+
+def test_retry_failed_runs_only_the_failed_rows_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    n = 12
+    src = write_rows(tmp_path / "in.jsonl", n)
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "calls.log"
+    command = ["--input", str(src), "--output", str(out), "--backend", BACKEND]
+    command += ["--progress", "none"]
+    monkeypatch.setenv("BATCH_CALL_LOG", str(log))
+    monkeypatch.setenv("BATCH_REFUSE", "row 3,row 7,row 8")
+    assert plait(*command) == 1  # three rows failed for good (a 400 is not retried)
+    first = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in first if r["error"]) == ["r3", "r7", "r8"]
+    assert "--retry-failed" in capsys.readouterr().out  # the way on is said
+    calls = len(log.read_text().splitlines())
+    assert calls == n
+
+    # The same command again runs nothing: the failed rows are in the output.
+    assert plait(*command) == 1
+    assert len(log.read_text().splitlines()) == calls
+
+    # The server takes them now: --retry-failed sends exactly the three failed rows again.
+    monkeypatch.setenv("BATCH_REFUSE", "")
+    capsys.readouterr()
+    assert plait(*command, "--retry-failed") == 0
+    again = log.read_text().splitlines()[calls:]
+    assert sorted(again) == ["row 3", "row 7", "row 8"]
+    assert "3 failed before and run again" in capsys.readouterr().out
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    ids = Counter(r["custom_id"] for r in records)
+    assert set(ids) == {f"r{i}" for i in range(n)} and set(ids.values()) == {1}
+    assert all(r["error"] is None for r in records)
+    # The rows that had succeeded are the very lines of the first run.
+    kept = {r["custom_id"]: r for r in first if not r["error"]}
+    assert all(r == kept[r["custom_id"]] for r in records if r["custom_id"] in kept)
+
+
+def test_rows_with_text_no_store_keeps_fail_alone(tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    rows = [
+        '{"custom_id": "ok", "prompt": "fine"}',
+        '{"custom_id": "sur", "prompt": "lone \\udcff"}',
+        '{"custom_id": "nul", "messages": [{"role": "user", "content": "a \\u0000 b"}]}',
+        '{"custom_id": "id \\ud800", "prompt": "fine too"}',
+    ]
+    src.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out.jsonl"
+    command = ["--input", str(src), "--output", str(out), "--backend", BACKEND]
+    assert plait(*command, "--progress", "none") == 1
+    records = {r["custom_id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert records["ok"]["error"] is None
+    assert records["sur"]["error"]["code"] == "invalid_text"
+    assert "lone surrogate" in records["sur"]["error"]["message"]
+    assert "prompt" in records["sur"]["error"]["message"]
+    assert "NUL" in records["nul"]["error"]["message"]
+    assert "messages[0].content" in records["nul"]["error"]["message"]
+    assert records["id \\ud800"]["error"]["code"] == "invalid_text"  # its id, escaped
+
+
+def test_a_damaged_stored_run_costs_its_row_a_new_run_not_the_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sqlite3
+
+    src = write_rows(tmp_path / "in.jsonl", 3)
+    out = tmp_path / "out.jsonl"
+    log = tmp_path / "calls.log"
+    monkeypatch.setenv("BATCH_CALL_LOG", str(log))
+    command = ["--input", str(src), "--output", str(out), "--backend", BACKEND]
+    assert plait(*command, "--progress", "none") == 0
+    with sqlite3.connect(tmp_path / "out.jsonl.plait.db") as db:
+        (run_id,) = db.execute(
+            'SELECT id FROM plait_workflows WHERE labels LIKE \'%"plait.batch.row": "1"%\''
+        ).fetchone()
+        db.execute(  # the row's first event no longer reads
+            "UPDATE plait_events SET data = '{not json' WHERE workflow_id = ? AND seq = "
+            "(SELECT min(seq) FROM plait_events WHERE workflow_id = ?)",
+            (run_id, run_id),
+        )
+    out.write_text("")  # every row is written from the store again: row 1 cannot be
+    calls = len(log.read_text().splitlines())
+    assert plait(*command, "--progress", "none") == 0
+    assert log.read_text().splitlines()[calls:] == ["row 1"]
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["custom_id"] for r in records) == ["r0", "r1", "r2"]
+    assert all(r["error"] is None for r in records)

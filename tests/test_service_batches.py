@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -13,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp.test_utils import TestServer
-from conftest import StoreFactory, run
+from conftest import MemoryStore, StoreFactory, run
 
 from executors import FunctionLLM
-from orchestrator import Engine, Hints, LLMRequest, Registry
+from orchestrator import Engine, Hints, LLMRequest, Registry, Retention, VirtualClock
 from orchestrator.service import Service, Tenant, hash_token
-from orchestrator.service._batches import batch_runs
+from orchestrator.service._batches import BatchError, Batches, batch_runs
 from orchestrator.service._config import ServiceSettings
 
 ACME = Tenant("acme", hash_token("acme-token"), max_running=100, rate_per_s=1000, burst=1000)
@@ -325,5 +327,139 @@ def test_a_tenant_runs_at_most_its_limit_of_batches(
             await api.finished(first["id"])
             status, _, _ = await post(api, "z", "z", A)
             assert status == 202  # one finished: room again
+
+    run(body())
+
+
+def _folder(batch_dir: Path, name: str, meta: Any, rows: list[Any] | None = None) -> Path:
+    folder = batch_dir / name
+    folder.mkdir(parents=True)
+    if isinstance(meta, bytes):
+        (folder / "batch.json").write_bytes(meta)
+    else:
+        (folder / "batch.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
+    if rows is not None:
+        (folder / "input.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return folder
+
+
+def _meta(name: str, state: str = "running", **more: Any) -> dict[str, Any]:
+    return {"id": name, "tenant": "acme", "created": 1.7e9, "total": 1, "state": state, **more}
+
+
+def test_damaged_batch_folders_are_reported_and_the_rest_start(
+    tmp_path: Path, make_store: StoreFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    line = openai_line("r0", "hello")
+    _folder(tmp_path, "batch-good", _meta("batch-good"), [line])
+    _folder(tmp_path, "batch-json", "{not json")
+    _folder(tmp_path, "batch-encoding", b'\xff\xfe{"id": "batch-encoding"}')
+    _folder(tmp_path, "batch-fields", {"id": "batch-fields", "tenant": "acme"})
+    _folder(tmp_path, "batch-types", _meta("batch-types", created="yesterday", total=None))
+    _folder(tmp_path, "batch-state", _meta("batch-state", state="paused"))
+    _folder(tmp_path, "batch-notmine", _meta("batch-other"))
+    bad_input = _folder(tmp_path, "batch-input", _meta("batch-input"))
+    (bad_input / "input.jsonl").write_bytes(b'{"custom_id": "x", "prompt": "\xff\xfe"}\n')
+    bad_output = _folder(tmp_path, "batch-output", _meta("batch-output"), [line])
+    (bad_output / "output.jsonl").write_text("this is not a record\n")
+
+    async def body() -> None:
+        replies = Replies(held={"hello"})
+        async with make_store() as store, running(store, tmp_path, replies, resume=True) as api:
+            await replies.waiting.wait()
+            # Created long ago, but running: a sweep leaves it (and the others, just found).
+            assert await api.service.batches.sweep() == 0
+            replies.release()
+            done = await api.finished("batch-good")
+            assert done["state"] == "completed" and done["progress"]["done"] == 1
+            status, listed = await api.call("GET", "/v1/batches?limit=100")
+            assert status == 200
+            states = {b["id"]: (b["state"], b["error"]) for b in listed["batches"]}
+            bad_output_batch = api.service.batches.get("acme", "batch-output")
+            if bad_output_batch.task is not None:
+                await asyncio.shield(bad_output_batch.task)
+            status, view = await api.call("GET", "/v1/batches/batch-output")
+            assert status == 200 and view["state"] == "failed", view
+            assert "not a line plait batch writes" in view["error"]
+        assert set(states) == {
+            "batch-good", "batch-fields", "batch-types", "batch-state", "batch-input",
+            "batch-output",
+        }  # fmt: skip
+        for name in ("batch-fields", "batch-types", "batch-state"):
+            state, error = states[name]
+            assert state == "failed" and "batch.json is damaged" in error, (name, error)
+        assert "created" in states["batch-types"][1] and "total" in states["batch-types"][1]
+        assert "state" in states["batch-state"][1]
+        assert states["batch-input"][0] == "failed"
+        assert "input cannot be read" in states["batch-input"][1]
+        assert replies.asked == {"hello": 1}
+
+    with caplog.at_level("ERROR", logger="plait.serve"):
+        run(body())
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    for name in ("json", "encoding", "fields", "types", "state", "notmine", "input"):
+        assert str(tmp_path / f"batch-{name}") in said, name
+
+
+def test_finished_batch_folders_are_removed_after_retention(tmp_path: Path) -> None:
+    clock = VirtualClock()
+    now = clock.now()
+    hour = 3600.0
+    _folder(tmp_path, "batch-old", _meta("batch-old", "completed", finished=now - 2 * hour))
+    _folder(tmp_path, "batch-recent", _meta("batch-recent", "failed", finished=now - 600))
+    legacy = _folder(tmp_path, "batch-legacy", _meta("batch-legacy", "cancelled"))
+    # No time of its end in it (written before it was kept): its batch.json's, then.
+    os.utime(legacy / "batch.json", (now - 2 * hour, now - 2 * hour))
+    _folder(tmp_path, "batch-other", {"id": "batch-other"})  # damaged: left alone
+    left: list[set[str]] = []
+
+    def folders() -> set[str]:
+        return {p.name for p in tmp_path.iterdir()}
+
+    async def main() -> None:
+        # The engine is not entered: only finished batches here, none is run.
+        engine = Engine(
+            backends={"default": FunctionLLM(Replies())},
+            store=MemoryStore(),
+            retention=Retention(delete_after=hour, every=60.0),
+        )
+        batches = Batches(engine, tmp_path, max_rows=10, clock=clock)
+        assert batches.keep_s == hour  # as long as the engine keeps finished runs
+        await batches.start()
+        await clock.sleep(1.0)
+        left.append(await asyncio.to_thread(folders))
+        with pytest.raises(BatchError):
+            batches.get("acme", "batch-old")  # gone: 404
+        assert batches.get("acme", "batch-recent").state == "failed"
+        await clock.sleep(hour - 600)  # the recent one is past an hour now
+        left.append(await asyncio.to_thread(folders))
+        await batches.close()
+
+    clock.run(main())
+    assert left[0] == {"batch-recent", "batch-other"}
+    assert left[1] == {"batch-other"}
+
+
+def test_without_retention_batch_folders_are_kept_a_week(tmp_path: Path) -> None:
+    engine = Engine(backends={"default": FunctionLLM(Replies())}, store=MemoryStore())
+    batches = Batches(engine, tmp_path, max_rows=10, clock=VirtualClock())
+    assert batches.keep_s == Retention().delete_after == 7 * 86400.0
+
+
+def test_the_rows_of_an_unreadable_batch_are_not_run_after_a_restart(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    async def body() -> None:
+        first = Replies(held={"slow"})
+        rows = [openai_line("fast", "fast"), openai_line("slow", "slow")]
+        async with make_store() as store, running(store, tmp_path, first) as api:
+            _, view = await api.call("POST", "/v1/batches", {"rows": rows})
+            await first.waiting.wait()
+        (tmp_path / view["id"] / "batch.json").write_text("{not json")
+        async with make_store() as store:
+            unfinished = set(await store.unfinished())
+            # What `plait serve` leaves out of its resume at start: the batch's own rows.
+            skip = await batch_runs(store, tmp_path)
+        assert unfinished and unfinished <= skip  # the held row is not run as a stray
 
     run(body())

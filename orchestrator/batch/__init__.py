@@ -8,7 +8,7 @@ or, on an engine already running (a service): `await job.run(engine)` after
 `job.open_sink()`, and `job.progress()` for a snapshot while it runs.
 """
 
-from ._api import run_batch
+from ._api import BACKEND_WAIT_S, BATCH_BREAKER, run_batch
 from ._dedup import Coalescing, CoalescingStats
 from ._job import JOB_LABEL, BatchJob, BatchProgress, BatchSummary, RowCall, RowCalls, job_id_for
 from ._output import JsonlSink, ParquetSink, Sink, sink_for
@@ -16,6 +16,8 @@ from ._plan import BatchPlan, call_key, plan
 from ._rows import Row, read_rows
 
 __all__ = [
+    "BACKEND_WAIT_S",
+    "BATCH_BREAKER",
     "JOB_LABEL",
     "BatchJob",
     "BatchPlan",

@@ -18,11 +18,24 @@ from .._clock import Clock
 from .._engine import Engine
 from .._gate import DEFAULT_GATE, DeadlineGate
 from .._llm import LLMBackend
+from .._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker
 from .._store import Store
 from ._dedup import Coalescing
 from ._job import BatchJob, BatchSummary
 
 Watch = Callable[[BatchJob], Coroutine[Any, Any, None]]
+
+BACKEND_WAIT_S = 300.0
+"""How long a batch's calls wait for a backend that went down before its rows fail."""
+
+BATCH_BREAKER = Breaker(
+    # At most a call's attempts: a call alone on a backend that went down opens the
+    # circuit with its last attempt, and waits, rather than failing first.
+    failures=min(DEFAULT_BREAKER.failures, DEFAULT_CALL_RETRY.attempts),
+    cooldown_s=DEFAULT_BREAKER.cooldown_s,
+    wait_s=BACKEND_WAIT_S,
+)
+"""A batch's circuit breaker: rows wait for a backend that is down, up to `wait_s`."""
 
 
 async def run_batch(
@@ -36,13 +49,16 @@ async def run_batch(
     coalesce: bool = True,
     watch: Watch | None = None,
     gate: DeadlineGate | None = DEFAULT_GATE,
+    breaker: Breaker | None = BATCH_BREAKER,
 ) -> BatchSummary:
     """Open `job.sink` (refusing an output it cannot write before anything runs), enter
     the backends and an engine (durable with `store`, an opened store), run the job, close
     the sink. `coalesce`: identical calls are computed once (`Coalescing` over each backend).
     `watch(job)` runs beside the job (a progress display) and is cancelled when it ends.
     `gate`: the engine's deadline gate (`Engine(gate=...)`; rows whose workflows carry a
-    deadline start in deadline order)."""
+    deadline start in deadline order). `breaker`: the engine's circuit breaker; the default
+    makes rows wait up to `BACKEND_WAIT_S` for a backend that is down (its `wait_s`), the
+    wait shown in `job.progress().waiting`."""
     job.open_sink()
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -53,7 +69,13 @@ async def run_batch(
                     await stack.enter_async_context(wrapped)
                 used[name] = wrapped
             engine = Engine(
-                backends=used, clock=clock, limits=limits, policy=policy, store=store, gate=gate
+                backends=used,
+                clock=clock,
+                limits=limits,
+                policy=policy,
+                store=store,
+                gate=gate,
+                breaker=breaker,
             )
             async with engine, asyncio.TaskGroup() as tg:
                 watcher = tg.create_task(watch(job)) if watch is not None else None

@@ -14,6 +14,7 @@ import inspect
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,7 +26,7 @@ from .._errors import UsageError, error_text
 from .._gate import DEFAULT_GATE
 from .._llm import DEFAULT_BACKEND, LLMBackend
 from .._registry import Registry
-from ._api import run_batch
+from ._api import BACKEND_WAIT_S, BATCH_BREAKER, run_batch
 from ._job import BatchJob, BatchProgress, Factory
 from ._output import sink_for
 from ._rows import read_rows
@@ -35,7 +36,9 @@ Run every row of INPUT (JSONL, CSV or Parquet; or OpenAI Batch API request lines
 write one output line per row as it finishes (OpenAI batch output format; Parquet when
 --output ends .parquet). Rows sharing a prompt prefix run together, identical calls are
 computed once, and the run is recorded in a store (OUTPUT.plait.db unless --store): the
-same command run again after a crash goes on where it stopped.
+same command run again after a crash goes on where it stopped. Rows wait for a backend
+that goes down (up to --backend-wait seconds, shown in the progress) rather than fail, and
+--retry-failed runs again the rows an earlier run wrote as failed.
 
 Without --workflow a row is one LLM call: columns custom_id (or id, optional), prompt or
 messages (a list of {role, content}; JSON text in a CSV), system, max_tokens, model,
@@ -88,6 +91,20 @@ def register(sub: Any) -> None:
         "--max-running", type=int, default=512, metavar="N", help="rows running at once (512)"
     )
     run.add_argument("--no-dedup", action="store_true", help="send identical calls each time")
+    run.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run again the rows an earlier run of this command wrote as failed (those that "
+        "succeeded are kept; the output keeps one line per row)",
+    )
+    run.add_argument(
+        "--backend-wait",
+        type=float,
+        default=BACKEND_WAIT_S,
+        metavar="SECONDS",
+        help="how long rows wait for a backend that went down before they fail "
+        f"({BACKEND_WAIT_S:.0f}; 0: fail at once)",
+    )
     run.add_argument("--summary-json", metavar="FILE", help="also write the summary as JSON")
     run.add_argument(
         "--progress",
@@ -103,6 +120,8 @@ def _run(args: argparse.Namespace) -> int:
     for flag in ("replicas", "max_in_flight", "max_running"):
         if getattr(args, flag) < 1:
             raise UsageError(f"--{flag.replace('_', '-')} must be at least 1")
+    if args.backend_wait < 0:
+        raise UsageError("--backend-wait must not be negative")
     if Path(args.input).resolve() == Path(args.output).resolve():
         raise UsageError(f"--output {args.output!r} is the input: write the output elsewhere")
     if args.summary_json and Path(args.summary_json).is_dir():
@@ -133,6 +152,7 @@ def _run(args: argparse.Namespace) -> int:
         max_running=args.max_running,
         registry=registry,
         dedup=not args.no_dedup,
+        retry_failed=args.retry_failed,
     )
     mode = args.progress
     if mode == "auto":
@@ -162,10 +182,17 @@ def _run(args: argparse.Namespace) -> int:
                 coalesce=not args.no_dedup,
                 watch=watch,
                 gate=gate,
+                breaker=replace(BATCH_BREAKER, wait_s=args.backend_wait),
             )
 
     summary = asyncio.run(main())
     out.write(summary.text() + "\n")
+    failed = summary.failed + summary.skipped_failed
+    if failed:
+        out.write(
+            f"{failed} row(s) failed: the same command with --retry-failed runs them again "
+            "(the rows that succeeded are kept)\n"
+        )
     out.flush()
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary.as_json(), indent=2) + "\n")
@@ -229,10 +256,13 @@ def _backends(
 
 def _line(p: BatchProgress) -> str:
     eta = "?" if p.eta_s is None else f"{p.eta_s:.0f} s"
-    return (
+    line = (
         f"rows {p.finished}/{p.total} (failed {p.failed}, running {p.running})  "
         f"{p.tokens_per_s:,.0f} tokens/s  cache {p.cache_hit_share:.0%}  left {eta}"
     )
+    for name, down_s in sorted(p.waiting.items()):
+        line += f"  waiting for backend {name!r} (down {down_s:.0f} s)"
+    return line
 
 
 async def _plain(job: BatchJob) -> None:

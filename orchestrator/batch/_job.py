@@ -116,6 +116,9 @@ class BatchProgress:
     cached_tokens: int
     elapsed_s: float
     skipped_failed: int = 0
+    waiting: Mapping[str, float] = field(default_factory=dict)
+    """Backends that are down (their circuit open), by name: seconds since they began
+    failing. Calls to them wait (up to the engine's `Breaker.wait_s`), not fail."""
 
     @property
     def finished(self) -> int:
@@ -162,6 +165,8 @@ class BatchSummary:
     mean_row_s: float
     wall_s: float
     plan: Mapping[str, int] = field(default_factory=dict)
+    retried: int = 0
+    """Rows an earlier run wrote as failed, run again (`retry_failed`)."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -180,6 +185,7 @@ class BatchSummary:
             "mean_row_s": round(self.mean_row_s, 4),
             "wall_s": round(self.wall_s, 3),
             "plan": dict(self.plan),
+            "retried": self.retried,
         }
 
     @property
@@ -192,7 +198,8 @@ class BatchSummary:
         lines = [
             f"rows: {self.rows} ({self.ok} ok, {self.failed} failed, {self.skipped} already in "
             f"the output ({self.skipped_failed} of them failed), {self.from_store} written from "
-            f"the store, {self.resumed} resumed)",
+            f"the store, {self.resumed} resumed"
+            + (f", {self.retried} failed before and run again)" if self.retried else ")"),
             f"tokens: {self.prompt_tokens:,} prompt ({self.cached_tokens:,} from cache, "
             f"{hit:.0%}), {self.completion_tokens:,} completion",
             f"deduplicated: {self.deduplicated} row(s) answered by an identical row's call",
@@ -229,7 +236,9 @@ def fingerprint(rows: Sequence[Row], factory: Factory | None) -> str:
 class BatchJob:
     """Runs `rows` on an engine and writes each finished row to `sink` (opened by the
     caller, which reads what an earlier run wrote). `factory(row) -> Workflow` makes each
-    row's workflow; without one, a row is one LLM call on `backend`."""
+    row's workflow; without one, a row is one LLM call on `backend`. `retry_failed`: the
+    rows an earlier run wrote as failed (or left failed in the store) run again; those
+    that succeeded are kept as they are."""
 
     def __init__(
         self,
@@ -242,6 +251,7 @@ class BatchJob:
         max_running: int = 512,
         registry: Registry | None = None,
         dedup: bool = True,
+        retry_failed: bool = False,
     ) -> None:
         if max_running < 1:
             raise PlaitError(f"BatchJob(max_running={max_running}) must be at least 1")
@@ -254,6 +264,7 @@ class BatchJob:
             str(sink.path.resolve()), fingerprint(self.rows, factory)
         )
         self.max_running = max_running
+        self.retry_failed = retry_failed
         self.registry = (registry or Registry()).add(RowCalls())
         self.plan: BatchPlan = plan(self.rows, dedup=dedup)
         self._skipped_failed = 0
@@ -264,7 +275,8 @@ class BatchJob:
         self._errors: Counter[str] = Counter()
         self._usage = Usage(0, 0, 0)
         self._ok = self._failed = self._running = self._skipped = 0
-        self._from_store = self._resumed = self._deduplicated = 0
+        self._from_store = self._resumed = self._deduplicated = self._retried = 0
+        self._dropped: set[str] = set()
         self._clock_start: float | None = None
         self._engine: Engine | None = None
         self._handles: dict[str, RunHandle] = {}
@@ -299,7 +311,20 @@ class BatchJob:
             cached_tokens=self._usage.cached_prompt_tokens or 0,
             elapsed_s=now - start,
             skipped_failed=self._skipped_failed,
+            waiting=self._waiting(now),
         )
+
+    def _waiting(self, now: float) -> dict[str, float]:
+        engine = self._engine
+        if engine is None:
+            return {}
+        down: dict[str, float] = {}
+        for name in engine.backends:
+            circuit = engine.circuit(name)
+            seconds = circuit.down_for(now) if circuit is not None else None
+            if seconds is not None:
+                down[name] = seconds
+        return down
 
     async def run(self, engine: Engine) -> BatchSummary:
         """Run every row not yet in the output on `engine` (running, entered by the
@@ -313,6 +338,7 @@ class BatchJob:
         self._skipped_failed = sum(
             1 for key, record in done.items() if key in mine and record.get("error")
         )
+        self._retried = len(self._dropped & mine)
         stored = await self._stored(engine)
         window = asyncio.Semaphore(self.max_running)
         async with asyncio.TaskGroup() as tg:
@@ -341,9 +367,12 @@ class BatchJob:
                     tg.create_task(self._copy(row, self.plan.leaders[i]))
                     continue
                 run_id, status = stored.get(i, ("", ""))
-                if status in ("succeeded", "failed", "cancelled"):
-                    await self._from_log(engine, row, run_id)
-                    continue
+                if status == "succeeded" or (
+                    status in ("failed", "cancelled") and not self.retry_failed
+                ):
+                    if await self._from_log(engine, row, run_id):
+                        continue
+                    run_id = ""  # its stored run cannot be read: the row runs again
                 await window.acquire()
                 handle = handles.get(run_id)
                 if handle is not None:
@@ -380,13 +409,10 @@ class BatchJob:
 
     def open_sink(self) -> None:
         """Open the output (refusing one that cannot be written, or that holds another
-        job's rows) before any work starts."""
-        self.sink.open()
-        try:
-            self._check_output(self.sink.done)
-        except UsageError:
-            self.sink.close()
-            raise
+        job's rows) before any work starts; with `retry_failed`, the records of its failed
+        rows are removed from it, to be written again as those rows run again."""
+        self.sink.open(check=self._check_output, drop_failed=self.retry_failed)
+        self._dropped |= set(self.sink.dropped)  # opened twice (checked, then run): once
 
     def _check_output(self, done: Mapping[str, Record]) -> None:
         """Refuse an output that holds another job's rows (another input, workflow or
@@ -420,6 +446,7 @@ class BatchJob:
             mean_row_s=sum(durations) / len(durations) if durations else 0.0,
             wall_s=wall_s,
             plan=self.plan.figures(),
+            retried=self._retried,
         )
 
     # --- one row --------------------------------------------------------------------------
@@ -462,23 +489,37 @@ class BatchJob:
         record = self._record(row, handle.id, result.status, outputs, result.failures, result.usage)
         self._write(row, record, result.usage, result.duration)
 
-    async def _from_log(self, engine: Engine, row: Row, run_id: str) -> None:
+    async def _from_log(self, engine: Engine, row: Row, run_id: str) -> bool:
+        """Write the row from its finished run in the store; False (said in the log) if
+        that run cannot be read back (a damaged log): the row then runs again."""
         assert engine.store is not None
-        events, _ = await read_log(engine.store, run_id)
-        image = rebuild(events)
-        usage = Usage(0, 0, 0)
-        failures: dict[str, str] = {}
-        for event in events:
-            if isinstance(event, TaskSucceeded) and event.usage is not None:
-                usage = usage + event.usage
-            elif isinstance(event, TaskFailed):
-                failures[event.task] = event.error
-        status = image.status or "failed"
-        results = image.results()
-        sinks = {t for t in image.tasks} - {dep for t in image.tasks.values() for dep in t.after}
-        outputs = {t: results[t] for t in sorted(sinks) if t in results}
+        try:
+            events, _ = await read_log(engine.store, run_id)
+            image = rebuild(events)
+            usage = Usage(0, 0, 0)
+            failures: dict[str, str] = {}
+            for event in events:
+                if isinstance(event, TaskSucceeded) and event.usage is not None:
+                    usage = usage + event.usage
+                elif isinstance(event, TaskFailed):
+                    failures[event.task] = event.error
+            status = image.status or "failed"
+            results = image.results()
+            tasks = image.tasks
+            sinks = {t for t in tasks} - {dep for t in tasks.values() for dep in t.after}
+            outputs = {t: results[t] for t in sorted(sinks) if t in results}
+        except Exception as exc:  # one damaged run costs its row a new run, not the batch
+            _log.warning(
+                "row %s: its finished run %s cannot be read back from the store (%s); the "
+                "row runs again",
+                row.custom_id,
+                run_id,
+                error_text(exc),
+            )
+            return False
         self._from_store += 1
         self._write(row, self._record(row, run_id, status, outputs, failures, usage), usage, 0.0)
+        return True
 
     async def _copy(self, row: Row, leader: int) -> None:
         """A duplicate row: the answer of its leader's identical call."""

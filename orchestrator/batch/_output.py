@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -28,19 +28,24 @@ from .._errors import UsageError
 from ._rows import PARQUET_HINT
 
 Record = dict[str, Any]
+Check = Callable[[Mapping[str, Record]], None]
 
 
 class Sink(ABC):
     """Where finished rows go. `done` holds the records already there (by custom_id),
-    read when the sink is opened."""
+    read when the sink is opened; `dropped` those of failed rows that `open` removed."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
         self.done: dict[str, Record] = {}
+        self.dropped: dict[str, Record] = {}
 
     @abstractmethod
-    def open(self) -> None:
-        """Check the path can be written (before any work), read what is there."""
+    def open(self, *, check: Check | None = None, drop_failed: bool = False) -> None:
+        """Check the path can be written (before any work), read what is there, pass it to
+        `check` (which raises to refuse the output before anything in it changes); with
+        `drop_failed`, remove the records of failed rows (their rows run again, and the
+        output keeps one record per row)."""
 
     @abstractmethod
     def write(self, record: Record) -> None: ...
@@ -89,6 +94,10 @@ def _read_jsonl(path: Path) -> tuple[dict[str, Record], int]:
     return records, end
 
 
+def _failed(done: Mapping[str, Record]) -> dict[str, Record]:
+    return {key: record for key, record in done.items() if record.get("error")}
+
+
 def _is_record(record: Any) -> bool:
     return (
         isinstance(record, dict)
@@ -105,11 +114,31 @@ class JsonlSink(Sink):
         super().__init__(path)
         self._out: TextIO | None = None
 
-    def open(self) -> None:
+    def open(self, *, check: Check | None = None, drop_failed: bool = False) -> None:
         _check_writable(self.path)
         self.done, end = _read_jsonl(self.path)
-        with self.path.open("r+b") as raw:
-            raw.truncate(end)
+        if check is not None:
+            check(self.done)
+        self.dropped = _failed(self.done) if drop_failed else {}
+        if self.dropped:
+            # The kept lines as they were, written beside and swapped in: a kill leaves the
+            # old output or the new, never a part.
+            kept = [
+                line
+                for line in self.path.read_bytes()[:end].splitlines(keepends=True)
+                if json.loads(line)["custom_id"] not in self.dropped
+            ]
+            tmp = Path(f"{self.path}.tmp")
+            with tmp.open("wb") as out:
+                out.writelines(kept)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path)
+            for key in self.dropped:
+                del self.done[key]
+        else:
+            with self.path.open("r+b") as raw:
+                raw.truncate(end)
         self._out = self.path.open("a", encoding="utf-8")
 
     def write(self, record: Record) -> None:
@@ -168,7 +197,7 @@ class ParquetSink(Sink):
         self._writer: Any = None
         self._log: JsonlSink | None = None
 
-    def open(self) -> None:
+    def open(self, *, check: Check | None = None, drop_failed: bool = False) -> None:
         try:
             import pyarrow as pa
             import pyarrow.parquet as pq
@@ -196,6 +225,11 @@ class ParquetSink(Sink):
                 done[row["custom_id"]] = _record_of(row)
         journal, _ = _read_jsonl(self.journal)
         done.update(journal)
+        if check is not None:
+            check(done)
+        self.dropped = _failed(done) if drop_failed else {}
+        for key in self.dropped:
+            del done[key]
         self.done = done
         # The journal again holds everything, then goes on: rewritten whole, then swapped in.
         tmp = Path(f"{self.journal}.tmp")

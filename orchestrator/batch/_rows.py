@@ -89,7 +89,7 @@ def read_rows(path: str, *, fmt: str | None = None, llm_rows: bool = True) -> li
         rows = [_plain_row(i, item) for i, item in enumerate(raw)]
     else:
         rows = [_data_row(i, item) for i, item in enumerate(raw)]
-    return _unique_ids(rows)
+    return _unique_ids([_storable(row) for row in rows])
 
 
 # --- raw rows -----------------------------------------------------------------------------
@@ -169,6 +169,47 @@ def _check_columns(path: str, raw: Sequence[_Raw]) -> None:
             " a row without --workflow is one LLM call: give it a prompt (and optionally "
             "system, max_tokens, model), or pass --workflow module:factory"
         )
+
+
+def _storable(row: Row) -> Row:
+    """The row, or its failure if it holds text that cannot be stored: a lone surrogate
+    (not UTF-8, so not JSON a store keeps) or a NUL (PostgreSQL keeps none in text)."""
+    problem = _bad_text(row.custom_id, "custom_id") or _bad_text(dict(row.data), "")
+    if problem is None:
+        return row
+    return Row(
+        row.index,
+        row.custom_id.encode("utf-8", "backslashreplace").decode("utf-8"),
+        row.data,
+        kind=row.kind,
+        error=f"{problem}: text that cannot be stored; remove it from the row",
+        error_code="invalid_text",
+    )
+
+
+def _bad_text(value: Any, where: str) -> str | None:
+    """Where in `value` (dicts, lists, strings) a lone surrogate or a NUL is, if anywhere."""
+    if isinstance(value, str):
+        for char in value:
+            if "\ud800" <= char <= "\udfff":
+                return f"a lone surrogate ({char!r}) in {where or 'the row'}"
+            if char == "\x00":
+                return f"a NUL character in {where or 'the row'}"
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            name = f"{where}.{key}" if where else str(key)
+            found = _bad_text(str(key), f"a field name at {where or 'the row'}")
+            found = found or _bad_text(item, name)
+            if found:
+                return found
+        return None
+    if isinstance(value, list | tuple):
+        for n, item in enumerate(value):
+            found = _bad_text(item, f"{where}[{n}]")
+            if found:
+                return found
+    return None
 
 
 def _unique_ids(rows: list[Row]) -> list[Row]:

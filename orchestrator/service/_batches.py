@@ -7,7 +7,9 @@ row, written as rows finish) and `batch.json` (owner, state, and the summary onc
 The rows themselves are workflows in the store, labelled with the batch's id: a service
 killed mid-batch finds the folder at its next start and runs the job again, which skips the
 rows already in the output, writes those the store finished, and adopts those the engine
-resumed (docs/batch.md, "Resume").
+resumed (docs/batch.md, "Resume"). A damaged folder is reported and shown failed, or left
+alone; the others start. A finished batch's folder is removed once it is as old as the
+engine's retention keeps finished runs (a week without one).
 """
 
 from __future__ import annotations
@@ -18,14 +20,18 @@ import json
 import logging
 import os
 import secrets
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError
+
 from .._clock import Clock
 from .._engine import Engine
-from .._errors import PlaitError
+from .._errors import PlaitError, error_text
+from .._retention import Retention
 from .._store import Store
 from ..batch import JOB_LABEL, BatchJob, BatchProgress, BatchSummary, read_rows, sink_for
 from ._spec import BatchState, BatchView, ProgressView
@@ -38,13 +44,19 @@ OUTPUT = "output.jsonl"
 
 
 async def batch_runs(store: Store, directory: Path) -> set[str]:
-    """Ids of the unfinished runs of every batch in `directory`: the service's start resumes
-    every other unfinished run; a batch left running resumes its own, and those of a
-    cancelled or failed batch are not run again."""
+    """Ids of the unfinished runs of every batch folder in `directory`: the service's start
+    resumes every other unfinished run; a batch left running resumes its own, and those of
+    a cancelled or failed batch, or of a folder that cannot be loaded, are not run again."""
     found: set[str] = set()
-    for meta in _metas(directory):
-        found |= await _unfinished(store, meta["id"])
+    for name in _batch_folders(directory):  # a batch's runs are labelled with its folder's name
+        found |= await _unfinished(store, name)
     return found
+
+
+def _batch_folders(directory: Path) -> list[str]:
+    if not directory.is_dir():
+        return []
+    return sorted(f.name for f in directory.iterdir() if (f / META).is_file())
 
 
 async def _unfinished(store: Store, batch_id: str) -> set[str]:
@@ -84,6 +96,8 @@ class _Batch:
     task: asyncio.Task[None] | None = None
     summary: dict[str, Any] | None = None
     error: str | None = None
+    finished: float | None = None
+    """Epoch seconds when it stopped running (its folder is removed after retention)."""
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -94,6 +108,7 @@ class _Batch:
             "state": self.state,
             "summary": self.summary,
             "error": self.error,
+            "finished": self.finished,
         }
 
 
@@ -105,43 +120,60 @@ class Batches:
         self.directory = directory
         self.max_rows = max_rows
         self.clock = clock
+        # Kept as long as the engine keeps finished runs: a batch's folder is the record
+        # of rows whose runs retention deletes.
+        retention = engine.retention or Retention()
+        self.keep_s: float | None = retention.delete_after
+        """Seconds a finished batch's folder is kept (None: for ever)."""
+        self.sweep_every_s = retention.every
         self._batches: dict[str, _Batch] = {}
+        self._sweeper: asyncio.Task[None] | None = None
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self) -> int:
-        """Load every batch folder; run again those a stopped service left running.
-        Returns how many were started again."""
+        """Load every batch folder; run again those a stopped service left running; start
+        removing finished batches' folders past retention. A folder that cannot be loaded
+        is reported (and shown failed where its id and tenant can be read); the others
+        start. Returns how many were started again."""
         again = 0
         for meta in _metas(self.directory):
             batch = _Batch(
-                id=meta["id"],
-                tenant=meta["tenant"],
-                created=float(meta["created"]),
-                total=int(meta["total"]),
-                folder=self.directory / meta["id"],
-                state=meta["state"],
-                summary=meta.get("summary"),
-                error=meta.get("error"),
+                id=meta.id,
+                tenant=meta.tenant,
+                created=meta.created,
+                total=meta.total,
+                folder=self.directory / meta.id,
+                state=meta.state,
+                summary=meta.summary,
+                error=meta.error,
+                finished=meta.finished,
             )
             self._batches[batch.id] = batch
             if batch.state != "running":
                 continue
             try:
                 job = self._job(batch, read_rows(str(batch.folder / INPUT), fmt="jsonl"))
-            except (PlaitError, OSError) as exc:  # its input is gone or damaged: said on it
-                _log.error("batch %s cannot go on: %s", batch.id, exc)
+            except Exception as exc:  # its input is gone or damaged: said on it
+                _log.error("batch folder %s cannot go on: %s", batch.folder, error_text(exc))
                 batch.state, batch.error = "failed", f"its input cannot be read: {exc}"
-                _write_meta(batch)
+                batch.finished = self.clock.now()
+                with contextlib.suppress(OSError):
+                    _write_meta(batch)
                 continue
             self._launch(batch, job)
             again += 1
+        if self.keep_s is not None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_every())
         return again
 
     async def close(self) -> None:
         """Stop the jobs' tasks (their rows stay in the store, running; the folder says
         running, so the next start goes on with them)."""
         tasks = [b.task for b in self._batches.values() if b.task is not None and not b.task.done()]
+        if self._sweeper is not None:
+            tasks.append(self._sweeper)
+            self._sweeper = None
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -198,6 +230,7 @@ class Batches:
         batch = self.get(tenant, batch_id)
         if batch.state == "running":
             batch.state = "cancelled"
+            batch.finished = self.clock.now()
             _write_meta(batch)
             if batch.task is not None:
                 batch.task.cancel()
@@ -236,6 +269,37 @@ class Batches:
         for batch in self._batches.values():
             out[batch.state] = out.get(batch.state, 0) + 1
         return out
+
+    # --- retention --------------------------------------------------------------------------
+
+    async def sweep(self) -> int:
+        """Remove the folders of batches finished `keep_s` or more ago; returns how many.
+        A folder that cannot be removed is reported, and tried again at the next sweep."""
+        if self.keep_s is None:
+            return 0
+        cutoff = self.clock.now() - self.keep_s
+        due = [
+            batch
+            for batch in self._batches.values()
+            if batch.state != "running" and (batch.finished or batch.created) <= cutoff
+        ]
+        if not due:
+            return 0
+        # Removing files takes the disk's time: not on the loop; the map is changed here.
+        gone = await asyncio.to_thread(_remove_folders, [batch.folder for batch in due])
+        for batch, removed in zip(due, gone, strict=True):
+            if removed:
+                self._batches.pop(batch.id, None)
+        _log.info("removed %d finished batch folder(s) past retention", sum(gone))
+        return sum(gone)
+
+    async def _sweep_every(self) -> None:
+        while True:
+            try:
+                await self.sweep()
+            except Exception:  # a sweep's failure is said; the next one tries again
+                _log.exception("sweeping batch folders failed")
+            await self.clock.sleep(self.sweep_every_s)
 
     # --- running ----------------------------------------------------------------------------
 
@@ -286,6 +350,7 @@ class Batches:
         finally:
             job.sink.close()
             if batch.state != "running":
+                batch.finished = self.clock.now()
                 _write_meta(batch)
                 batch.job = None  # its rows and records: the summary says what it did
 
@@ -296,9 +361,10 @@ def _progress(
     if progress is None:
         done = failed = 0
         if summary:  # this run's rows and those an earlier run of the batch had written
-            earlier_failed = int(summary.get("skipped_failed", 0))
-            done = int(summary.get("ok", 0)) + int(summary.get("skipped", 0)) - earlier_failed
-            failed = int(summary.get("failed", 0)) + earlier_failed
+            with contextlib.suppress(TypeError, ValueError):  # a damaged summary: no figures
+                earlier_failed = int(summary.get("skipped_failed", 0))
+                done = int(summary.get("ok", 0)) + int(summary.get("skipped", 0)) - earlier_failed
+                failed = int(summary.get("failed", 0)) + earlier_failed
         return ProgressView(total=total, done=done, failed=failed, running=0, pending=0)
     finished = progress.finished
     return ProgressView(
@@ -316,30 +382,77 @@ def _progress(
     )
 
 
-def _metas(directory: Path) -> list[dict[str, Any]]:
-    """The readable `batch.json` of every folder in `directory`, oldest folder name first."""
+class _Meta(BaseModel):
+    """A `batch.json` as read back: what a folder must hold to be loaded."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    tenant: str
+    created: float
+    total: int
+    state: BatchState
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    finished: float | None = None
+
+
+def _metas(directory: Path) -> list[_Meta]:
+    """Every batch folder's state in `directory`, oldest folder name first: a damaged
+    `batch.json` is reported, and read as a failed batch where its id and tenant can be."""
     if not directory.is_dir():
         return []
     metas = (_read_meta(folder) for folder in sorted(directory.iterdir()))
     return [meta for meta in metas if meta is not None]
 
 
-def _read_meta(folder: Path) -> dict[str, Any] | None:
+def _read_meta(folder: Path) -> _Meta | None:
     path = folder / META
     if not path.is_file():
         return None
     try:
-        meta = json.loads(path.read_text())
+        raw = json.loads(path.read_bytes().decode("utf-8"))
     except (OSError, ValueError) as exc:
         _log.error("batch folder %s: unreadable %s (%s): left alone", folder, META, exc)
         return None
-    if not isinstance(meta, dict) or not {"id", "tenant", "created", "total", "state"} <= set(meta):
-        _log.error("batch folder %s: %s lacks fields: left alone", folder, META)
-        return None
-    if meta["id"] != folder.name:
+    try:
+        meta = _Meta.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'the file'}: {e['msg']}" for e in exc.errors()
+        )
+        return _damaged(folder, raw, problems)
+    if meta.id != folder.name:
         _log.error("batch folder %s: %s names another batch: left alone", folder, META)
         return None
+    if meta.finished is None and meta.state != "running":
+        # Written without the time it finished: its last write is when it did.
+        meta.finished = path.stat().st_mtime
     return meta
+
+
+def _damaged(folder: Path, raw: Any, problems: str) -> _Meta | None:
+    """A `batch.json` that does not hold a batch: shown failed to its tenant when the id and
+    tenant can be read (its rows are not run again), else left alone; said either way."""
+    ident = raw if isinstance(raw, dict) else {}
+    tenant = ident.get("tenant")
+    if ident.get("id") != folder.name or not isinstance(tenant, str):
+        _log.error("batch folder %s: damaged %s (%s): left alone", folder, META, problems)
+        return None
+    _log.error("batch folder %s: damaged %s (%s): shown failed", folder, META, problems)
+    created = ident.get("created")
+    if not isinstance(created, int | float) or isinstance(created, bool):
+        created = folder.stat().st_mtime
+    total = ident.get("total")
+    return _Meta(
+        id=folder.name,
+        tenant=tenant,
+        created=float(created),
+        total=total if isinstance(total, int) and not isinstance(total, bool) else 0,
+        state="failed",
+        error=f"its state file {META} is damaged ({problems})",
+        finished=(folder / META).stat().st_mtime,
+    )
 
 
 def _write_meta(batch: _Batch) -> None:
@@ -357,6 +470,20 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _remove(folder: Path) -> None:
-    for child in folder.iterdir():
-        child.unlink()
-    folder.rmdir()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_folders(folders: Sequence[Path]) -> list[bool]:
+    """Remove each folder whole; False for one that could not be (said in the log)."""
+    removed = []
+    for folder in folders:
+        try:
+            shutil.rmtree(folder)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _log.error("batch folder %s: cannot remove it: %s", folder, exc)
+            removed.append(False)
+            continue
+        removed.append(True)
+    return removed
