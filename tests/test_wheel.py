@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Top-level entries of the checkout the build does not need (and some large ones).
 NOT_COPIED = {".git", ".venv", ".venv-vllm", "build", "dist", "out", "bench", "tests"}
 TOKEN = "wheel-token"
+PACKAGES = ("orchestrator", "executors", "agents", "memory")
 
 REGISTRY = '''
 from agents import Agent, tool
@@ -121,6 +123,15 @@ def test_a_wheel_installed_alone_serves_and_runs_a_workflow(tmp_path: Path) -> N
     )
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = wheels.glob("plait-*.whl")
+    # Every file of the packages is in it (code, migrations, py.typed, the page).
+    packaged = set(zipfile.ZipFile(wheel).namelist())
+    files = {
+        str(f.relative_to(source))
+        for root in PACKAGES
+        for f in (source / root).rglob("*")
+        if f.is_file() and "__pycache__" not in f.parts
+    }
+    assert files - packaged == set()
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
