@@ -1,6 +1,7 @@
-"""A wheel built from the repository runs on its own: installed in a fresh virtual environment
-with the repository off its path, `plait serve` starts, the typed client talks to it, and a
-workflow (a function, a tool and an agent on the simulator, in a SQLite store) succeeds.
+"""What gets installed. A wheel built from the repository runs on its own: installed in a fresh
+virtual environment with the repository off its path, `plait serve` starts, the typed client
+talks to it, and a workflow (a function, a tool and an agent on the simulator, in a SQLite
+store) succeeds. `make demo` installs plait without extras.
 
 The fresh environment gets the wheel's dependencies from this interpreter's site-packages
 through a `.pth` line naming that directory: a plain path, so the `.pth` files inside it (the
@@ -190,3 +191,18 @@ def test_a_wheel_installed_alone_serves_and_runs_a_workflow(tmp_path: Path) -> N
     assert answer["results"]["sum"] == 5
     assert answer["results"]["line"]
     assert all(Path(f).is_relative_to(site) for f in answer["files"]), answer["files"]
+
+
+def test_make_demo_installs_plait_alone(tmp_path: Path) -> None:
+    # The commands make would run for a fresh environment, shown and not run.
+    shown = subprocess.run(
+        ["make", "-n", "demo", "batch-demo", f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    installs = [
+        line.split(" pip install ")[1] for line in shown.splitlines() if " pip install " in line
+    ]
+    assert installs == ["-q --upgrade pip", "-q -e ."], shown
