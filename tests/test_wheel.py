@@ -12,10 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -206,3 +208,13 @@ def test_make_demo_installs_plait_alone(tmp_path: Path) -> None:
         line.split(" pip install ")[1] for line in shown.splitlines() if " pip install " in line
     ]
     assert installs == ["-q --upgrade pip", "-q -e ."], shown
+
+
+def test_the_readme_says_how_to_install_each_extra() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    readme = (ROOT / "README.md").read_text()
+    install = readme[readme.index("## Install") :]
+    for name in extras:
+        assert re.search(rf"pip install[^\n]*\.\[[a-z,]*\b{name}\b", install), name
