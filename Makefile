@@ -11,18 +11,25 @@ $(BIN)/.installed-dev: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
+# The demos need plait alone: no test tools, browser driver, Ray or pyarrow.
+$(BIN)/.installed-demo: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
 $(BIN)/.installed-bench: $(BIN)/.installed-dev
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	touch $@
 
-demo: $(BIN)/.installed-dev
+demo: $(BIN)/.installed-demo
 	$(BIN)/plait run examples/research_team.py
 	$(BIN)/python bench/demo.py
 
 # The batch example: 2,000 generated documents, 4 questions each, an extractor and a verifier
 # agent per question, on four simulated H100s (about a minute); output in out/batch-demo/.
 BATCH_ROWS ?= 2000
-batch-demo: $(BIN)/.installed-dev
+batch-demo: $(BIN)/.installed-demo
 	rm -rf out/batch-demo
 	$(BIN)/python examples/doc_analytics.py generate out/batch-demo/documents.jsonl --rows $(BATCH_ROWS)
 	$(BIN)/plait batch run --input out/batch-demo/documents.jsonl --output out/batch-demo/answers.jsonl \
