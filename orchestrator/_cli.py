@@ -34,10 +34,11 @@ from ._engine import Engine
 from ._errors import PlaitError, UsageError, error_text
 from ._events import Event
 from ._gate import DEFAULT_GATE
-from ._registry import Registry
+from ._registry import RebuildError, Registry
 from ._resume import Decision, ResumePlan
 from ._scheduler import POLICIES
 from ._store import Store
+from ._task import describe
 from ._workflow import Workflow
 
 
@@ -250,12 +251,15 @@ async def run_module(
     max_waiting: int | None = None,
     deadline: float | None = None,
     store: str | None = None,
+    flows: Iterable[Workflow] | None = None,
 ) -> Mapping[str, str]:
+    """Run the module's workflows (or `flows`, made from it already) to their end."""
     statuses: dict[str, str] = {}
     async with _engine_for(
         module, clock, policy, progress, config, max_in_flight, max_waiting, store
     ) as engine:
-        flows: Iterable[Workflow] = workflows_of(module)
+        if flows is None:
+            flows = workflows_of(module)
         async for event in engine.iter(*flows, deadline=deadline):
             progress.apply(event)
             if event.kind == "workflow_finished":
@@ -568,6 +572,10 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
             "CLOCK, or the config's): a store does real I/O, which virtual time would jump "
             "over; add --clock system"
         )
+    flows = None
+    if args.store:
+        flows = workflows_of(module)
+        check_resumable(flows, registry_of(module), args.path)
     policy = args.policy or (engine.policy if engine is not None else "fcfs")
     deadline = args.deadline or (engine.deadline if engine is not None else None)
     clock: Clock = VirtualClock() if clock_name == "virtual" else SystemClock()
@@ -589,6 +597,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
                     max_waiting=args.max_waiting,
                     deadline=deadline,
                     store=args.store,
+                    flows=flows,
                 )
             )
     except KeyboardInterrupt:
@@ -662,6 +671,32 @@ def registry_of(module: ModuleType) -> Registry:
             )
         registry.merge(extra)
     return registry
+
+
+def check_resumable(flows: Iterable[Workflow], registry: Registry, path: str) -> None:
+    """Refuse, before anything runs, a workflow that `plait resume` could not rebuild: each
+    task's action, condition and key function must be found again by name, as resume finds
+    them (`Registry`). Tasks added while a run goes on are checked when resume meets them."""
+    for workflow in flows:
+        for task in workflow:
+            try:
+                registry.task(task.id, describe(task.action), task.options())
+            except RebuildError as exc:
+                raise UsageError(
+                    f"task {task.id!r} of workflow {workflow.name!r} could not be resumed "
+                    f"from --store: {_rebuild_fix(str(exc), path)}"
+                ) from None
+
+
+def _rebuild_fix(problem: str, path: str) -> str:
+    if "defined inside a function" not in problem:
+        return problem
+    # The registry's advice (register it) cannot help a function made anew by each call.
+    return (
+        problem.split(", so no other process")[0] + f", so `plait resume` cannot find it by "
+        f"name; define it at the top level of {path}, and pass what it used from the "
+        "enclosing function as a task's result or a tool's argument (docs/durability.md)"
+    )
 
 
 def _decisions(given: list[str]) -> dict[str, Decision]:
