@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ._cliconfig import backends_of, check_config, clock_of, config_of, limits_of, seconds
 from ._clientcli import register as register_client_verbs
 from ._clock import Clock, SystemClock, VirtualClock
-from ._config import Config
+from ._config import Config, read_config_file
 from ._engine import Engine
 from ._errors import PlaitError, UsageError, error_text
 from ._events import Event
@@ -40,6 +40,9 @@ from ._scheduler import POLICIES
 from ._store import Store
 from ._task import describe
 from ._workflow import Workflow
+
+if TYPE_CHECKING:
+    from .service import ServeConfig
 
 
 @dataclass
@@ -431,13 +434,17 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     resume.add_argument(
-        "path", help="the .py file whose workflows the runs are (its code and backends)"
+        "path",
+        nargs="?",
+        help="the .py file whose workflows the runs are (its code and backends); with a "
+        "plait serve config, optional: the config's registry and backends are used",
     )
     resume.add_argument(
         "--store",
         metavar="PATH_OR_URL",
         default=os.environ.get("PLAIT_STORE"),
-        help="the store the runs were recorded in (default: $PLAIT_STORE)",
+        help="the store the runs were recorded in (default: $PLAIT_STORE, else a plait "
+        "serve config's store)",
     )
     resume.add_argument(
         "--dry-run",
@@ -452,7 +459,12 @@ def _parser() -> argparse.ArgumentParser:
         help="for a task declared not idempotent that was running at the crash: run it "
         "again, or fail it (repeatable; RUN alone decides all of that run's)",
     )
-    resume.add_argument("--config", metavar="FILE", help="as for plait run")
+    resume.add_argument(
+        "--config",
+        metavar="FILE",
+        help="as for plait run; or the config plait serve runs with (its store, registry "
+        "and backends), to decide the runs the service holds",
+    )
     resume.add_argument("--policy", choices=sorted(POLICIES), help="as for plait run")
     config = sub.add_parser("config", help="configuration files")
     verbs = config.add_subparsers(dest="config_command", required=True)
@@ -614,12 +626,30 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _resume(args: argparse.Namespace, out: TextIO) -> int:
-    if not args.store:
+    served = _serve_config(args.config)
+    store = args.store or (served.store if served is not None else None)
+    if not store:
         raise UsageError("plait resume needs --store PATH_OR_URL (or $PLAIT_STORE)")
+    if args.path is None and served is None:
+        raise UsageError(
+            "plait resume needs the .py file the runs came from, or --config FILE naming "
+            "the config plait serve runs with"
+        )
     decisions = _decisions(args.decide)
-    module = load_module(args.path)
-    registry = registry_of(module)
-    settings = config_of(module, args.config)
+    if args.path is not None:
+        module = load_module(args.path)
+        registry = registry_of(module)
+    else:  # the service's runs: its registry's code, its config's backends
+        module, registry = ModuleType("plait_serve_config"), Registry()
+        module.__file__ = args.config
+    settings: Config | None
+    if served is not None:
+        from .service import load_registry
+
+        registry.merge(load_registry(served))
+        settings = served.engine
+    else:
+        settings = config_of(module, args.config)
     engine_settings = settings.engine if settings is not None else None
     policy = args.policy or (engine_settings.policy if engine_settings is not None else "fcfs")
     progress = Progress(out, live=out.isatty())
@@ -627,7 +657,7 @@ def _resume(args: argparse.Namespace, out: TextIO) -> int:
 
     async def main() -> tuple[list[ResumePlan], Mapping[str, str]]:
         async with _engine_for(
-            module, SystemClock(), policy, progress, settings, None, None, args.store
+            module, SystemClock(), policy, progress, settings, None, None, store
         ) as engine:
             if args.dry_run:
                 return await engine.plan_resume(registry, decisions=decisions), {}
@@ -656,6 +686,16 @@ def _resume(args: argparse.Namespace, out: TextIO) -> int:
         out.write(progress.summary(time.perf_counter() - started, "system") + "\n")
     held = [p for p in plans if p.error is not None or p.needs_decision]
     return 0 if not held and all(s == "succeeded" for s in statuses.values()) else 1
+
+
+def _serve_config(path: str | None) -> ServeConfig | None:
+    """The `plait serve` config at `path` (one with a [service] or [[tenants]] table), or
+    None for a plain config (or none)."""
+    if path is None or not {"service", "tenants"} & read_config_file(path).keys():
+        return None
+    from .service import load_serve_config
+
+    return load_serve_config(path)
 
 
 def registry_of(module: ModuleType) -> Registry:

@@ -86,6 +86,8 @@ async def serve(
                         print(f"plait serve: not resumed: {plan.workflow}: {plan.error}", file=out)
                 if report.runs:
                     print(f"plait serve: resumed {len(report.runs)} workflow(s)", file=out)
+                for plan in report.needs_decision:
+                    print(_waits(plan.workflow, plan.needs_decision, config.source), file=out)
             # In a cluster, the engine's leases claim what no live engine holds, as they
             # run out: the runs left by an earlier process included.
             service = Service(
@@ -131,6 +133,18 @@ async def serve(
                         file=out,
                     )
     print("plait serve: stopped", file=out, flush=True)
+
+
+def _waits(workflow: str, tasks: tuple[str, ...], source: str) -> str:
+    """The start-up line for a workflow held until someone decides its tasks."""
+    names = ", ".join(repr(t) for t in tasks)
+    return (
+        f"plait serve: waits for a decision: workflow {workflow}: task(s) {names} not "
+        "idempotent and running when the service stopped; run them again or fail them with "
+        f'POST /v1/workflows/{workflow}/decision {{"decision": "rerun"}} (or "fail"), '
+        f"or, with the service stopped, plait resume --config {source} --decide "
+        f"'{workflow}=rerun'"
+    )
 
 
 def _join_peers(backends: Mapping[str, object], notifier: Notifier) -> None:
