@@ -16,10 +16,12 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
+import shlex
 import sys
+import sysconfig
 import time
 import traceback
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
@@ -43,6 +45,10 @@ from ._workflow import Workflow
 
 if TYPE_CHECKING:
     from .service import ServeConfig
+
+
+_PACKAGES = ("orchestrator", "agents", "executors", "memory")
+"""plait's own packages: a failure's place is shown in the user's code, not in these."""
 
 
 @dataclass
@@ -75,6 +81,21 @@ class Progress:
         self.origin: float | None = None
         self.now = 0.0
         self._drawn_at = 0.0
+        self.failure: Callable[[str, str], BaseException | None] = lambda workflow, task: None
+        """The exception a failed task raised (workflow id, task id), where it is known."""
+
+    def follow(self, flows: Iterable[Workflow]) -> None:
+        """Find failed tasks' exceptions in these workflows (their runs keep them)."""
+        by_id: dict[str, Workflow] = {}
+        flows = list(flows)
+
+        def failure(workflow: str, task: str) -> BaseException | None:
+            if workflow not in by_id:  # ids are known once the engine has started them
+                by_id.update((wf.id, wf) for wf in flows)
+            found = by_id.get(workflow)
+            return found.run_of(task).error if found is not None and task in found else None
+
+        self.failure = failure
 
     def apply(self, event: Event) -> None:
         if self.origin is None:
@@ -95,7 +116,11 @@ class Progress:
             case "task_failed":
                 row.failed += 1
                 row.failures[event.task] = event.error
-                self._say(f"  ! {event.workflow}/{event.task} failed: {event.error}")
+                error = self.failure(event.workflow, event.task)
+                self._say(f"  ! {event.workflow}/{event.task} failed: {event.error}{where(error)}")
+                if error is not None and os.environ.get("PLAIT_DEBUG"):
+                    for line in traceback.format_exception(error):
+                        self._say("    " + line.rstrip("\n").replace("\n", "\n    "))
             case "task_skipped":
                 row.skipped += 1
             case "task_cancelled":
@@ -183,6 +208,32 @@ class Progress:
         return "\n".join(lines)
 
 
+_LIBRARIES = tuple(
+    {str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "purelib", "platlib")}
+    | {str(Path(__file__).resolve().parent.parent / p) for p in _PACKAGES}
+)
+
+
+def where(error: BaseException | None) -> str:
+    """` (at FILE:LINE in FUNCTION)`: the innermost frame of the traceback in the user's own
+    code (not plait's packages, nor the standard library or installed ones); else ``."""
+    if error is None:
+        return ""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<")
+        and not str(Path(frame.filename).resolve()).startswith(_LIBRARIES)
+    ]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    name = frame.filename
+    with contextlib.suppress(ValueError):
+        name = str(Path(name).resolve().relative_to(Path.cwd()))
+    return f" (at {name}:{frame.lineno}, in {frame.name})"
+
+
 def load_module(path: str) -> ModuleType:
     file = Path(path)
     if not file.is_file():
@@ -261,8 +312,8 @@ async def run_module(
     async with _engine_for(
         module, clock, policy, progress, config, max_in_flight, max_waiting, store
     ) as engine:
-        if flows is None:
-            flows = workflows_of(module)
+        flows = list(workflows_of(module) if flows is None else flows)
+        progress.follow(flows)
         async for event in engine.iter(*flows, deadline=deadline):
             progress.apply(event)
             if event.kind == "workflow_finished":
@@ -616,6 +667,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         # What finished is still worth seeing: the summary shows it, and the rest as running.
         interrupted = True
         progress.notes.append("interrupted (Ctrl-C): workflows still running were stopped")
+        progress.notes.append(_how_to_go_on(args))
     if progress.live:
         out.write("\n")
     out.write(progress.summary(time.perf_counter() - started, clock_name) + "\n")
@@ -623,6 +675,21 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if interrupted:
         return 130
     return 0 if all(s == "succeeded" for s in statuses.values()) else 1
+
+
+def _how_to_go_on(args: argparse.Namespace) -> str:
+    """After Ctrl-C: the command that goes on with the runs, or why there is none."""
+    if not args.store:
+        return (
+            "nothing was recorded (no --store), so nothing can go on from here: run it again, "
+            "with --store FILE to be able to resume after a stop"
+        )
+    command = ["plait", "resume", args.path, "--store", args.store]
+    if args.config:
+        command += ["--config", args.config]
+    if args.policy:
+        command += ["--policy", args.policy]
+    return f"to go on where it stopped: {shlex.join(command)}"
 
 
 def _resume(args: argparse.Namespace, out: TextIO) -> int:
@@ -666,6 +733,7 @@ def _resume(args: argparse.Namespace, out: TextIO) -> int:
             report = await engine.resume(registry, decisions=decisions)
             out.write(describe_plans(report.plans, dry_run=False) + "\n")
             out.flush()
+            progress.follow(h.workflow for h in report.runs)
             for plan in report.plans:
                 if plan.image is not None and plan.workflow in {h.id for h in report.runs}:
                     progress.rows[plan.workflow] = _Row(tasks=len(plan.image.tasks), done=plan.kept)

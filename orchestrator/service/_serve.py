@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import signal
 import sys
@@ -105,7 +106,11 @@ async def serve(
             if again:
                 print(f"plait serve: went on with {again} batch job(s)", file=out)
             site = web.TCPSite(runner, config.service.host, config.service.port)
-            await site.start()
+            try:
+                await site.start()
+            except OSError as exc:
+                await runner.cleanup()
+                raise _cannot_listen(config, exc) from None
             names = registry.names()
             print(
                 f"plait serve: listening on http://{config.service.host}:{_port(runner)}/ "
@@ -133,6 +138,21 @@ async def serve(
                         file=out,
                     )
     print("plait serve: stopped", file=out, flush=True)
+
+
+def _cannot_listen(config: ServeConfig, exc: OSError) -> UsageError:
+    """Why the service cannot take its address, and what to do about it."""
+    host, port = config.service.host, config.service.port
+    if exc.errno == errno.EADDRINUSE:
+        return UsageError(
+            f"port {port} on {host} is in use (another plait serve, or another program); stop "
+            f"that, or pick another port: plait serve --config {config.source} --port N "
+            "([service] port in the file; 0 takes any free port)"
+        )
+    return UsageError(
+        f"cannot listen on {host}:{port}: {exc.strerror or exc}; check [service] host and "
+        f"port in {config.source} (or --port)"
+    )
 
 
 def _waits(workflow: str, tasks: tuple[str, ...], source: str) -> str:
