@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
@@ -154,7 +155,8 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
             else f", one of several engines (lease {service.lease_s:g} s)"
         )
         out.write(
-            f"service: http://{service.host}:{service.port}/, store {served.store}{cluster}; "
+            f"service: http://{service.host}:{service.port}/, store "
+            f"{_no_password(served.store)}{cluster}; "
             f"registry {', '.join(service.registry) or 'none'}\n"
         )
         names = ", ".join(t.name for t in served.tenants)
@@ -165,6 +167,11 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
         print(f"plait: error: {len(warnings)} warning(s) and --strict", file=sys.stderr)
         return 1
     return 0
+
+
+def _no_password(url: str) -> str:
+    """A store URL as it can be shown: a password in it is replaced by ***."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def _limits_text(limits: Limits) -> str:

@@ -966,3 +966,16 @@ shade = 1
         "engine.policy: unknown policy 'nope'",
     ):
         assert said in err, (said, err)
+
+
+def test_config_check_of_a_serve_config_shows_no_store_password(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "serve.toml",
+        '[service]\nstore = "postgresql://plait:secret@db:5432/runs"\n\n[[tenants]]\n'
+        f'name = "a"\ntoken_sha256 = "{"0" * 64}"\n',
+    )
+    out = io.StringIO()
+    assert main(["config", "check", str(path)], out=out) == 0
+    assert "store postgresql://plait:***@db:5432/runs" in out.getvalue()
+    assert "secret" not in out.getvalue()
