@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from conftest import StoreFactory
 
 from orchestrator._cli import main
 from orchestrator.service import hash_token, load_serve_config
@@ -51,14 +52,14 @@ A = {"Authorization": "Bearer acme-token"}
 B = {"Authorization": "Bearer beta-token"}
 
 
-def write_config(tmp_path: Path) -> Path:
+def write_config(tmp_path: Path, store: str) -> Path:
     (tmp_path / "reg.py").write_text(REGISTRY_MODULE)
     config = tmp_path / "serve.toml"
     config.write_text(
         f"""
 [service]
 port = 0
-store = "s.db"
+store = "{store}"
 registry = ["reg.py"]
 drain_s = 0
 
@@ -93,9 +94,12 @@ def charges(tmp_path: Path) -> list[str]:
 
 
 def test_a_held_task_is_reported_at_start_shown_and_decided_over_rest_and_by_the_cli(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make_store: StoreFactory
 ) -> None:
-    path = write_config(tmp_path)
+    store = make_store()
+    url = store.url.render_as_string(hide_password=False)
+    schema = store._schema
+    path = write_config(tmp_path, f"{url}?schema={schema}" if schema else url)
     config = load_serve_config(path)
     (tmp_path / "hold").write_text("")
 
