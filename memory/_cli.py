@@ -42,7 +42,7 @@ The runs a durable engine recorded (Engine(store=SQLStore(...))): list them, sho
 from its log, delete them, compact finished ones, collect unused payloads.
 
 Every command takes --store PATH_OR_URL: a SQLite file (as given to SQLStore) or a URL
-(postgresql+asyncpg://user@host/db); ${STORE_ENV} when --store is not given.
+(postgresql://user@host/db); ${STORE_ENV} when --store is not given.
 
 WHEN (--finished-before) is a date and time, local unless it names a zone
 (2025-05-01, "2025-05-01 12:00", 2025-05-01T12:00:00+00:00), or an age: 90s, 30m, 12h, 7d, 2w

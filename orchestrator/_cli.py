@@ -475,7 +475,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH_OR_URL",
         default=os.environ.get("PLAIT_STORE"),
         help="record every run in this store (a SQLite file, or a database URL such as "
-        "postgresql+asyncpg://user@host/db), so that `plait resume` can go on after a crash "
+        "postgresql://user@host/db), so that `plait resume` can go on after a crash "
         "(default: $PLAIT_STORE, else none)",
     )
     resume = sub.add_parser(
