@@ -228,3 +228,47 @@ def test_a_batch_without_config_says_its_answers_come_from_a_simulator(
         "plait batch: no --config: the answers come from a simulated H100 (1 replicas), not a "
         "model; pass --config FILE to call real servers"
     ) in err
+
+
+def test_watch_of_a_stream_lost_midway_says_how_to_follow_it_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The service sends one event, ends the stream, then answers 503 to every retry."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+    from test_client import Instant
+
+    import orchestrator.client
+
+    monkeypatch.setattr(orchestrator.client, "SystemClock", Instant)
+    monkeypatch.setenv("PLAIT_TOKEN", "t")
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Last-Event-ID") != "0":
+            return web.json_response({"error": "shutting down"}, status=503)
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'id: 1\nevent: workflow_started\ndata: {"at": 0}\n\n')
+        return response
+
+    async def body() -> tuple[int, str, str]:
+        app = web.Application()
+        app.router.add_get("/v1/workflows/{id}/events", events)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        try:
+            url = str(server.make_url("/"))
+            out = io.StringIO()
+            argv = ["watch", "wf-1", "--url", url, "--json"]
+            return await asyncio.to_thread(main, argv, out), out.getvalue(), url
+        finally:
+            await server.close()
+
+    code, out, url = asyncio.run(body())
+    assert code == 2 and json.loads(out)["id"] == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"plait: error: lost the event stream of 'wf-1' at {url} after event 1")
+    assert err.endswith("; follow it again from there: plait watch wf-1 --after 1\n")
+    assert "after=" not in err
