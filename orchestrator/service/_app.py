@@ -693,8 +693,11 @@ class Service:
     # --- decisions --------------------------------------------------------------------------
 
     def _waiting(self, row: WorkflowRow, image: RunImage) -> tuple[str, ...]:
-        """The tasks a workflow that this engine does not run waits to have decided."""
+        """The tasks a workflow that this engine does not run waits to have decided. With
+        several engines, one that runs elsewhere looks the same in the log: none said."""
         if row.status in _FINISHED or self.engine.handle(row.id) is not None:
+            return ()
+        if self.engine.leases is not None:
             return ()
         return waiting_for_decision(image)
 
