@@ -245,3 +245,76 @@ def test_the_document_and_the_model_agree_on_a_decision(body: dict[str, Any]) ->
     except pydantic.ValidationError:
         fits = False
     assert document.is_valid(body) == fits
+
+
+PLAIT = [sys.executable, "-c", "from orchestrator._cli import main; raise SystemExit(main())"]
+
+
+def test_a_service_killed_while_charging_holds_the_charge_for_a_decision(
+    tmp_path: Path,
+) -> None:
+    """A real SIGKILL of `plait serve` while a task declared not idempotent runs."""
+    import os
+    import subprocess
+
+    path = write_config(tmp_path, "s.db")
+    (tmp_path / "hold").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "PLAIT_DEBUG"}
+
+    def start() -> tuple[subprocess.Popen[str], list[str], str]:
+        proc = subprocess.Popen(
+            [*PLAIT, "serve", "--config", str(path)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert proc.stdout is not None
+        said: list[str] = []
+        while not said or "listening on" not in said[-1]:
+            line = proc.stdout.readline()
+            assert line, f"plait serve ended: {said}"
+            said.append(line)
+        url = next(w for w in said[-1].split() if w.startswith("http://"))
+        return proc, said, url
+
+    async def submit_and_see_it_charge(url: str) -> str:
+        async with aiohttp.ClientSession(headers=A) as http:
+            async with http.post(url + "v1/workflows", json=payment("killed")) as r:
+                run_id = (await r.json())["id"]
+            async with http.get(url + f"v1/workflows/{run_id}/events") as r:
+                async for line in r.content:  # the store has the charge's start
+                    started = line.startswith(b"data:") and b'"task_started"' in line
+                    if started and b'"charge"' in line:
+                        return str(run_id)
+        raise AssertionError("the stream ended before the charge started")
+
+    proc, _, url = start()
+    try:
+        run_id = asyncio.run(submit_and_see_it_charge(url))
+    finally:
+        proc.kill()  # SIGKILL: no drain, no goodbye
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+    (tmp_path / "hold").unlink()
+
+    async def decide(url: str) -> dict[str, Any]:
+        async with aiohttp.ClientSession(headers=A) as http:
+            one = url + f"v1/workflows/{run_id}"
+            async with http.get(one) as r:
+                assert (await r.json())["waiting_for_decision"] == ["charge"]
+            async with http.post(one + "/decision", json={"decision": "rerun"}) as r:
+                assert r.status == 200
+            async with http.get(one + "/result?wait=30") as r:
+                result: dict[str, Any] = await r.json()
+                return result
+
+    proc, said, url = start()
+    try:
+        assert any(f"waits for a decision: workflow {run_id}" in line for line in said), said
+        result = asyncio.run(decide(url))
+    finally:
+        proc.terminate()
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+    assert result["status"] == "succeeded", result
+    assert charges(tmp_path) == ["killed", "killed"]  # once before the kill, once decided
