@@ -10,13 +10,16 @@ is noise, so the planner's answer is read as a list of topic words when it is no
 `fake_backends()` answers with readable text instead (the tests use it); to use a real model,
 point a config file at a real server (plait.toml shows a vLLM router) and pass it with
 `plait run examples/research_team.py --config my.toml`.
+
+Every task's code is at the top level of this module (the question travels as a tool call's
+argument, not in a closure), so a run recorded with `--store` can be resumed by name.
 """
 
 from __future__ import annotations
 
 import json
 
-from agents import Agent
+from agents import Agent, Tool
 from executors import FunctionLLM
 from orchestrator import Clock, Hints, LLMBackend, LLMRequest, TaskContext, Workflow
 
@@ -77,27 +80,38 @@ def topics_from(reply: str) -> list[str]:
     return (words or ["general"])[: max(3, min(5, len(words)))]
 
 
+def given(question: str) -> str:
+    """The research question, as a task's result: the tasks after it read it from there."""
+    return question
+
+
+question_tool = Tool("question", given, "The research question")
+
+
+def spawn(ctx: TaskContext) -> list[str]:
+    """The planner's answer decides the shape of the rest of the DAG: a researcher per topic."""
+    question = ctx.input("question")
+    topics = topics_from(ctx.input("plan"))
+    for topic in topics:
+        ctx.workflow.add(
+            f"research:{topic}",
+            researcher.ask(f"Topic: {topic}\nQuestion: {question}", max_tokens=150),
+            before=["write"],
+        )
+    return topics
+
+
+def report_prompt(ctx: TaskContext) -> str:
+    notes = [v for k, v in sorted(ctx.inputs.items()) if k.startswith("research:")]
+    return f"Question: {ctx.input('question')}\nNotes:\n" + "\n".join(f"- {n}" for n in notes)
+
+
 def research(question: str, index: int = 0) -> Workflow:
     wf = Workflow(f"research-{index}")
-
-    def spawn(ctx: TaskContext) -> list[str]:
-        # The planner's answer decides the shape of the rest of the DAG.
-        topics = topics_from(ctx.input("plan"))
-        for topic in topics:
-            ctx.workflow.add(
-                f"research:{topic}",
-                researcher.ask(f"Topic: {topic}\nQuestion: {question}", max_tokens=150),
-                before=["write"],
-            )
-        return topics
-
-    def report_prompt(ctx: TaskContext) -> str:
-        notes = [v for k, v in sorted(ctx.inputs.items()) if k.startswith("research:")]
-        return f"Question: {question}\nNotes:\n" + "\n".join(f"- {n}" for n in notes)
-
+    wf.add("question", question_tool.call({"question": question}))
     wf.add("plan", planner.ask(question, max_tokens=40))
-    wf.add("spawn", spawn, after=["plan"])
-    wf.add("write", writer.ask(report_prompt, max_tokens=300), after=["spawn"])
+    wf.add("spawn", spawn, after=["plan", "question"])
+    wf.add("write", writer.ask(report_prompt, max_tokens=300), after=["spawn", "question"])
     return wf
 
 

@@ -42,7 +42,7 @@ The runs a durable engine recorded (Engine(store=SQLStore(...))): list them, sho
 from its log, delete them, compact finished ones, collect unused payloads.
 
 Every command takes --store PATH_OR_URL: a SQLite file (as given to SQLStore) or a URL
-(postgresql+asyncpg://user@host/db); ${STORE_ENV} when --store is not given.
+(postgresql://user@host/db); ${STORE_ENV} when --store is not given.
 
 WHEN (--finished-before) is a date and time, local unless it names a zone
 (2025-05-01, "2025-05-01 12:00", 2025-05-01T12:00:00+00:00), or an age: 90s, 30m, 12h, 7d, 2w
@@ -52,6 +52,8 @@ WHEN (--finished-before) is a date and time, local unless it names a zone
 _AGE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 _AGE_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _PREVIEW = 60
+_COLUMN = 40
+"""The widest a column of a table is padded to."""
 """Characters of a result shown by `show` (its whole text is in `show --events`)."""
 
 
@@ -181,7 +183,9 @@ async def list_runs(store: SQLStore, args: argparse.Namespace, out: TextIO) -> i
                 "compacted" if row.compacted else "",
             )
         )
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    # A column is as wide as its values, up to _COLUMN: a longer value (an id, whole, so
+    # that it can be copied) runs past its column rather than pad every other line.
+    widths = [min(_COLUMN, max(len(line[i]) for line in table)) for i in range(len(table[0]))]
     for line in table:
         out.write("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
         out.write("\n")
@@ -240,12 +244,20 @@ def _write_tasks(image: RunImage, out: TextIO) -> None:
     out.write(f"tasks     {len(tasks)}" + (f" ({summary})" if summary else "") + "\n")
     if not tasks:
         return
-    width = max(len(task.id) for task in tasks)
+    width = min(_COLUMN, max(len(task.id) for task in tasks))
     for task in tasks:
         out.write(
-            f"  {task.id:<{width}}  {task.state:<9}  {task.action.label}"
+            f"  {_cut(task.id, _COLUMN):<{width}}  {task.state:<9}  {_cut(task.action.label, 80)}"
             f"{_attempts(task)}{_outcome(task)}\n"
         )
+
+
+def _cut(text: str, most: int) -> str:
+    """`text` in at most `most` characters: a longer one keeps its start and its end."""
+    if len(text) <= most:
+        return text
+    half = (most - 3) // 2
+    return text[:half] + "..." + text[len(text) - (most - 3 - half) :]
 
 
 def _attempts(task: TaskImage) -> str:

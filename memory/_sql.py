@@ -81,9 +81,28 @@ _PG_GC_LOCK = 0x706C616974
 an append is about to reference is never collected in between."""
 
 
+_DRIVERS = {
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    "sqlite": "sqlite+aiosqlite",
+}
+"""A URL that names no driver gets the one the store uses (asyncpg, aiosqlite)."""
+
+
 def store_url(target: str) -> str:
-    """A SQLAlchemy URL for `target`: URLs pass through, anything else is a SQLite file path."""
-    return target if "://" in target else f"sqlite+aiosqlite:///{target}"
+    """A SQLAlchemy URL for `target`: a URL with the store's driver (`postgresql://...` is
+    `postgresql+asyncpg://...`), anything else a SQLite file path."""
+    scheme, sep, rest = target.partition("://")
+    if not sep:
+        return f"sqlite+aiosqlite:///{target}"
+    if scheme.lower().startswith(("postgresql+", "postgres+")) and not scheme.lower().endswith(
+        "+asyncpg"
+    ):
+        raise StoreError(
+            f"store URL scheme {scheme!r}: the store talks to PostgreSQL through asyncpg; "
+            "write postgresql://... (or postgresql+asyncpg://...)"
+        )
+    return f"{_DRIVERS.get(scheme.lower(), scheme)}://{rest}"
 
 
 class SQLStore(Store):

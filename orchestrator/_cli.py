@@ -16,29 +16,39 @@ import contextlib
 import dataclasses
 import importlib.util
 import os
+import shlex
 import sys
+import sysconfig
 import time
 import traceback
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ._cliconfig import backends_of, check_config, clock_of, config_of, limits_of, seconds
 from ._clientcli import register as register_client_verbs
 from ._clock import Clock, SystemClock, VirtualClock
-from ._config import Config
+from ._config import Config, read_config_file
 from ._engine import Engine
 from ._errors import PlaitError, UsageError, error_text
 from ._events import Event
 from ._gate import DEFAULT_GATE
-from ._registry import Registry
+from ._registry import RebuildError, Registry
 from ._resume import Decision, ResumePlan
 from ._scheduler import POLICIES
 from ._store import Store
+from ._task import describe
 from ._workflow import Workflow
+
+if TYPE_CHECKING:
+    from .service import ServeConfig
+
+
+_PACKAGES = ("orchestrator", "agents", "executors", "memory")
+"""plait's own packages: a failure's place is shown in the user's code, not in these."""
 
 
 @dataclass
@@ -71,6 +81,21 @@ class Progress:
         self.origin: float | None = None
         self.now = 0.0
         self._drawn_at = 0.0
+        self.failure: Callable[[str, str], BaseException | None] = lambda workflow, task: None
+        """The exception a failed task raised (workflow id, task id), where it is known."""
+
+    def follow(self, flows: Iterable[Workflow]) -> None:
+        """Find failed tasks' exceptions in these workflows (their runs keep them)."""
+        by_id: dict[str, Workflow] = {}
+        flows = list(flows)
+
+        def failure(workflow: str, task: str) -> BaseException | None:
+            if workflow not in by_id:  # ids are known once the engine has started them
+                by_id.update((wf.id, wf) for wf in flows)
+            found = by_id.get(workflow)
+            return found.run_of(task).error if found is not None and task in found else None
+
+        self.failure = failure
 
     def apply(self, event: Event) -> None:
         if self.origin is None:
@@ -91,7 +116,11 @@ class Progress:
             case "task_failed":
                 row.failed += 1
                 row.failures[event.task] = event.error
-                self._say(f"  ! {event.workflow}/{event.task} failed: {event.error}")
+                error = self.failure(event.workflow, event.task)
+                self._say(f"  ! {event.workflow}/{event.task} failed: {event.error}{where(error)}")
+                if error is not None and os.environ.get("PLAIT_DEBUG"):
+                    for line in traceback.format_exception(error):
+                        self._say("    " + line.rstrip("\n").replace("\n", "\n    "))
             case "task_skipped":
                 row.skipped += 1
             case "task_cancelled":
@@ -179,6 +208,32 @@ class Progress:
         return "\n".join(lines)
 
 
+_LIBRARIES = tuple(
+    {str(Path(sysconfig.get_paths()[k]).resolve()) for k in ("stdlib", "purelib", "platlib")}
+    | {str(Path(__file__).resolve().parent.parent / p) for p in _PACKAGES}
+)
+
+
+def where(error: BaseException | None) -> str:
+    """` (at FILE:LINE in FUNCTION)`: the innermost frame of the traceback in the user's own
+    code (not plait's packages, nor the standard library or installed ones); else ``."""
+    if error is None:
+        return ""
+    frames = [
+        frame
+        for frame in traceback.extract_tb(error.__traceback__)
+        if not frame.filename.startswith("<")
+        and not str(Path(frame.filename).resolve()).startswith(_LIBRARIES)
+    ]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    name = frame.filename
+    with contextlib.suppress(ValueError):
+        name = str(Path(name).resolve().relative_to(Path.cwd()))
+    return f" (at {name}:{frame.lineno}, in {frame.name})"
+
+
 def load_module(path: str) -> ModuleType:
     file = Path(path)
     if not file.is_file():
@@ -250,12 +305,15 @@ async def run_module(
     max_waiting: int | None = None,
     deadline: float | None = None,
     store: str | None = None,
+    flows: Iterable[Workflow] | None = None,
 ) -> Mapping[str, str]:
+    """Run the module's workflows (or `flows`, made from it already) to their end."""
     statuses: dict[str, str] = {}
     async with _engine_for(
         module, clock, policy, progress, config, max_in_flight, max_waiting, store
     ) as engine:
-        flows: Iterable[Workflow] = workflows_of(module)
+        flows = list(workflows_of(module) if flows is None else flows)
+        progress.follow(flows)
         async for event in engine.iter(*flows, deadline=deadline):
             progress.apply(event)
             if event.kind == "workflow_finished":
@@ -417,7 +475,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="PATH_OR_URL",
         default=os.environ.get("PLAIT_STORE"),
         help="record every run in this store (a SQLite file, or a database URL such as "
-        "postgresql+asyncpg://user@host/db), so that `plait resume` can go on after a crash "
+        "postgresql://user@host/db), so that `plait resume` can go on after a crash "
         "(default: $PLAIT_STORE, else none)",
     )
     resume = sub.add_parser(
@@ -427,13 +485,17 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     resume.add_argument(
-        "path", help="the .py file whose workflows the runs are (its code and backends)"
+        "path",
+        nargs="?",
+        help="the .py file whose workflows the runs are (its code and backends); with a "
+        "plait serve config, optional: the config's registry and backends are used",
     )
     resume.add_argument(
         "--store",
         metavar="PATH_OR_URL",
         default=os.environ.get("PLAIT_STORE"),
-        help="the store the runs were recorded in (default: $PLAIT_STORE)",
+        help="the store the runs were recorded in (default: $PLAIT_STORE, else a plait "
+        "serve config's store)",
     )
     resume.add_argument(
         "--dry-run",
@@ -448,7 +510,12 @@ def _parser() -> argparse.ArgumentParser:
         help="for a task declared not idempotent that was running at the crash: run it "
         "again, or fail it (repeatable; RUN alone decides all of that run's)",
     )
-    resume.add_argument("--config", metavar="FILE", help="as for plait run")
+    resume.add_argument(
+        "--config",
+        metavar="FILE",
+        help="as for plait run; or the config plait serve runs with (its store, registry "
+        "and backends), to decide the runs the service holds",
+    )
     resume.add_argument("--policy", choices=sorted(POLICIES), help="as for plait run")
     config = sub.add_parser("config", help="configuration files")
     verbs = config.add_subparsers(dest="config_command", required=True)
@@ -568,6 +635,10 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
             "CLOCK, or the config's): a store does real I/O, which virtual time would jump "
             "over; add --clock system"
         )
+    flows = None
+    if args.store:
+        flows = workflows_of(module)
+        check_resumable(flows, registry_of(module), args.path)
     policy = args.policy or (engine.policy if engine is not None else "fcfs")
     deadline = args.deadline or (engine.deadline if engine is not None else None)
     clock: Clock = VirtualClock() if clock_name == "virtual" else SystemClock()
@@ -589,12 +660,14 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
                     max_waiting=args.max_waiting,
                     deadline=deadline,
                     store=args.store,
+                    flows=flows,
                 )
             )
     except KeyboardInterrupt:
         # What finished is still worth seeing: the summary shows it, and the rest as running.
         interrupted = True
         progress.notes.append("interrupted (Ctrl-C): workflows still running were stopped")
+        progress.notes.append(_how_to_go_on(args))
     if progress.live:
         out.write("\n")
     out.write(progress.summary(time.perf_counter() - started, clock_name) + "\n")
@@ -604,13 +677,46 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if all(s == "succeeded" for s in statuses.values()) else 1
 
 
-def _resume(args: argparse.Namespace, out: TextIO) -> int:
+def _how_to_go_on(args: argparse.Namespace) -> str:
+    """After Ctrl-C: the command that goes on with the runs, or why there is none."""
     if not args.store:
+        return (
+            "nothing was recorded (no --store), so nothing can go on from here: run it again, "
+            "with --store FILE to be able to resume after a stop"
+        )
+    command = ["plait", "resume", args.path, "--store", args.store]
+    if args.config:
+        command += ["--config", args.config]
+    if args.policy:
+        command += ["--policy", args.policy]
+    return f"to go on where it stopped: {shlex.join(command)}"
+
+
+def _resume(args: argparse.Namespace, out: TextIO) -> int:
+    served = _serve_config(args.config)
+    store = args.store or (served.store if served is not None else None)
+    if not store:
         raise UsageError("plait resume needs --store PATH_OR_URL (or $PLAIT_STORE)")
+    if args.path is None and served is None:
+        raise UsageError(
+            "plait resume needs the .py file the runs came from, or --config FILE naming "
+            "the config plait serve runs with"
+        )
     decisions = _decisions(args.decide)
-    module = load_module(args.path)
-    registry = registry_of(module)
-    settings = config_of(module, args.config)
+    if args.path is not None:
+        module = load_module(args.path)
+        registry = registry_of(module)
+    else:  # the service's runs: its registry's code, its config's backends
+        module, registry = ModuleType("plait_serve_config"), Registry()
+        module.__file__ = args.config
+    settings: Config | None
+    if served is not None:
+        from .service import load_registry
+
+        registry.merge(load_registry(served))
+        settings = served.engine
+    else:
+        settings = config_of(module, args.config)
     engine_settings = settings.engine if settings is not None else None
     policy = args.policy or (engine_settings.policy if engine_settings is not None else "fcfs")
     progress = Progress(out, live=out.isatty())
@@ -618,7 +724,7 @@ def _resume(args: argparse.Namespace, out: TextIO) -> int:
 
     async def main() -> tuple[list[ResumePlan], Mapping[str, str]]:
         async with _engine_for(
-            module, SystemClock(), policy, progress, settings, None, None, args.store
+            module, SystemClock(), policy, progress, settings, None, None, store
         ) as engine:
             if args.dry_run:
                 return await engine.plan_resume(registry, decisions=decisions), {}
@@ -627,6 +733,7 @@ def _resume(args: argparse.Namespace, out: TextIO) -> int:
             report = await engine.resume(registry, decisions=decisions)
             out.write(describe_plans(report.plans, dry_run=False) + "\n")
             out.flush()
+            progress.follow(h.workflow for h in report.runs)
             for plan in report.plans:
                 if plan.image is not None and plan.workflow in {h.id for h in report.runs}:
                     progress.rows[plan.workflow] = _Row(tasks=len(plan.image.tasks), done=plan.kept)
@@ -649,6 +756,16 @@ def _resume(args: argparse.Namespace, out: TextIO) -> int:
     return 0 if not held and all(s == "succeeded" for s in statuses.values()) else 1
 
 
+def _serve_config(path: str | None) -> ServeConfig | None:
+    """The `plait serve` config at `path` (one with a [service] or [[tenants]] table), or
+    None for a plain config (or none)."""
+    if path is None or not {"service", "tenants"} & read_config_file(path).keys():
+        return None
+    from .service import load_serve_config
+
+    return load_serve_config(path)
+
+
 def registry_of(module: ModuleType) -> Registry:
     """The module's top-level code, and what its `registry()` adds, if it defines one."""
     registry = Registry().scan(module)
@@ -662,6 +779,32 @@ def registry_of(module: ModuleType) -> Registry:
             )
         registry.merge(extra)
     return registry
+
+
+def check_resumable(flows: Iterable[Workflow], registry: Registry, path: str) -> None:
+    """Refuse, before anything runs, a workflow that `plait resume` could not rebuild: each
+    task's action, condition and key function must be found again by name, as resume finds
+    them (`Registry`). Tasks added while a run goes on are checked when resume meets them."""
+    for workflow in flows:
+        for task in workflow:
+            try:
+                registry.task(task.id, describe(task.action), task.options())
+            except RebuildError as exc:
+                raise UsageError(
+                    f"task {task.id!r} of workflow {workflow.name!r} could not be resumed "
+                    f"from --store: {_rebuild_fix(str(exc), path)}"
+                ) from None
+
+
+def _rebuild_fix(problem: str, path: str) -> str:
+    if "defined inside a function" not in problem:
+        return problem
+    # The registry's advice (register it) cannot help a function made anew by each call.
+    return (
+        problem.split(", so no other process")[0] + f", so `plait resume` cannot find it by "
+        f"name; define it at the top level of {path}, and pass what it used from the "
+        "enclosing function as a task's result or a tool's argument (docs/durability.md)"
+    )
 
 
 def _decisions(given: list[str]) -> dict[str, Decision]:

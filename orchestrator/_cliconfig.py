@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import replace
@@ -14,7 +15,7 @@ from typing import TextIO
 
 from ._admission import Limits
 from ._clock import Clock
-from ._config import Config, load_config
+from ._config import Config, load_config, read_config_file
 from ._errors import UsageError
 from ._gate import DEFAULT_GATE, DeadlineGate
 from ._llm import LLMBackend
@@ -103,8 +104,16 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
     """Validate a config file and print what it defines; builds the backends but connects to
     nothing and starts nothing. An environment variable a backend reads that is not set here
     is a warning (the file may be meant for another machine); with `strict`, a failure.
-    Returns the exit status: 0 valid, 1 warnings under `strict`."""
-    config = load_config(path)
+    Returns the exit status: 0 valid, 1 warnings under `strict`. A `plait serve` config
+    (one with [service] or [[tenants]]) is checked whole, its service and tenants too."""
+    served = None
+    if {"service", "tenants"} & read_config_file(path).keys():
+        from .service import load_serve_config  # the service's tables are its own
+
+        served = load_serve_config(path)
+        config = served.engine
+    else:
+        config = load_config(path)
     warnings: list[str] = []
     for name, backend in config.backends.items():
         unset = backend.unset_env_vars()
@@ -138,12 +147,31 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
     for name, limits in config.limits.items():
         if name not in config.backends:
             out.write(f"resource {name!r}: {_limits_text(limits)}\n")
+    if served is not None:
+        service = served.service
+        cluster = (
+            ""
+            if service.lease_s is None
+            else f", one of several engines (lease {service.lease_s:g} s)"
+        )
+        out.write(
+            f"service: http://{service.host}:{service.port}/, store "
+            f"{_no_password(served.store)}{cluster}; "
+            f"registry {', '.join(service.registry) or 'none'}\n"
+        )
+        names = ", ".join(t.name for t in served.tenants)
+        out.write(f"tenants: {names}\n")
     for warning in warnings:
         print(f"plait: warning: {warning}", file=sys.stderr)
     if warnings and strict:
         print(f"plait: error: {len(warnings)} warning(s) and --strict", file=sys.stderr)
         return 1
     return 0
+
+
+def _no_password(url: str) -> str:
+    """A store URL as it can be shown: a password in it is replaced by ***."""
+    return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
 def _limits_text(limits: Limits) -> str:

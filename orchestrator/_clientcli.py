@@ -185,22 +185,54 @@ def _read_spec(path: str) -> Any:
 
 
 async def _follow(client: Client, run_id: str, after: int, out: TextIO, *, as_json: bool) -> str:
-    """Print the workflow's events until it finishes; its final status."""
+    """Print the workflow's events until it finishes; its final status. A stream that
+    cannot be had says so in the command's terms (the service's address, `--after`)."""
+    from .client import ClientError
+
     origin: float | None = None
-    async for event in client.events(run_id, after=after):
-        if as_json:
-            _print(out, json.dumps({"id": event.id, "event": event.kind, "data": event.data}))
-        else:
-            at = event.data.get("at")
-            if origin is None and isinstance(at, int | float):
-                origin = at
-            line = describe(event)
-            if line is not None:
-                since = at - origin if isinstance(at, int | float) and origin is not None else 0.0
-                _print(out, f"[{since:8.2f} s] {line}")
-        if event.kind == "workflow_finished":
-            return str(event.data.get("status", "unknown"))
+    seen = after
+    try:
+        async for event in client.events(run_id, after=after):
+            seen = event.id
+            if as_json:
+                _print(out, json.dumps({"id": event.id, "event": event.kind, "data": event.data}))
+            else:
+                at = event.data.get("at")
+                if origin is None and isinstance(at, int | float):
+                    origin = at
+                line = describe(event)
+                if line is not None:
+                    timed = isinstance(at, int | float) and origin is not None
+                    since = at - origin if timed else 0.0  # type: ignore[operator]
+                    _print(out, f"[{since:8.2f} s] {line}")
+            if event.kind == "workflow_finished":
+                return str(event.data.get("status", "unknown"))
+    except ClientError as exc:
+        if exc.status is not None:
+            raise
+        reason = _cause(exc)
+        if seen == after and isinstance(exc.__cause__, OSError):
+            raise UsageError(
+                f"cannot reach the service at {client.url} ({reason}); check that `plait "
+                "serve` runs there, and that --url (or $PLAIT_URL) names its host and port"
+            ) from exc
+        raise UsageError(
+            f"lost the event stream of {run_id!r} at {client.url} after event {seen} "
+            f"({reason}); follow it again from there: plait watch {run_id} --after {seen}"
+        ) from exc
     raise AssertionError("unreachable: the stream ends with workflow_finished")
+
+
+def _cause(exc: BaseException) -> str:
+    """What went wrong underneath a client's error, in a few words."""
+    cause = exc.__cause__
+    if cause is None:
+        return str(exc)
+    if isinstance(cause, ConnectionRefusedError) or "Connect call failed" in str(cause):
+        return "connection refused"
+    if isinstance(cause, TimeoutError):
+        return "no answer in time"
+    return error_text(cause)
 
 
 def describe(event: StreamEvent) -> str | None:

@@ -36,7 +36,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from ._admission import Limits
 from ._clock import Clock
@@ -60,16 +60,31 @@ class ConfigSection(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _known_keys_only(cls, data: Any) -> Any:
-        # pydantic's own "extra" error names the key but not what is allowed; say both.
-        if isinstance(data, Mapping):
-            unknown = [key for key in data if key not in cls.model_fields]
-            if unknown:
-                keys = ", ".join(repr(k) for k in unknown)
-                raise ValueError(
-                    f"unknown key{'s' if len(unknown) > 1 else ''} {keys}; "
-                    f"allowed: {', '.join(cls.model_fields)}"
-                )
-        return data
+        # pydantic's own "extra" error names the key but not what is allowed; say both,
+        # and with it every problem of the keys that are known (all in one pass).
+        if not isinstance(data, Mapping):
+            return data
+        unknown = [key for key in data if key not in cls.model_fields]
+        if not unknown:
+            return data
+        keys = ", ".join(repr(k) for k in unknown)
+        said = f"unknown key{'s' if len(unknown) > 1 else ''} {keys}; allowed: " + ", ".join(
+            cls.model_fields
+        )
+        errors = [InitErrorDetails(type=_error("value_error", said), loc=(), input=data)]
+        try:
+            cls.model_validate({k: v for k, v in data.items() if k in cls.model_fields})
+        except ValidationError as exc:
+            errors.extend(
+                InitErrorDetails(type=_error(e["type"], e["msg"]), loc=e["loc"], input=e["input"])
+                for e in exc.errors()
+            )
+        raise ValidationError.from_exception_data(cls.__name__, errors)
+
+
+def _error(kind: str, message: str) -> PydanticCustomError:
+    """An error of this type and message, as it is (braces in it are not a template)."""
+    return PydanticCustomError(kind, "{message}", {"message": message})
 
 
 _MOST_RUNS = 1_000_000

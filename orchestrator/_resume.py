@@ -93,13 +93,7 @@ async def _plan(
         return ResumePlan(workflow, row.name, row=row, image=image, error=str(exc))
     to_run = [t for t in image.tasks.values() if not t.final]
     undecided = tuple(
-        t.id
-        for t in to_run
-        if t.state in _RUNNING
-        and not t.options.idempotent
-        and t.options.idempotency_key is None
-        and t.options.idempotency_key_from is None
-        and decision_for(decisions, workflow, t.id) is None
+        t for t in waiting_for_decision(image) if decision_for(decisions, workflow, t) is None
     )
     estimates = [t.options.estimate for t in to_run]
     return ResumePlan(
@@ -129,6 +123,20 @@ def _workflow(name: str, image: RunImage, registry: Registry) -> Workflow:
     workflow = Workflow._rebuilt(name, tasks, edges)
     workflow.id = image.workflow
     return workflow
+
+
+def waiting_for_decision(image: RunImage) -> tuple[str, ...]:
+    """The run's tasks declared not idempotent (and without an idempotency key) that were
+    running when its process stopped: resuming it waits for a `Decision` on each."""
+    return tuple(
+        t.id
+        for t in image.tasks.values()
+        if not t.final
+        and t.state in _RUNNING
+        and not t.options.idempotent
+        and t.options.idempotency_key is None
+        and t.options.idempotency_key_from is None
+    )
 
 
 def decision_for(decisions: Mapping[str, Decision], workflow: str, task: str) -> Decision | None:

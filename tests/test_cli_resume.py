@@ -3,11 +3,13 @@ subprocess) goes on from the store, keeping what had finished; bad input is one 
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -104,3 +106,94 @@ def test_a_store_on_the_virtual_clock_is_refused_with_the_fix(
     assert code == 2
     assert "--store needs the system clock" in err and "add --clock system" in err
     assert not store.exists()  # refused before anything was opened
+
+
+NESTED = """
+from orchestrator import Workflow
+
+
+def make() -> Workflow:
+    wf = Workflow("nested")
+
+    def step() -> str:
+        return "made inside make()"
+
+    wf.add("step", step)
+    return wf
+
+
+def workflows() -> list[Workflow]:
+    return [make()]
+"""
+
+
+def test_run_with_a_store_refuses_a_function_defined_inside_a_function(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    module = tmp_path / "nested.py"
+    module.write_text(NESTED)
+    store = tmp_path / "runs.db"
+    code, out, err = run_main(["run", str(module), "--store", str(store)], capsys)
+    assert code == 2, out
+    assert err.count("\n") == 1
+    assert "task 'step' of workflow 'nested' could not be resumed from --store" in err
+    assert "make.<locals>.step was defined inside a function" in err
+    assert f"define it at the top level of {module}" in err
+    assert not store.exists()  # refused before anything ran
+    # Without a store nothing needs to be found again: it runs.
+    assert run_main(["run", str(module)], capsys)[0] == 0
+
+
+def test_the_research_team_example_runs_and_resumes_from_its_store(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The flagship example follows the rule: a run cut short while its writer was at work
+    is rebuilt from the store, keeps what had finished and sends only the writer's call."""
+    from executors import FunctionLLM
+    from orchestrator import Engine, LLMRequest
+    from orchestrator._cli import check_resumable, load_module, open_store, registry_of
+
+    path = str(ROOT / "examples" / "research_team.py")
+    team = load_module(path)
+    check_resumable(team.workflows(), registry_of(team), path)  # what `run --store` checks
+    store_path = str(tmp_path / "runs.db")
+
+    async def first_life() -> str:
+        writing = asyncio.Event()
+
+        async def reply(request: LLMRequest, hints: Any) -> str:
+            if request.messages[0].content.startswith("You write"):
+                writing.set()
+                await asyncio.Event().wait()  # the process dies while the writer works
+            return str(team.fake_reply(request, hints))
+
+        async with (
+            open_store(store_path) as store,
+            Engine(backends={"default": FunctionLLM(reply)}, store=store) as engine,
+        ):
+            handle = engine.submit(team.research(team.QUESTIONS[0]))
+            await writing.wait()
+            assert engine.journal is not None
+            await engine.journal.durable()  # the writer's task_started is in the store
+        return handle.id
+
+    run_id = asyncio.run(first_life())
+    code, out, err = run_main(["resume", path, "--store", store_path, "--dry-run"], capsys)
+    assert code == 0, err
+    assert "would run again 1 that had started (write) and 0 that had not" in out
+
+    async def second_life() -> tuple[Any, int]:
+        llm = FunctionLLM(team.fake_reply)
+        async with (
+            open_store(store_path) as store,
+            Engine(backends={"default": llm}, store=store) as engine,
+        ):
+            report = await engine.resume(registry_of(team))
+            assert [h.id for h in report.runs] == [run_id]
+            return await report.runs[0], len(llm.calls)
+
+    result, calls = asyncio.run(second_life())
+    assert result.ok
+    assert calls == 1  # the writer's; the planner's and the researchers' were kept
+    for topic in result["spawn"]:
+        assert f"Notes on {topic}" in result["write"]

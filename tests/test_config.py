@@ -871,3 +871,111 @@ def test_a_lane_shares_with_roomy_urgent_work_as_the_config_says(kind: str, tmp_
         said.append(out.getvalue())
     assert "up to 32 batch calls beside urgent work with 2x its remaining time" in said[0]
     assert "beside urgent work" not in said[1]
+
+
+# --- plait config check: every example, every mistake at once ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted([*EXAMPLES.glob("*.toml"), *EXAMPLES.glob("*.yaml")]),
+    ids=lambda p: p.name,
+)
+def test_config_check_accepts_every_example_config(
+    path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The service's files too (serve.toml, cluster.toml): their [service] and [[tenants]]
+    are checked with the rest."""
+    out = io.StringIO()
+    assert main(["config", "check", str(path)], out=out) == 0, capsys.readouterr().err
+    assert f"{path}: valid" in out.getvalue()
+    if "[service]" in path.read_text():
+        assert "service: http://" in out.getvalue() and "tenants: demo" in out.getvalue()
+
+
+SEVEN_MISTAKES = """
+[engine]
+policy = "nope"
+clock = "sometimes"
+colour = 1
+
+[backends.default]
+kind = "sim"
+profile = "h100-llama3-8b"
+seed = "x"
+limits = { max_in_flight = 0, bogus = 2 }
+
+[backends.other]
+kind = "warp"
+
+[limits.local]
+max_in_flight = -1
+"""
+
+
+def test_config_check_lists_every_mistake_in_one_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown key in a table hid the other mistakes of that table until it was fixed."""
+    path = write(tmp_path, "bad.toml", SEVEN_MISTAKES)
+    assert main(["config", "check", str(path)], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: 8 problems:" in err
+    for said in (
+        "engine: unknown key 'colour'; allowed: policy, clock, deadline, gate",
+        "engine.policy: unknown policy 'nope'",
+        "engine.clock: Input should be 'system' or 'virtual' (got 'sometimes')",
+        "backends.default.seed: Input should be a valid integer (got 'x')",
+        "backends.default.limits: unknown key 'bogus'",
+        "backends.default.limits.max_in_flight: Input should be greater than or equal to 1",
+        "backends.other.kind: unknown backend kind 'warp'",
+        "limits.local.max_in_flight: Input should be greater than or equal to 1 (got -1)",
+    ):
+        assert said in err, said
+
+
+def test_a_serve_config_lists_every_mistake_in_one_pass(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(
+        tmp_path,
+        "serve.toml",
+        """
+[service]
+port = 99999
+colour = "red"
+
+[[tenants]]
+name = "a"
+token_sha256 = "abc"
+rate_per_s = 0
+
+[engine]
+policy = "nope"
+shade = 1
+""",
+    )
+    assert main(["config", "check", str(path)], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    for said in (
+        "service: unknown key 'colour'",
+        "service.port: Input should be less than or equal to 65535",
+        "tenants[0].rate_per_s: Input should be greater than 0",
+        "tenants[0].token_sha256: String should match pattern",
+        "engine: unknown key 'shade'",
+        "engine.policy: unknown policy 'nope'",
+    ):
+        assert said in err, (said, err)
+
+
+def test_config_check_of_a_serve_config_shows_no_store_password(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "serve.toml",
+        '[service]\nstore = "postgresql://plait:secret@db:5432/runs"\n\n[[tenants]]\n'
+        f'name = "a"\ntoken_sha256 = "{"0" * 64}"\n',
+    )
+    out = io.StringIO()
+    assert main(["config", "check", str(path)], out=out) == 0
+    assert "store postgresql://plait:***@db:5432/runs" in out.getvalue()
+    assert "secret" not in out.getvalue()

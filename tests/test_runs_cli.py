@@ -307,3 +307,55 @@ def test_a_bad_time_or_count_is_a_usage_error(
             main(["runs", "delete", *argv, "--store", "x.db"])
         assert exit_.value.code == 2
         assert says in capsys.readouterr().err
+
+
+# --- store URLs and wide values -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make_store", ["postgresql"], indirect=True)
+def test_a_postgresql_url_without_a_driver_is_taken(plait: Plait, store_args: list[str]) -> None:
+    """`postgresql://` (as psql and libpq write it) gets the store's driver, asyncpg; another
+    driver is one line saying what to write."""
+    with_store(store_args, three_runs)
+    plain = store_args[1].replace("postgresql+asyncpg://", "postgresql://")
+    code, out, err = plait("runs", "list", "--store", plain, *store_args[2:])
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["third", "second", "first"]
+    other = store_args[1].replace("+asyncpg", "+psycopg")
+    code, _, err = plait("runs", "list", "--store", other, *store_args[2:])
+    assert code == 1
+    assert "through asyncpg; write postgresql://" in one_line(err)
+
+
+def long_task() -> str:
+    return "done"
+
+
+@pytest.mark.parametrize("make_store", ["sqlite"], indirect=True)
+def test_columns_fit_their_values_and_a_long_one_pads_nothing(
+    plait: Plait, store_args: list[str]
+) -> None:
+    from orchestrator import Engine, Workflow
+
+    long_id, long_task_id = "w" * 1000, "t" * 1000
+
+    async def fill(store: SQLStore) -> str:
+        await put_run(store, long_id, name="n" * 300)
+        await put_run(store, "short", created=3.0, finished=4.0)
+        wf = Workflow("tasks")
+        wf.add(long_task_id, long_task)
+        wf.add("x", long_task)
+        async with Engine(store=store) as engine:
+            return (await engine.run(wf)).workflow
+
+    run_id = with_store(store_args, fill)
+    code, out, _ = plait("runs", "list", *store_args)
+    assert code == 0
+    lines = out.splitlines()
+    assert max(len(line) for line in lines if long_id not in line) < 150
+    assert any(long_id in line for line in lines)  # the id is whole, to copy
+    code, out, _ = plait("runs", "show", *store_args, run_id)
+    assert code == 0
+    shown = [line for line in out.splitlines() if line.startswith("  ")]
+    assert len(shown) == 2 and all(len(line) < 150 for line in shown), shown
+    assert any(line.startswith("  ttttt") and "..." in line for line in shown)

@@ -185,7 +185,21 @@ def _run(args: argparse.Namespace) -> int:
                 breaker=replace(BATCH_BREAKER, wait_s=args.backend_wait),
             )
 
-    summary = asyncio.run(main())
+    if config is None and (args.backend is None or ":" not in args.backend):
+        print(
+            f"plait batch: no --config: the answers come from a simulated H100 ({args.replicas} "
+            "replicas), not a model; pass --config FILE to call real servers",
+            file=sys.stderr,
+        )
+    try:
+        summary = asyncio.run(main())
+    except KeyboardInterrupt:
+        print(
+            f"plait batch: interrupted; rows finished are kept in {args.output} and the store: "
+            "run the same command again to go on with the rest",
+            file=sys.stderr,
+        )
+        raise
     out.write(summary.text() + "\n")
     failed = summary.failed + summary.skipped_failed
     if failed:

@@ -28,6 +28,7 @@ from .._journal import read_log, read_records, restore
 from .._notify import Notifier
 from .._registry import Registry
 from .._replay import RunImage, rebuild
+from .._resume import Decision, waiting_for_decision
 from .._store import LeaseLostError, Store, StoreError, WorkflowRow
 from ._batches import BatchError, Batches
 from ._build import SpecError, add_tasks, build
@@ -42,6 +43,8 @@ from ._spec import (
     AddTasks,
     BatchList,
     BatchSpec,
+    Decided,
+    DecisionSpec,
     ErrorBody,
     Problem,
     ResultView,
@@ -141,6 +144,8 @@ class Service:
         self._known: dict[tuple[str, str], tuple[str, str]] = {}
         """(tenant, key) -> (workflow id, request digest) of every accepted keyed request."""
         self._streams: set[asyncio.Queue[Any]] = set()
+        self._decided: dict[str, dict[str, Decision]] = {}
+        """Decisions taken through the API, by workflow: a retried request finds its own."""
         self.accepting = True
         self.batches = Batches(
             engine,
@@ -170,6 +175,7 @@ class Service:
         app.router.add_post("/v1/workflows/{id}/tasks", self._add_tasks)
         app.router.add_get("/v1/workflows/{id}/result", self._result)
         app.router.add_get("/v1/workflows/{id}/events", self._events)
+        app.router.add_post("/v1/workflows/{id}/decision", self._decide)
         app.router.add_post("/v1/batches", self._create_batch)
         app.router.add_get("/v1/batches", self._list_batches)
         app.router.add_get("/v1/batches/{id}", self._get_batch)
@@ -522,7 +528,11 @@ class Service:
         await self._committed()
         row = await self._owned(request, tenant)
         image = await self._image(row.id)
-        return _json(_view(row, image))
+        view = _view(row, image)
+        waiting = self._waiting(row, image)
+        if waiting:
+            view = view.model_copy(update={"waiting_for_decision": list(waiting)})
+        return _json(view)
 
     async def _image(self, run_id: str) -> RunImage:
         events, _ = await read_log(self.store, run_id)
@@ -679,6 +689,68 @@ class Service:
             raise ApiError(409, str(exc)) from None
         await self._committed()
         return _json(Added(id=row.id, added=added))
+
+    # --- decisions --------------------------------------------------------------------------
+
+    def _waiting(self, row: WorkflowRow, image: RunImage) -> tuple[str, ...]:
+        """The tasks a workflow that this engine does not run waits to have decided. With
+        several engines, one that runs elsewhere looks the same in the log: none said."""
+        if row.status in _FINISHED or self.engine.handle(row.id) is not None:
+            return ()
+        if self.engine.leases is not None:
+            return ()
+        return waiting_for_decision(image)
+
+    async def _decide(self, request: web.Request) -> web.Response:
+        """Run again or fail the tasks a workflow waits to have decided, then go on with it.
+        The same decision again (a retry) gets the same answer; another is a 409."""
+        tenant = self._tenant(request)
+        self._check_open()
+        spec = _parse(DecisionSpec, await _body(request))
+        row = await self._owned(request, tenant)
+        taken = self._decided.get(row.id)
+        if taken is not None:
+            if _asked(spec, tuple(taken)) != taken:
+                raise ApiError(409, f"workflow {row.id!r} was decided already: {taken}")
+            status = "running" if self.engine.handle(row.id) is not None else row.status
+            return _json(Decided(id=row.id, status=status, decisions=taken))
+        if row.status in _FINISHED:
+            raise ApiError(409, f"workflow {row.id!r} has finished ({row.status})")
+        if self.engine.handle(row.id) is not None:
+            raise ApiError(409, f"workflow {row.id!r} is running; no task of it waits")
+        if self.engine.leases is not None:
+            raise ApiError(
+                409,
+                "with several engines on one store, decide with plait resume --decide "
+                "while no engine runs the workflow",
+            )
+        await self._committed()
+        waiting = waiting_for_decision(await self._image(row.id))
+        if not waiting:
+            raise ApiError(409, f"workflow {row.id!r} has no task waiting for a decision")
+        decisions = _asked(spec, waiting)
+        problems = [
+            Problem(field=f"tasks.{task}", message="this task does not wait for a decision")
+            for task in decisions
+            if task not in waiting
+        ] + [
+            Problem(field="tasks", message=f"no decision for {task!r}, which waits for one")
+            for task in waiting
+            if task not in decisions
+        ]
+        if problems:
+            raise ApiError(422, f"decide each task that waits: {', '.join(waiting)}", problems)
+        report = await self.engine.resume(
+            self.registry,
+            decisions={f"{row.id}/{task}": choice for task, choice in decisions.items()},
+            workflows=[row.id],
+        )
+        if not report.runs:
+            error = next((p.error for p in report.plans if p.error), "it cannot be resumed")
+            raise ApiError(409, f"workflow {row.id!r} cannot go on: {error}")
+        self._decided[row.id] = decisions
+        await self._committed()
+        return _json(Decided(id=row.id, status="running", decisions=decisions))
 
     # --- events -----------------------------------------------------------------------------
 
@@ -846,6 +918,14 @@ def _batch_error(exc: BatchError) -> ApiError:
     if sep and field == "rows":
         return ApiError(exc.status, exc.message, [Problem(field=field, message=message)])
     return ApiError(exc.status, exc.message)
+
+
+def _asked(spec: DecisionSpec, waiting: tuple[str, ...]) -> dict[str, Decision]:
+    """The decision per task a request asks for (`decision` is for every waiting task)."""
+    if spec.tasks:
+        return dict(spec.tasks)
+    assert spec.decision is not None
+    return dict.fromkeys(waiting, spec.decision)
 
 
 def _reused() -> ApiError:

@@ -16,6 +16,8 @@ from ._spec import (
     BatchList,
     BatchSpec,
     BatchView,
+    Decided,
+    DecisionSpec,
     ErrorBody,
     ResultView,
     SingleTask,
@@ -26,9 +28,11 @@ from ._spec import (
 
 _MODELS: list[type[BaseModel]] = [
     WorkflowSpec, SingleTask, AddTasks, Accepted, Added, WorkflowView, WorkflowList, ResultView,
-    ErrorBody, BatchSpec, BatchView, BatchList,
+    ErrorBody, BatchSpec, BatchView, BatchList, DecisionSpec, Decided,
 ]  # fmt: skip
-_REQUESTS: tuple[type[BaseModel], ...] = (WorkflowSpec, SingleTask, AddTasks, BatchSpec)
+_REQUESTS: tuple[type[BaseModel], ...] = (
+    WorkflowSpec, SingleTask, AddTasks, BatchSpec, DecisionSpec,
+)  # fmt: skip
 _REF = "#/components/schemas/{model}"
 
 
@@ -196,6 +200,22 @@ def openapi() -> dict[str, Any]:
                 "responses": {
                     "200": _json(Added, "added, in the order given to the engine"),
                     **_errors(400, 404, 409, 413, 415, 422, 503),
+                    **common,
+                },
+            }
+        },
+        "/v1/workflows/{id}/decision": {
+            "post": {
+                "summary": "Run again or fail the tasks that wait for a decision",
+                "description": "A task declared not idempotent that was running when the "
+                "service stopped is not run again silently: its workflow waits, and its view "
+                "lists it in waiting_for_decision, until this decides. The same request "
+                "again gets the same answer.",
+                "parameters": [_ID],
+                "requestBody": request(DecisionSpec),
+                "responses": {
+                    "200": _json(Decided, "decided: the workflow goes on"),
+                    **_errors(400, 404, 409, 415, 422, 503),
                     **common,
                 },
             }

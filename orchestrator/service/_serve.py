@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import signal
 import sys
@@ -86,6 +87,8 @@ async def serve(
                         print(f"plait serve: not resumed: {plan.workflow}: {plan.error}", file=out)
                 if report.runs:
                     print(f"plait serve: resumed {len(report.runs)} workflow(s)", file=out)
+                for plan in report.needs_decision:
+                    print(_waits(plan.workflow, plan.needs_decision, config.source), file=out)
             # In a cluster, the engine's leases claim what no live engine holds, as they
             # run out: the runs left by an earlier process included.
             service = Service(
@@ -103,7 +106,11 @@ async def serve(
             if again:
                 print(f"plait serve: went on with {again} batch job(s)", file=out)
             site = web.TCPSite(runner, config.service.host, config.service.port)
-            await site.start()
+            try:
+                await site.start()
+            except OSError as exc:
+                await runner.cleanup()
+                raise _cannot_listen(config, exc) from None
             names = registry.names()
             print(
                 f"plait serve: listening on http://{config.service.host}:{_port(runner)}/ "
@@ -131,6 +138,33 @@ async def serve(
                         file=out,
                     )
     print("plait serve: stopped", file=out, flush=True)
+
+
+def _cannot_listen(config: ServeConfig, exc: OSError) -> UsageError:
+    """Why the service cannot take its address, and what to do about it."""
+    host, port = config.service.host, config.service.port
+    if exc.errno == errno.EADDRINUSE:
+        return UsageError(
+            f"port {port} on {host} is in use (another plait serve, or another program); stop "
+            f"that, or pick another port: plait serve --config {config.source} --port N "
+            "([service] port in the file; 0 takes any free port)"
+        )
+    return UsageError(
+        f"cannot listen on {host}:{port}: {exc.strerror or exc}; check [service] host and "
+        f"port in {config.source} (or --port)"
+    )
+
+
+def _waits(workflow: str, tasks: tuple[str, ...], source: str) -> str:
+    """The start-up line for a workflow held until someone decides its tasks."""
+    names = ", ".join(repr(t) for t in tasks)
+    return (
+        f"plait serve: waits for a decision: workflow {workflow}: task(s) {names} not "
+        "idempotent and running when the service stopped; run them again or fail them with "
+        f'POST /v1/workflows/{workflow}/decision {{"decision": "rerun"}} (or "fail"), '
+        f"or, with the service stopped, plait resume --config {source} --decide "
+        f"'{workflow}=rerun'"
+    )
 
 
 def _join_peers(backends: Mapping[str, object], notifier: Notifier) -> None:

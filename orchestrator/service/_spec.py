@@ -242,6 +242,10 @@ class WorkflowView(BaseModel):
     """Tasks by state (left out of lists: a list is one query, not one per workflow)."""
     tasks: list[TaskView] | None = None
     """Left out of lists."""
+    waiting_for_decision: list[str] | None = None
+    """Tasks declared not idempotent that were running when the service stopped: the
+    workflow stays `running` without running until `POST /v1/workflows/{id}/decision` says
+    whether they run again or fail. Left out of lists, and null when none waits."""
 
 
 class WorkflowList(BaseModel):
@@ -260,6 +264,51 @@ class ResultView(BaseModel):
     finished: bool
     results: dict[str, Any]
     failures: dict[str, str]
+
+
+# --- decisions --------------------------------------------------------------------------------
+
+Choice = Literal["rerun", "fail"]
+
+
+def _one_decision_schema(schema: dict[str, Any]) -> None:
+    """The document states what `DecisionSpec._one_form` checks: `decision` or `tasks`."""
+    schema["oneOf"] = [
+        {"required": ["decision"],
+         "properties": {"decision": {"enum": ["rerun", "fail"]}, "tasks": {"maxProperties": 0}}},
+        {"properties": {"decision": {"type": "null"}, "tasks": {"minProperties": 1}},
+         "required": ["tasks"]},
+    ]  # fmt: skip
+
+
+class DecisionSpec(_Request):
+    """`POST /v1/workflows/{id}/decision`: for the tasks that wait for a decision (the
+    view's `waiting_for_decision`), run them again ("rerun") or fail them ("fail"; their
+    dependents are skipped, as after any failure). `decision` says it for every waiting
+    task; `tasks` for each by id, and must name every one of them."""
+
+    model_config = ConfigDict(json_schema_extra=_one_decision_schema)
+
+    decision: Choice | None = None
+    tasks: dict[TaskId, Choice] = Field(default_factory=dict, max_length=MAX_TASKS)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> DecisionSpec:
+        if (self.decision is None) == (not self.tasks):
+            raise ValueError(
+                'give exactly one of decision ("rerun" or "fail", for every waiting task) '
+                "and tasks (a decision per task id)"
+            )
+        return self
+
+
+class Decided(BaseModel):
+    """The decision taken, per task, and the workflow's status (`running` once it goes on).
+    The same request again answers the same."""
+
+    id: str
+    status: WorkflowState
+    decisions: dict[str, Choice]
 
 
 class Problem(BaseModel):
