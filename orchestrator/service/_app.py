@@ -30,7 +30,7 @@ from .._registry import Registry
 from .._replay import RunImage, rebuild
 from .._store import LeaseLostError, Store, StoreError, WorkflowRow
 from ._batches import BatchError, Batches
-from ._build import SpecError, add_tasks, build
+from ._build import SpecError, TooLargeError, add_tasks, build, check_prompt_sizes
 from ._config import ServiceSettings, Tenant, hash_token
 from ._metrics import CONTENT_TYPE, Metrics
 from ._openapi import openapi
@@ -490,6 +490,15 @@ class Service:
                 "the workflow is too large",
                 [Problem(field="tasks", message=f"at most {settings.max_edges} dependencies")],
             )
+        try:
+            check_prompt_sizes(
+                spec.tasks,
+                spec.inputs,
+                per_task=settings.max_prompt_chars,
+                per_request=settings.max_request_prompt_chars,
+            )
+        except TooLargeError as exc:
+            raise ApiError(413, "the prompts are too large", [_problem(exc)]) from None
 
     def _wait(self, request: web.Request) -> float:
         raw = request.query.get("wait")
