@@ -58,6 +58,7 @@ from orchestrator import (
     StoreSize,
     StoreVersionError,
     TextNotStorableError,
+    WorkflowExistsError,
     WorkflowRow,
     WorkflowStatus,
     allot,
@@ -1031,6 +1032,7 @@ _SQLITE_CLAIMABLE = (
 )
 # The fence: which of the batch's workflows exist with another owner (or none: released).
 _PG_OWNERS = "SELECT id, owner FROM plait_workflows WHERE id = ANY($1::varchar[]) FOR UPDATE"
+_PG_TAKEN = "SELECT id FROM plait_workflows WHERE id = ANY($1::varchar[])"
 _PG_LEASE_NEW = (
     f"UPDATE plait_workflows SET owner = $1, lease_until = {_PG_NOW} + $2 "
     "WHERE id = ANY($3::varchar[]) AND owner IS NULL"
@@ -1128,6 +1130,14 @@ class _SQLiteAppender:
         assert conn is not None
         conn.execute("BEGIN IMMEDIATE")
         try:
+            new = _new_workflows(batch)
+            if new:
+                taken: list[str] = []
+                for chunk in _chunks(new):
+                    marks = ", ".join("?" * len(chunk))
+                    sql = f"SELECT id FROM plait_workflows WHERE id IN ({marks})"
+                    taken.extend(r[0] for r in conn.execute(sql, list(chunk)).fetchall())
+                _refuse_taken(taken)
             owner = batch.owner
             if owner is not None:
                 stored: list[tuple[str, str | None]] = []
@@ -1177,6 +1187,9 @@ class _SQLiteAppender:
 
 async def _write_postgres(conn: asyncpg.Connection, batch: StoreBatch) -> None:
     """The batch, inside the caller's transaction on `conn`."""
+    new = _new_workflows(batch)
+    if new:
+        _refuse_taken([r[0] for r in await conn.fetch(_PG_TAKEN, new)])
     owner = batch.owner
     if owner is not None:
         rows = await conn.fetch(_PG_OWNERS, _touched(batch))
@@ -1201,6 +1214,18 @@ async def _write_postgres(conn: asyncpg.Connection, batch: StoreBatch) -> None:
             await conn.execute(_PG_LEASE_NEW, owner, batch.lease_s, [w.id for w in batch.workflows])
     if batch.calls:
         await conn.executemany(_INSERT_CALL, [_call_values(c) for c in batch.calls])
+
+
+def _new_workflows(batch: StoreBatch) -> list[str]:
+    """The workflows the batch begins (their first event, seq 1, is in it), sorted."""
+    return sorted({e.workflow for e in batch.events if e.seq == 1})
+
+
+def _refuse_taken(taken: Sequence[str]) -> None:
+    """A new workflow's id names a stored one: refuse the batch rather than merge the two
+    (the workflow row would be replaced, moving the stored run to the new one's tenant)."""
+    if taken:
+        raise WorkflowExistsError(sorted(taken))
 
 
 def _touched(batch: StoreBatch) -> list[str]:

@@ -199,7 +199,11 @@ class CallRecord:
 class StoreBatch:
     """Everything one transaction writes. Events must continue their workflow's `seq` without
     gaps; workflow rows replace the stored row with the same id (its `created` is kept);
-    payloads are inserted if absent (the digest is the sha256 hex of the bytes)."""
+    payloads are inserted if absent (the digest is the sha256 hex of the bytes).
+
+    A workflow whose first event (seq 1) is in the batch is new: if the store holds its id
+    already, the batch is refused (`WorkflowExistsError`) and the stored one left as it was.
+    Text no store can keep (`unstorable`) refuses the batch too (`TextNotStorableError`)."""
 
     events: Sequence[EventRecord] = ()
     workflows: Sequence[WorkflowRow] = ()
@@ -260,7 +264,8 @@ class Store(ABC):
     @abstractmethod
     async def append(self, batch: StoreBatch) -> None:
         """Write the whole batch in one transaction: all of it is durable when this returns,
-        or none of it when it raises."""
+        or none of it when it raises (`BatchRefusedError` names the workflows it was refused
+        for: the rest may be written without them)."""
 
     async def record_call(
         self, program: str, request_hash: str, result: bytes, *, workflow: str | None = None

@@ -28,7 +28,7 @@ from .._journal import read_log, read_records, restore
 from .._notify import Notifier
 from .._registry import Registry
 from .._replay import RunImage, rebuild
-from .._store import LeaseLostError, Store, StoreError, WorkflowRow
+from .._store import LeaseLostError, Store, StoreError, WorkflowExistsError, WorkflowRow
 from ._batches import BatchError, Batches
 from ._build import SpecError, TooLargeError, add_tasks, build, check_prompt_sizes
 from ._config import ServiceSettings, Tenant, hash_token
@@ -430,7 +430,9 @@ class Service:
                 return
             offset += len(rows)
 
-    async def _start(self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str) -> str:
+    async def _start(
+        self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str, tries: int = 3
+    ) -> str:
         if self.engine.running(tenant.name) >= tenant.max_running:
             raise ApiError(
                 429,
@@ -458,6 +460,11 @@ class Service:
         except PlaitError as exc:
             raise ApiError(503, f"the engine cannot take it now: {exc}") from None
         await self._committed()
+        refusal = self.engine.journal and self.engine.journal.refusal(handle.id)
+        if isinstance(refusal, WorkflowExistsError):  # its id names a stored run: a new one
+            if tries <= 1:
+                raise ApiError(503, f"the store cannot record it: {refusal}")
+            return await self._start(tenant, spec, key, digest, tries - 1)
         if key is not None:
             self._known[tenant.name, key] = (handle.id, digest)
         return handle.id
