@@ -16,6 +16,7 @@ from memory import SQLStore
 from memory import _schema as schema
 from orchestrator import (
     EventRecord,
+    Journal,
     StoreBatch,
     StoreError,
     TextNotStorableError,
@@ -126,5 +127,29 @@ def test_a_store_error_names_no_part_of_the_database_url(pg_user: str) -> None:
         message = str(caught.value)
         for part in ("nobody", "pw", "127.0.0.1", "secretdb", ":1"):
             assert part not in message, (part, message)
+
+    asyncio.run(main())
+
+
+def test_a_refused_workflow_leaves_the_rest_of_its_group_commit(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with make_store() as store, asyncio.TaskGroup() as tg:
+            refused: list[tuple[str, ...]] = []
+            journal = Journal(store, on_refused=lambda ws, _: refused.append(tuple(ws)))
+            writer = tg.create_task(journal.run())
+            journal.append("good", "k", 1.0, {"n": 1})
+            journal.upsert(row("good", "a", job="1"))
+            journal.append("bad", "k", 1.0, {"n": 1})
+            journal.upsert(row("bad", "b", job="x\x00"))
+            await journal.durable()  # one group commit; the bad workflow is refused in it
+            journal.append("good", "k", 2.0, {"n": 2})
+            journal.append("bad", "k", 2.0, {"n": 2})  # let go: dropped
+            await journal.close()
+            await writer
+            assert refused == [("bad",)]
+            assert isinstance(journal.refusal("bad"), TextNotStorableError)
+            assert [e.seq for e in await store.events("good")] == [1, 2]
+            assert await store.events("bad") == [] and await store.workflow("bad") is None
+            assert [r.id for r in await store.workflows(labels={"job": "1"})] == ["good"]
 
     asyncio.run(main())
