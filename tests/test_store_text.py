@@ -11,6 +11,7 @@ import re
 import asyncpg
 import pytest
 from conftest import PG_HOST, StoreFactory
+from test_service import Api, B, on_stores
 
 from memory import SQLStore
 from memory import _schema as schema
@@ -153,3 +154,34 @@ def test_a_refused_workflow_leaves_the_rest_of_its_group_commit(make_store: Stor
             assert [r.id for r in await store.workflows(labels={"job": "1"})] == ["good"]
 
     asyncio.run(main())
+
+
+def test_one_tenants_unstorable_label_stops_no_other_tenant(make_store: StoreFactory) -> None:
+    async def body(api: Api) -> None:
+        spec = {"name": "w", "tasks": [{"id": "a", "function": "join"}]}
+        status, error, _ = await api.call(
+            "POST", "/v1/workflows", {**spec, "labels": {"t": "a\x00"}}
+        )
+        refused = status, error
+        status, accepted, _ = await api.call(
+            "POST", "/v1/workflows", {**spec, "labels": {"t": "b"}}, B
+        )
+        assert status == 202, accepted
+        status, listed, _ = await api.call("GET", "/v1/workflows?label=t=b", headers=B)
+        assert status == 200 and [w["id"] for w in listed["workflows"]] == [accepted["id"]]
+        status, listed, _ = await api.call("GET", "/v1/workflows?label=t=a", headers=B)
+        assert status == 200 and listed["workflows"] == []
+        # A batch looks its rows up by label across every workflow in the store.
+        rows = {"rows": [{"custom_id": "q", "prompt": "hi"}]}
+        status, batch, _ = await api.call("POST", "/v1/batches", rows, B)
+        assert status == 202, batch
+        job = api.service.batches.get("beta", batch["id"]).task
+        assert job is not None
+        await asyncio.shield(job)
+        status, batch, _ = await api.call("GET", f"/v1/batches/{batch['id']}", headers=B)
+        assert status == 200 and batch["state"] == "completed", batch
+        status, ready, _ = await api.call("GET", "/readyz")
+        assert status == 200, ready
+        assert refused[0] == 400, refused  # refused, not stored where it poisons reads
+
+    on_stores(make_store, body)

@@ -465,6 +465,8 @@ class Service:
             if tries <= 1:
                 raise ApiError(503, f"the store cannot record it: {refusal}")
             return await self._start(tenant, spec, key, digest, tries - 1)
+        if refusal is not None:  # text the store cannot keep: nothing of the run was stored
+            raise ApiError(400, f"the request holds text the store cannot keep: {refusal}")
         if key is not None:
             self._known[tenant.name, key] = (handle.id, digest)
         return handle.id
