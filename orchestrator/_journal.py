@@ -156,6 +156,7 @@ class Journal:
     def start_at(self, workflow: str, last_seq: int) -> None:
         """Continue a stored workflow: its next event gets `last_seq + 1`."""
         self._lost.discard(workflow)  # taken back after it was lost: this engine's again
+        self._refused.pop(workflow, None)
         self._seqs[workflow] = last_seq
 
     def let_go(self, workflow: str) -> None:
