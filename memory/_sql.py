@@ -629,6 +629,12 @@ class SQLStore(Store):
     async def reserve_key(
         self, tenant: str, key: str, digest: str, *, stale_s: float
     ) -> tuple[bool, str, str | None]:
+        for what, text in (("tenant", tenant), ("idempotency key", key)):
+            reason = unstorable(text)
+            if reason is not None:
+                raise TextNotStorableError(
+                    f"the {what} {text!r} holds {reason}, which the store cannot keep", ()
+                )
         c = t.keys.c
         async with self._write() as conn:
             # The database's clock: engines on machines whose clocks differ agree on when

@@ -185,3 +185,14 @@ def test_one_tenants_unstorable_label_stops_no_other_tenant(make_store: StoreFac
         assert refused[0] == 400, refused  # refused, not stored where it poisons reads
 
     on_stores(make_store, body)
+
+
+def test_an_idempotency_key_no_store_can_keep_is_refused(make_store: StoreFactory) -> None:
+    async def main() -> None:
+        async with make_store() as store:
+            for key in ("k\x00", "k\udcff"):
+                with pytest.raises(TextNotStorableError, match="idempotency key"):
+                    await store.reserve_key("a", key, "d" * 64, stale_s=10)
+            assert await store.reserve_key("a", "k", "d" * 64, stale_s=10) == (True, "d" * 64, None)
+
+    asyncio.run(main())
