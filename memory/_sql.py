@@ -28,6 +28,7 @@ import asyncio
 import functools
 import itertools
 import json
+import operator
 import re
 import sqlite3
 import time
@@ -56,10 +57,13 @@ from orchestrator import (
     StoreError,
     StoreSize,
     StoreVersionError,
+    TextNotStorableError,
+    WorkflowExistsError,
     WorkflowRow,
     WorkflowStatus,
     allot,
     compactable,
+    unstorable,
 )
 
 from . import _schema as t
@@ -138,11 +142,14 @@ class SQLStore(Store):
                 f"store URL {self.url.render_as_string()!r} names neither SQLite nor "
                 "PostgreSQL; use sqlite+aiosqlite:///path or postgresql+asyncpg://host/db"
             )
+        # Errors reach the service's clients: a PostgreSQL store is named without its URL's
+        # user, host, port or database, and driver messages lose them too (`_redact`).
         self.where = (
             f"file {self.url.database!r}"
             if self._sqlite
-            else f"database {self.url.render_as_string(hide_password=True)!r}"
+            else "the PostgreSQL database" + (f", schema {schema!r}" if schema else "")
         )
+        self._secrets = _secrets(self.url)
         self._schema = schema
         self._synchronous = synchronous
         self._busy_ms = int(busy_timeout * 1000)
@@ -277,6 +284,7 @@ class SQLStore(Store):
     async def append(self, batch: StoreBatch) -> None:
         if not len(batch):
             return
+        _check_text(batch)
         if self._sqlite:
             await self._append_sqlite(batch)
         else:
@@ -505,8 +513,15 @@ class SQLStore(Store):
             query = query.where(w.status == status)
         if tenant is not None:
             query = query.where(w.tenant == tenant)
+        text = sa.cast(w.labels, sa.Text)
+        find = sa.func.instr if self._sqlite else sa.func.strpos
         for key, value in (labels or {}).items():
-            query = query.where(w.labels[key].as_string() == value)
+            # The pair as the row's JSON text holds it, found without parsing that text: a
+            # row PostgreSQL cannot parse (a NUL or a lone surrogate escaped in a label,
+            # written before appends refused them) never fails another row's query. Keys and
+            # values are whole JSON strings, so the match is exact.
+            pair = json.dumps({key: value})[1:-1]
+            query = query.where(find(text, pair) > 0)
         query = query.limit(limit).offset(offset)
         async with self._read() as conn:
             rows = (await conn.execute(query)).mappings().all()
@@ -633,6 +648,12 @@ class SQLStore(Store):
     async def reserve_key(
         self, tenant: str, key: str, digest: str, *, stale_s: float
     ) -> tuple[bool, str, str | None]:
+        for what, text in (("tenant", tenant), ("idempotency key", key)):
+            reason = unstorable(text)
+            if reason is not None:
+                raise TextNotStorableError(
+                    f"the {what} {text!r} holds {reason}, which the store cannot keep", ()
+                )
         c = t.keys.c
         async with self._write() as conn:
             # The database's clock: engines on machines whose clocks differ agree on when
@@ -747,6 +768,7 @@ class SQLStore(Store):
     def _explain(self, action: str, exc: BaseException) -> str:
         cause = getattr(exc, "orig", None) or exc
         detail = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        detail = _redact(detail, self._secrets)
         lowered = detail.lower()
         if self._sqlite and ("not a database" in lowered or "malformed" in lowered):
             fix = (
@@ -856,6 +878,78 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(cause, OSError) or any(word in text for word in _PASSING)
 
 
+def _secrets(url: sa.URL) -> tuple[str, ...]:
+    """What of a PostgreSQL URL no error message may show (a SQLite file's path is no
+    secret: it names where the store is)."""
+    if url.get_backend_name() == "sqlite":
+        return ()
+    parts = (url.password, url.username, url.host, url.database, str(url.port or 5432))
+    return tuple(sorted({str(p) for p in parts if p}, key=len, reverse=True))
+
+
+_ADDRESS = re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b|\[?[0-9A-Fa-f]*:[0-9A-Fa-f:]*:[0-9A-Fa-f]+\]?")
+"""An IPv4 or IPv6 address, as a driver's connection error quotes the resolved host."""
+
+
+def _redact(text: str, hidden: Sequence[str]) -> str:
+    """`text` with the URL's parts and any network address replaced by `***`."""
+    if not hidden:
+        return text
+    for part in hidden:
+        text = re.sub(rf"(?<![\w.-]){re.escape(part)}(?![\w.-])", "***", text)
+    return _ADDRESS.sub("***", text)
+
+
+_EVENT_WORKFLOW, _EVENT_KIND, _EVENT_DATA = (operator.itemgetter(i) for i in (0, 2, 4))
+"""An `EventRecord`'s fields by position: C-level getters for the append path."""
+
+
+def _check_text(batch: StoreBatch) -> None:
+    """Refuse a batch holding text no store can keep (`TextNotStorableError`, nothing
+    written), naming the workflows: else one bad event would fail its whole group commit
+    on PostgreSQL, or be written where every later query of its table fails on it. The
+    common case is one pass over the batch's text joined."""
+    events = batch.events
+    rows = [_row_texts(row) for row in batch.workflows]
+    texts = list(map(_EVENT_DATA, events))
+    texts += map(_EVENT_KIND, events)
+    texts += set(map(_EVENT_WORKFLOW, events))
+    for row_texts in rows:
+        texts += row_texts
+    for call in batch.calls:
+        texts += (call.program, call.request_hash, call.workflow or "")
+    if unstorable("".join(texts)) is None:
+        return
+    found: dict[str, str] = {}
+    for e in events:
+        for what, text in (("id", e.workflow), ("event kind", e.kind), ("event data", e.data)):
+            reason = unstorable(text)
+            if reason is not None:
+                found.setdefault(e.workflow, f"its {what} (event {e.seq}) holds {reason}")
+    for row, row_texts in zip(batch.workflows, rows, strict=True):
+        for text in row_texts:
+            reason = unstorable(text)
+            if reason is not None:
+                found.setdefault(row.id, f"its name, tenant or a label holds {reason}")
+    for call in batch.calls:
+        for text in (call.program, call.request_hash, call.workflow or ""):
+            reason = unstorable(text)
+            if reason is not None:
+                found.setdefault(call.workflow or "", f"a recorded call holds {reason}")
+    first, why = next(iter(found.items()))
+    raise TextNotStorableError(
+        f"workflow {first!r}: {why}, which the store cannot keep"
+        + (f" ({len(found) - 1} more workflow(s) too)" if len(found) > 1 else "")
+        + "; nothing of the batch was written",
+        sorted(found),
+    )
+
+
+def _row_texts(row: WorkflowRow) -> tuple[str, ...]:
+    labels = itertools.chain.from_iterable(row.labels.items())
+    return (row.id, row.name, row.status, row.priority, row.tenant or "", *labels)
+
+
 def _schema_version(conn: sa.Connection) -> int | None:
     if not sa.inspect(conn).has_table(t.meta.name):
         return None
@@ -963,6 +1057,7 @@ _SQLITE_CLAIMABLE = (
 )
 # The fence: which of the batch's workflows exist with another owner (or none: released).
 _PG_OWNERS = "SELECT id, owner FROM plait_workflows WHERE id = ANY($1::varchar[]) FOR UPDATE"
+_PG_TAKEN = "SELECT id FROM plait_workflows WHERE id = ANY($1::varchar[])"
 _PG_LEASE_NEW = (
     f"UPDATE plait_workflows SET owner = $1, lease_until = {_PG_NOW} + $2 "
     "WHERE id = ANY($3::varchar[]) AND owner IS NULL"
@@ -1060,6 +1155,14 @@ class _SQLiteAppender:
         assert conn is not None
         conn.execute("BEGIN IMMEDIATE")
         try:
+            new = _new_workflows(batch)
+            if new:
+                taken: list[str] = []
+                for chunk in _chunks(new):
+                    marks = ", ".join("?" * len(chunk))
+                    sql = f"SELECT id FROM plait_workflows WHERE id IN ({marks})"
+                    taken.extend(r[0] for r in conn.execute(sql, list(chunk)).fetchall())
+                _refuse_taken(taken)
             owner = batch.owner
             if owner is not None:
                 stored: list[tuple[str, str | None]] = []
@@ -1109,6 +1212,9 @@ class _SQLiteAppender:
 
 async def _write_postgres(conn: asyncpg.Connection, batch: StoreBatch) -> None:
     """The batch, inside the caller's transaction on `conn`."""
+    new = _new_workflows(batch)
+    if new:
+        _refuse_taken([r[0] for r in await conn.fetch(_PG_TAKEN, new)])
     owner = batch.owner
     if owner is not None:
         rows = await conn.fetch(_PG_OWNERS, _touched(batch))
@@ -1133,6 +1239,18 @@ async def _write_postgres(conn: asyncpg.Connection, batch: StoreBatch) -> None:
             await conn.execute(_PG_LEASE_NEW, owner, batch.lease_s, [w.id for w in batch.workflows])
     if batch.calls:
         await conn.executemany(_INSERT_CALL, [_call_values(c) for c in batch.calls])
+
+
+def _new_workflows(batch: StoreBatch) -> list[str]:
+    """The workflows the batch begins (their first event, seq 1, is in it), sorted."""
+    return sorted({e.workflow for e in batch.events if e.seq == 1})
+
+
+def _refuse_taken(taken: Sequence[str]) -> None:
+    """A new workflow's id names a stored one: refuse the batch rather than merge the two
+    (the workflow row would be replaced, moving the stored run to the new one's tenant)."""
+    if taken:
+        raise WorkflowExistsError(sorted(taken))
 
 
 def _touched(batch: StoreBatch) -> list[str]:

@@ -121,6 +121,7 @@ from ._scheduler import (
 )
 from ._slots import LocalSlots, SharedLimits, SlotBroker, SlotRow, allot
 from ._store import (
+    BatchRefusedError,
     CallRecord,
     Claimed,
     EventRecord,
@@ -130,8 +131,11 @@ from ._store import (
     StoreError,
     StoreSize,
     StoreVersionError,
+    TextNotStorableError,
+    WorkflowExistsError,
     WorkflowRow,
     payload_digest,
+    unstorable,
 )
 from ._sync import run_sync
 from ._task import (
@@ -307,11 +311,15 @@ __all__ = [
     "SlotRow",
     "allot",
     "LeaseLostError",
+    "BatchRefusedError",
     "StoreError",
     "StoreSize",
     "StoreVersionError",
+    "TextNotStorableError",
+    "WorkflowExistsError",
     "WorkflowRow",
     "payload_digest",
+    "unstorable",
     "read_events",
     "restore",
     # retention (issue 9)

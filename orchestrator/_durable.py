@@ -55,6 +55,7 @@ class Durability:
             owner=owner,
             lease_s=lease_s,
             on_lost=on_lost,
+            on_refused=self._refused,
         )
         self.memo = StoredCalls(store, self.journal)
         self.sweeper = None if retention is None else Sweeper(store, retention, clock)
@@ -104,6 +105,9 @@ class Durability:
             return  # stopping: nothing more is recorded (the log stays as the run left it)
         journal = self.journal
         try:
+            if event.kind == "workflow_started":
+                # A new run's log begins at 1, so the store tells it from one it holds.
+                journal.start_at(run_id, 0)
             journal.append_event(run_id, event)
             if event.kind in _ROW_EVENTS:
                 journal.upsert(self._row(run_id, event))
@@ -142,11 +146,22 @@ class Durability:
             fail(run.done, exc)
         else:
             if self.journal.lost(run.id):
-                fail(run.done, LeaseLostError(self.owner or "this engine", [run.id]))
+                refusal = self.journal.refusal(run.id)
+                lost = LeaseLostError(self.owner or "this engine", [run.id])
+                fail(run.done, refusal or lost)
             else:
                 run.done.set_result(result)
 
     # --- inside ----------------------------------------------------------------------------------
+
+    def _refused(self, workflows: Sequence[str], error: StoreError) -> None:
+        """The store refused these runs' records (a new run's id is taken, or text it
+        cannot keep): they stop here, and nothing more of them is written."""
+        for workflow in workflows:
+            run = self._runs.get(workflow)
+            if run is not None:
+                run.cancel(f"the store refused it: {error}")
+        self._wake()
 
     def _row(self, run_id: str, event: Event) -> WorkflowRow:
         run = self._runs.get(run_id)

@@ -885,7 +885,9 @@ class Engine:
         self._check_accepting()
         if self.durable is not None:
             # Ids name runs in the store for good: unique beyond this process's lifetime.
-            workflow.id = f"{workflow.name}-{secrets.token_hex(6)}"
+            workflow.id = new_workflow_id(workflow.name)
+            while workflow.id in self._runs:  # the store refuses an id it holds; this too
+                workflow.id = new_workflow_id(workflow.name)
         elif workflow.id in self._runs:
             workflow.id = f"{workflow.name}#{self._programs + 1}"
         handle = self._launch(
@@ -1290,6 +1292,13 @@ class Engine:
             None if self.gate is None else self.gate.stats(),
             tuple(self._reserve_caps.items()),
         )
+
+
+def new_workflow_id(name: str) -> str:
+    """A run's id in a store: its workflow's name and 96 random bits, so that ids do not
+    collide among the billions of runs a store may see (a store refuses a new run whose id
+    it holds already, `WorkflowExistsError`)."""
+    return f"{name}-{secrets.token_hex(12)}"
 
 
 def _gated(run: Run) -> bool:

@@ -38,6 +38,7 @@ from ._errors import OverloadedError, UsageError
 from ._events import EVENT_ADAPTER, Event
 from ._store import (
     NO_REFS,
+    BatchRefusedError,
     CallRecord,
     EventRecord,
     LeaseLostError,
@@ -109,6 +110,7 @@ class Journal:
         owner: str | None = None,
         lease_s: float = 0.0,
         on_lost: Callable[[Sequence[str]], None] | None = None,
+        on_refused: Callable[[Sequence[str], BatchRefusedError], None] | None = None,
     ):
         if max_pending < 1:
             raise UsageError(f"max_pending must be at least 1, not {max_pending}")
@@ -143,6 +145,9 @@ class Journal:
         self._owner = owner
         self._lease_s = lease_s
         self._on_lost = on_lost
+        self._on_refused = on_refused
+        self._refused: dict[str, BatchRefusedError] = {}
+        """Workflows the store refused (`BatchRefusedError`), with why."""
         self._lost: set[str] = set()
         """Workflows another engine took over (`LeaseLostError`): nothing more is written."""
 
@@ -151,6 +156,7 @@ class Journal:
     def start_at(self, workflow: str, last_seq: int) -> None:
         """Continue a stored workflow: its next event gets `last_seq + 1`."""
         self._lost.discard(workflow)  # taken back after it was lost: this engine's again
+        self._refused.pop(workflow, None)
         self._seqs[workflow] = last_seq
 
     def let_go(self, workflow: str) -> None:
@@ -276,6 +282,13 @@ class Journal:
                     except LeaseLostError as exc:
                         batch = self._let_go(batch, exc.workflows)
                         continue  # the rest of the batch is this engine's: write it
+                    except BatchRefusedError as exc:
+                        kept = self._refuse(batch, exc)
+                        if len(kept) == len(batch):  # refused for what it cannot drop
+                            self._fail(exc)
+                            return
+                        batch = kept
+                        continue
                     except Exception as exc:
                         if not await self._ride_out(batch, exc):
                             return
@@ -395,6 +408,28 @@ class Journal:
         self._events, self._rows, self._payloads, self._calls = [], {}, {}, []
         return batch, self._appended
 
+    def refusal(self, workflow: str) -> BatchRefusedError | None:
+        """Why the store refused this workflow's records, if it did (nothing more of it is
+        written: it is let go)."""
+        return self._refused.get(workflow)
+
+    def _refuse(self, batch: StoreBatch, error: BatchRefusedError) -> StoreBatch:
+        """The store refused these workflows (a new one's id is taken, or text it cannot
+        keep): drop what this batch and later appends say of them, tell the engine, and
+        keep the rest."""
+        _log.error("the store refused %d workflow(s): %s", len(error.workflows), error)
+        gone = set(error.workflows)
+        for workflow in gone:
+            self.let_go(workflow)
+            self._refused[workflow] = error
+        # What was appended of them since this batch was taken goes too.
+        self._events = [e for e in self._events if e.workflow not in gone]
+        self._rows = {k: row for k, row in self._rows.items() if k not in gone}
+        self._calls = [c for c in self._calls if c.workflow not in gone]
+        if self._on_refused is not None:
+            self._on_refused(error.workflows, error)
+        return _without(batch, gone)
+
     def _let_go(self, batch: StoreBatch, workflows: Sequence[str]) -> StoreBatch:
         """Another engine took these workflows over: drop what this batch and later appends
         say of them, tell the engine, and keep the rest."""
@@ -404,12 +439,7 @@ class Journal:
         _log.warning("lost the lease of %d workflow(s); another engine runs them now", len(lost))
         if self._on_lost is not None:
             self._on_lost(sorted(lost))
-        return replace(
-            batch,
-            events=[e for e in batch.events if e.workflow not in lost],
-            workflows=[w for w in batch.workflows if w.id not in lost],
-            calls=[c for c in batch.calls if c.workflow not in lost],
-        )
+        return _without(batch, lost)
 
     def _release(self) -> None:
         if self._appended - self._committed < self._max_pending:
@@ -445,6 +475,16 @@ class Journal:
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise self._failure()
+
+
+def _without(batch: StoreBatch, workflows: set[str]) -> StoreBatch:
+    """The batch less what it says of `workflows`."""
+    return replace(
+        batch,
+        events=[e for e in batch.events if e.workflow not in workflows],
+        workflows=[w for w in batch.workflows if w.id not in workflows],
+        calls=[c for c in batch.calls if c.workflow not in workflows],
+    )
 
 
 async def read_events(store: Store, workflow: str, after_seq: int = 0) -> list[dict[str, Any]]:

@@ -70,6 +70,47 @@ class LeaseLostError(StoreError):
         self.workflows = tuple(workflows)
 
 
+class BatchRefusedError(StoreError):
+    """The store refused a batch for what it says of some workflows: nothing of it was
+    written. `workflows` names them; the rest of the batch may be written without them."""
+
+    def __init__(self, message: str, workflows: Sequence[str]) -> None:
+        super().__init__(message)
+        self.workflows = tuple(workflows)
+
+
+class TextNotStorableError(BatchRefusedError):
+    """A batch held text no store can keep (a NUL character, or a lone surrogate that no
+    encoding can write): refused whole at append, so no later read ever meets it."""
+
+
+class WorkflowExistsError(BatchRefusedError):
+    """A batch began a new workflow (its first event) under an id the store holds already:
+    the stored workflow is left as it was, never merged with the new one."""
+
+    def __init__(self, workflows: Sequence[str]) -> None:
+        shown = ", ".join(list(workflows)[:5]) + (" ..." if len(workflows) > 5 else "")
+        super().__init__(
+            f"{len(workflows)} new workflow(s) have ids the store holds already ({shown}): "
+            "nothing of them was written; start them again under new ids",
+            workflows,
+        )
+
+
+def unstorable(text: str) -> str | None:
+    """Why a store cannot keep `text` (a NUL character: PostgreSQL's text and JSON cannot;
+    a lone surrogate: no encoding can), or None when it can."""
+    nul = text.find("\x00")
+    if nul >= 0:
+        return f"a NUL character at position {nul}"
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            return f"a lone surrogate ({text[exc.start]!r}) at position {exc.start}"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
     """A workflow an engine claimed (`Store.claim`): `previous` is the engine whose lease ran
@@ -158,7 +199,11 @@ class CallRecord:
 class StoreBatch:
     """Everything one transaction writes. Events must continue their workflow's `seq` without
     gaps; workflow rows replace the stored row with the same id (its `created` is kept);
-    payloads are inserted if absent (the digest is the sha256 hex of the bytes)."""
+    payloads are inserted if absent (the digest is the sha256 hex of the bytes).
+
+    A workflow whose first event (seq 1) is in the batch is new: if the store holds its id
+    already, the batch is refused (`WorkflowExistsError`) and the stored one left as it was.
+    Text no store can keep (`unstorable`) refuses the batch too (`TextNotStorableError`)."""
 
     events: Sequence[EventRecord] = ()
     workflows: Sequence[WorkflowRow] = ()
@@ -219,7 +264,8 @@ class Store(ABC):
     @abstractmethod
     async def append(self, batch: StoreBatch) -> None:
         """Write the whole batch in one transaction: all of it is durable when this returns,
-        or none of it when it raises."""
+        or none of it when it raises (`BatchRefusedError` names the workflows it was refused
+        for: the rest may be written without them)."""
 
     async def record_call(
         self, program: str, request_hash: str, result: bytes, *, workflow: str | None = None

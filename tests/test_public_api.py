@@ -50,6 +50,7 @@ EXPECTED = {
         "ResumeReport", "WorkflowResumed",
         "CallRecord", "EventRecord", "Journal", "JournalStats", "Store", "StoreBatch",
         "StoreError", "StoreSize", "StoreVersionError", "WorkflowRow", "payload_digest",
+        "BatchRefusedError", "TextNotStorableError", "WorkflowExistsError", "unstorable",
         "read_events", "restore",
         "Retention", "RunImage", "SweepReport", "Sweeper", "SweeperStats", "TaskImage",
         "compactable", "rebuild", "sweep_once",

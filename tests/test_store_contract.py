@@ -512,8 +512,9 @@ def test_a_truncated_or_damaged_sqlite_file_is_a_clear_error(tmp_path: Path) -> 
 
 def test_a_database_that_cannot_be_reached_is_a_clear_error() -> None:
     store = SQLStore("postgresql+asyncpg://nobody@127.0.0.1:1/none", connect_timeout=5)
-    with pytest.raises(StoreError, match=r"127\.0\.0\.1:1.*cannot be reached"):
+    with pytest.raises(StoreError, match=r"PostgreSQL database.*cannot be reached") as caught:
         run(store.open())
+    assert "127.0.0.1" not in str(caught.value) and "nobody" not in str(caught.value)
 
 
 def test_a_sqlite_file_in_a_missing_directory_is_a_clear_error(tmp_path: Path) -> None:

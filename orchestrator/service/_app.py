@@ -29,9 +29,9 @@ from .._notify import Notifier
 from .._registry import Registry
 from .._replay import RunImage, rebuild
 from .._resume import Decision, waiting_for_decision
-from .._store import LeaseLostError, Store, StoreError, WorkflowRow
+from .._store import LeaseLostError, Store, StoreError, WorkflowExistsError, WorkflowRow
 from ._batches import BatchError, Batches
-from ._build import SpecError, add_tasks, build
+from ._build import SpecError, TooLargeError, add_tasks, build, check_prompt_sizes
 from ._config import ServiceSettings, Tenant, hash_token
 from ._metrics import CONTENT_TYPE, Metrics
 from ._openapi import openapi
@@ -436,7 +436,9 @@ class Service:
                 return
             offset += len(rows)
 
-    async def _start(self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str) -> str:
+    async def _start(
+        self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str, tries: int = 3
+    ) -> str:
         if self.engine.running(tenant.name) >= tenant.max_running:
             raise ApiError(
                 429,
@@ -464,6 +466,13 @@ class Service:
         except PlaitError as exc:
             raise ApiError(503, f"the engine cannot take it now: {exc}") from None
         await self._committed()
+        refusal = self.engine.journal and self.engine.journal.refusal(handle.id)
+        if isinstance(refusal, WorkflowExistsError):  # its id names a stored run: a new one
+            if tries <= 1:
+                raise ApiError(503, f"the store cannot record it: {refusal}")
+            return await self._start(tenant, spec, key, digest, tries - 1)
+        if refusal is not None:  # text the store cannot keep: nothing of the run was stored
+            raise ApiError(400, f"the request holds text the store cannot keep: {refusal}")
         if key is not None:
             self._known[tenant.name, key] = (handle.id, digest)
         return handle.id
@@ -496,6 +505,15 @@ class Service:
                 "the workflow is too large",
                 [Problem(field="tasks", message=f"at most {settings.max_edges} dependencies")],
             )
+        try:
+            check_prompt_sizes(
+                spec.tasks,
+                spec.inputs,
+                per_task=settings.max_prompt_chars,
+                per_request=settings.max_request_prompt_chars,
+            )
+        except TooLargeError as exc:
+            raise ApiError(413, "the prompts are too large", [_problem(exc)]) from None
 
     def _wait(self, request: web.Request) -> float:
         raw = request.query.get("wait")

@@ -16,7 +16,7 @@ from .._errors import UsageError
 from .._events import ActionSpec
 from .._registry import Registry
 from .._task import Action, registered_name
-from .._template import Template
+from .._template import MAX_PROMPT_CHARS, Template, as_text
 from .._workflow import Workflow
 from ._spec import TaskSpec
 
@@ -31,6 +31,64 @@ class SpecError(UsageError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class TooLargeError(SpecError):
+    """A spec that would build more prompt text than the service takes."""
+
+
+def prompt_sizes(tasks: Sequence[TaskSpec], inputs: Mapping[str, Any]) -> list[int]:
+    """Each task's prompt length once filled with `inputs` (0 without a prompt; a reference
+    to a dependency counts as itself), computed without filling any: each input is turned
+    to text once for the whole request. A prompt that is not a valid template counts as its
+    own length (building it reports the mistake)."""
+    texts: dict[str, str] = {}
+    sizes: list[int] = []
+    for task in tasks:
+        if task.prompt is None:
+            sizes.append(0)
+            continue
+        try:
+            template = Template(task.prompt)
+        except UsageError:
+            sizes.append(len(task.prompt))
+            continue
+        values: dict[str, str] = {}
+        for name in template.names:
+            key = name[len(INPUTS) :]
+            if name.startswith(INPUTS) and key in inputs:
+                if key not in texts:
+                    texts[key] = as_text(inputs[key])
+                values[name] = texts[key]
+        sizes.append(template.size(values, escape=True))
+    return sizes
+
+
+def check_prompt_sizes(
+    tasks: Sequence[TaskSpec],
+    inputs: Mapping[str, Any],
+    *,
+    per_task: int = MAX_PROMPT_CHARS,
+    per_request: int = 8 * MAX_PROMPT_CHARS,
+) -> None:
+    """Refuse (`TooLargeError`) a request whose prompts, filled with its inputs, would be
+    longer than `per_task` characters for one task or `per_request` for all: checked from
+    the sizes alone, before anything is built."""
+    total = 0
+    for i, size in enumerate(prompt_sizes(tasks, inputs)):
+        if size > per_task:
+            raise TooLargeError(
+                f"tasks[{i}].prompt",
+                f"filled with its inputs it would be {size} characters; at most {per_task} "
+                "per task (refer to large inputs fewer times, or shorten them)",
+            )
+        total += size
+    if total > per_request:
+        raise TooLargeError(
+            "tasks",
+            f"the prompts filled with their inputs would be {total} characters; at most "
+            f"{per_request} per request (send fewer tasks, or smaller inputs)",
+        )
 
 
 def build(
@@ -128,7 +186,15 @@ def _action(i: int, task: TaskSpec, inputs: Mapping[str, Any], registry: Registr
         missing = sorted(wanted - set(inputs))
         if missing:
             raise SpecError(f"{where}.prompt", f"no input {missing[0]!r} was given")
-        template = template.fill({INPUTS + k: inputs[k] for k in wanted})
+        values = {INPUTS + k: inputs[k] for k in wanted}
+        size = template.size(values, escape=True)
+        if size > MAX_PROMPT_CHARS:  # whoever called did not check the sizes first
+            raise TooLargeError(
+                f"{where}.prompt",
+                f"filled with its inputs it would be {size} characters; at most "
+                f"{MAX_PROMPT_CHARS} per task",
+            )
+        template = template.fill(values)
         strays = [n for n in template.names if n not in task.after]
         if strays:
             raise SpecError(

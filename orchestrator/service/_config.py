@@ -32,6 +32,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from .._config import Config, ConfigSection, _problem, _report, load_config, read_config_file
 from .._errors import UsageError
 from .._registry import Rebuildable, Registry
+from .._template import MAX_PROMPT_CHARS
 from ._spec import MAX_BATCH_ROWS, MAX_EDGES, MAX_TASKS
 
 
@@ -51,6 +52,11 @@ class ServiceSettings(ConfigSection):
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     max_tasks: int = Field(default=MAX_TASKS, ge=1, le=MAX_TASKS)
     max_edges: int = Field(default=MAX_EDGES, ge=0, le=MAX_EDGES)
+    max_prompt_chars: int = Field(default=MAX_PROMPT_CHARS, ge=1, le=MAX_PROMPT_CHARS)
+    """The longest prompt one task of a request may fill to with the request's inputs
+    (characters; longer is refused with 413 before anything is built)."""
+    max_request_prompt_chars: int = Field(default=8 * MAX_PROMPT_CHARS, ge=1)
+    """The most prompt text all the tasks of one request may fill to (413 beyond)."""
     heartbeat_s: float = Field(default=15.0, gt=0)
     """How often an idle event stream sends a comment to keep proxies from closing it."""
     drain_s: float = Field(default=10.0, ge=0)
