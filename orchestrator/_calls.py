@@ -36,6 +36,7 @@ from ._llm import (
 )
 from ._resilience import Breaker, CallRetry, CircuitBreaker, call_with_retries
 from ._scheduler import Policy, PriorityClass, ProgramView, slack_of, urgency
+from ._text import storable
 
 
 class Program(Protocol):
@@ -416,7 +417,7 @@ class LLMCalls:
                     task=site.task_id,
                     backend=backend,
                     attempt=number,
-                    error=f"{type(error).__name__}: {error}",
+                    error=storable(f"{type(error).__name__}: {error}"),
                     delay=delay,
                     at=clock.monotonic(),
                 ),

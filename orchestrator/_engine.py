@@ -84,6 +84,7 @@ from ._scheduler import (
 from ._slots import SharedLimits, SlotBroker
 from ._store import Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable
+from ._text import first_unstorable, storable, text_problem
 from ._workflow import Workflow
 
 
@@ -796,7 +797,8 @@ class Engine:
         def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             delay = state.upcoming_sleep
-            run.retry_waits(record, state.attempt_number, f"{type(error).__name__}: {error}", delay)
+            text = storable(f"{type(error).__name__}: {error}")
+            run.retry_waits(record, state.attempt_number, text, delay)
             self.wake()
 
         retrying = AsyncRetrying(
@@ -882,6 +884,9 @@ class Engine:
         labels = _checked_labels(labels)
         if tenant is not None and not isinstance(tenant, str):
             raise UsageError(f"tenant must be a str or None, got {type(tenant).__name__}")
+        for what, text in (("tenant", tenant or ""), ("the workflow's name", workflow.name)):
+            if (problem := text_problem(text)) is not None:
+                raise UsageError(f"{what}: {problem}")
         self._check_accepting()
         if self.durable is not None:
             # Ids name runs in the store for good: unique beyond this process's lifetime.
@@ -995,6 +1000,7 @@ class Engine:
             workflow._reset()
             if self.durable is not None:
                 self.durable.forget(run)
+                self.durable.journal.withdraw(run.id)
             raise
         self.wake()
         return RunHandle(self, run)
@@ -1305,4 +1311,7 @@ def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     bad = [k for k, v in labels.items() if not (isinstance(k, str) and isinstance(v, str))]
     if bad:
         raise UsageError(f"labels must map str to str; {bad[0]!r} does not")
+    found = first_unstorable(dict(labels), "labels")
+    if found is not None:
+        raise UsageError(f"{found[0]}: {found[1]}")
     return dict(labels)

@@ -48,6 +48,7 @@ from ._llm import Usage
 from ._replay import TaskImage
 from ._scheduler import Policy, PriorityClass, ProgramView, remaining_critical_paths
 from ._task import LLMCall, Task, TaskRun, describe
+from ._text import storable
 from ._workflow import Workflow
 
 
@@ -596,10 +597,10 @@ class Run:
             )
         elif state == "skipped":
             record.reason = why
-            self._emit(TaskSkipped(workflow=wid, task=tid, reason=why or "", at=now))
+            self._emit(TaskSkipped(workflow=wid, task=tid, reason=storable(why or ""), at=now))
         else:
             record.reason = why
-            self._emit(TaskCancelled(workflow=wid, task=tid, reason=why or "", at=now))
+            self._emit(TaskCancelled(workflow=wid, task=tid, reason=storable(why or ""), at=now))
 
     def _release_dependents(self, first: TaskRun) -> None:
         # Dependents that end without running (skipped, cancelled) go on a stack instead of

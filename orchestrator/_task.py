@@ -20,6 +20,7 @@ from ._errors import ResultNotSerializableError, UsageError
 from ._events import ActionSpec, TaskOptions, TaskState
 from ._llm import DEFAULT_BACKEND, LLMRequest
 from ._runner import Runner, runner_spec
+from ._text import first_unstorable
 
 if TYPE_CHECKING:
     from ._context import TaskContext
@@ -446,27 +447,28 @@ _PLAIN = (str, int, float, bool, type(None))
 
 
 def check_serializable(task_id: str, value: Any) -> None:
-    """Refuse results that the event log could not store (checked when the task ends).
+    """Refuse results that the event log could not store exactly (checked when the task
+    ends): see `first_unstorable` for what is held (NaN, bytes, sets, non-str keys, lone
+    surrogates and NUL are not).
 
     The check never consumes or alters the value: a one-shot iterator (a generator, `map`,
     `zip`, ...) anywhere in it is refused before anything is serialised, because turning it
     into JSON would empty it for the dependents that read it next."""
-    if isinstance(value, _PLAIN):
+    if value is None or type(value) is int or type(value) is bool:
         return
-    one_shot = _find_iterator(value, set())
-    if one_shot is not None:
-        raise ResultNotSerializableError(
-            task_id,
-            type(value).__name__,
-            f"it holds a one-shot iterator ({type(one_shot).__name__}) that could be read "
-            "only once; return list(...) of it instead",
-        )
-    from pydantic_core import PydanticSerializationError, to_json
-
-    try:
-        to_json(value)
-    except (PydanticSerializationError, ValueError, TypeError) as exc:
-        raise ResultNotSerializableError(task_id, type(value).__name__, str(exc)) from exc
+    if not isinstance(value, _PLAIN):
+        one_shot = _find_iterator(value, set())
+        if one_shot is not None:
+            raise ResultNotSerializableError(
+                task_id,
+                type(value).__name__,
+                f"it holds a one-shot iterator ({type(one_shot).__name__}) that could be read "
+                "only once; return list(...) of it instead",
+            )
+    found = first_unstorable(value, "result")
+    if found is not None:
+        path, problem = found
+        raise ResultNotSerializableError(task_id, type(value).__name__, f"{path}: {problem}")
 
 
 def _find_iterator(value: Any, seen: set[int]) -> Any:
