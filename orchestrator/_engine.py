@@ -83,8 +83,8 @@ from ._scheduler import (
 )
 from ._slots import SharedLimits, SlotBroker
 from ._store import Store, StoreError
-from ._task import TaskRun, check_seconds, check_serializable
-from ._text import first_unstorable, storable, text_problem
+from ._task import TaskRun, check_seconds, check_serializable, describe
+from ._text import first_unstorable, key_text, storable, text_problem
 from ._workflow import Workflow
 
 
@@ -889,6 +889,7 @@ class Engine:
                 raise UsageError(f"{what}: {problem}")
         self._check_accepting()
         if self.durable is not None:
+            _check_recordable(workflow)
             # Ids name runs in the store for good: unique beyond this process's lifetime.
             workflow.id = f"{workflow.name}-{secrets.token_hex(6)}"
         elif workflow.id in self._runs:
@@ -1301,6 +1302,24 @@ class Engine:
 def _gated(run: Run) -> bool:
     """Whether the deadline gate holds `run` (nothing of it may start yet)."""
     return run.held
+
+
+def _check_recordable(workflow: Workflow) -> None:
+    """Refuse a workflow whose tasks the log cannot record exactly (an id, an argument or a
+    key with a lone surrogate or NUL, an argument that is not JSON data), before anything of
+    it is recorded: a run must be stored whole or not at all."""
+    for task in workflow:
+        spec = describe(task.action)
+        key = task.idempotency_key
+        told = {"id": task.id, "name": spec.name, "args": spec.args}
+        if isinstance(key, str):
+            told["idempotency_key"] = key
+        found = first_unstorable(told)
+        if found is not None:
+            raise UsageError(
+                f"workflow {key_text(workflow.name)!r}, task {key_text(task.id)!r}: {found[0]}: "
+                f"{found[1]}"
+            )
 
 
 def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:

@@ -20,11 +20,12 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
-from conftest import StoreFactory
+from conftest import MemoryStore, StoreFactory
 
 from agents import Agent, tool
 from executors import FunctionLLM, echo
-from orchestrator import Engine, Registry, Store
+from orchestrator import Engine, Registry, Store, UsageError, Workflow
+from orchestrator._journal import Journal
 from orchestrator.service import Service, Tenant, hash_token
 
 
@@ -257,3 +258,54 @@ def test_add_tasks_with_one_task_refused_adds_none(make_store: StoreFactory) -> 
         assert status == 200 and data["results"] == {"g": "opened"}, data
 
     on_stores(make_store, check)
+
+
+# --- in process: a run is recorded whole or not at all ------------------------------------
+
+
+def test_a_workflow_whose_arguments_the_log_cannot_hold_is_refused_before_it_is_stored(
+    make_store: StoreFactory,
+) -> None:
+    async def main() -> None:
+        async with make_store() as store, Engine(store=store) as engine:
+            wf = Workflow("args")
+            wf.add("fine", echo_text.call({"text": "fine"}))
+            wf.add("bad", echo_text.call({"text": "a\udcffb"}))
+            with pytest.raises(UsageError, match=r"task 'bad': (args\.)+text: .*lone surrogate"):
+                engine.submit(wf)
+            labelled = Workflow("labels")
+            labelled.add("one", lambda: 1)
+            with pytest.raises(UsageError, match=r"labels\.team: .*NUL"):
+                engine.submit(labelled, labels={"team": "a\x00b"})
+            later = Workflow("later")
+            later.add("one", lambda: 1)
+            assert (await engine.run(later))["one"] == 1
+            assert [row.name for row in await store.workflows()] == ["later"]
+
+    asyncio.run(main())
+
+
+def test_a_run_refused_while_it_starts_is_withdrawn_from_the_journal() -> None:
+    """What a refused start appended never reaches the store; other records do."""
+
+    async def main() -> None:
+        store = MemoryStore()
+        journal = Journal(store)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(journal.run())
+            journal.append("kept", "workflow_started", 0.0, {"n": 1})
+            journal.append("refused", "workflow_started", 0.0, {"n": 1})
+            journal.append("refused", "task_added", 0.0, {"n": 2})
+            journal.append("kept", "task_added", 0.0, {"n": 2})
+            journal.withdraw("refused")
+            assert journal.appended == 2
+            await journal.durable()
+            journal.append("refused", "workflow_started", 1.0, {"n": 3})
+            await journal.close()
+        assert [(e.seq, e.kind) for e in await store.events("kept")] == [
+            (1, "workflow_started"),
+            (2, "task_added"),
+        ]
+        assert [(e.seq, e.data) for e in await store.events("refused")] == [(1, '{"n":3}')]
+
+    asyncio.run(main())
