@@ -309,3 +309,17 @@ def test_a_run_refused_while_it_starts_is_withdrawn_from_the_journal() -> None:
         assert [(e.seq, e.data) for e in await store.events("refused")] == [(1, '{"n":3}')]
 
     asyncio.run(main())
+
+
+def test_a_label_filter_the_store_cannot_hold_is_refused(make_store: StoreFactory) -> None:
+    """A NUL in a label filter (PostgreSQL refuses it in any query) is a 400; bytes that are
+    not UTF-8 in a query reach the service as U+FFFD, which can be stored."""
+
+    async def check(api: Api) -> None:
+        async with api.http.get(f"{api.base}/v1/workflows?label=team%3Da%00b", headers=A) as r:
+            data = await r.json()
+            assert r.status == 400, data
+        assert [p["field"] for p in data["problems"]] == ["label"], data
+        await api.healthy()
+
+    on_stores(make_store, check)

@@ -544,6 +544,8 @@ class Service:
             k, sep, v = item.partition("=")
             if not sep or not k:
                 problems.append(Problem(field="label", message=f"KEY=VALUE, got {item!r}"))
+            elif (problem := text_problem(item)) is not None:
+                problems.append(Problem(field="label", message=problem))
             labels[k] = v
         limit = _int(query.get("limit"), PAGE, 1, MAX_PAGE, "limit", problems)
         offset = _int(query.get("offset"), 0, 0, 10**9, "offset", problems)
