@@ -83,7 +83,7 @@ from ._scheduler import (
 )
 from ._slots import SharedLimits, SlotBroker
 from ._store import Store, StoreError
-from ._task import TaskRun, check_seconds, check_serializable, describe
+from ._task import TaskRun, check_seconds, check_serializable, recording_problem
 from ._text import first_unstorable, key_text, storable, text_problem
 from ._workflow import Workflow
 
@@ -1305,21 +1305,12 @@ def _gated(run: Run) -> bool:
 
 
 def _check_recordable(workflow: Workflow) -> None:
-    """Refuse a workflow whose tasks the log cannot record exactly (an id, an argument or a
-    key with a lone surrogate or NUL, an argument that is not JSON data), before anything of
-    it is recorded: a run must be stored whole or not at all."""
+    """Refuse a workflow whose tasks the log cannot record exactly, before anything of it is
+    recorded: a run is stored whole or not at all."""
     for task in workflow:
-        spec = describe(task.action)
-        key = task.idempotency_key
-        told = {"id": task.id, "name": spec.name, "args": spec.args}
-        if isinstance(key, str):
-            told["idempotency_key"] = key
-        found = first_unstorable(told)
-        if found is not None:
-            raise UsageError(
-                f"workflow {key_text(workflow.name)!r}, task {key_text(task.id)!r}: {found[0]}: "
-                f"{found[1]}"
-            )
+        problem = recording_problem(task)
+        if problem is not None:
+            raise UsageError(f"workflow {key_text(workflow.name)!r}, {problem}")
 
 
 def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:

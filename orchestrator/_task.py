@@ -20,7 +20,7 @@ from ._errors import ResultNotSerializableError, UsageError
 from ._events import ActionSpec, TaskOptions, TaskState
 from ._llm import DEFAULT_BACKEND, LLMRequest
 from ._runner import Runner, runner_spec
-from ._text import first_unstorable
+from ._text import first_unstorable, key_text
 
 if TYPE_CHECKING:
     from ._context import TaskContext
@@ -469,6 +469,19 @@ def check_serializable(task_id: str, value: Any) -> None:
     if found is not None:
         path, problem = found
         raise ResultNotSerializableError(task_id, type(value).__name__, f"{path}: {problem}")
+
+
+def recording_problem(task: Task) -> str | None:
+    """What in the task a log could not record exactly (an id, an argument or a key with a
+    lone surrogate or NUL, an argument that is not JSON data), naming the task; or None."""
+    spec = describe(task.action)
+    told: dict[str, Any] = {"id": task.id, "name": spec.name, "args": spec.args}
+    if isinstance(key := task.idempotency_key, str):
+        told["idempotency_key"] = key
+    found = first_unstorable(told)
+    if found is None:
+        return None
+    return f"task {key_text(task.id)!r}: {found[0]}: {found[1]}"
 
 
 def _find_iterator(value: Any, seen: set[int]) -> Any:

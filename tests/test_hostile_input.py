@@ -24,7 +24,18 @@ from conftest import MemoryStore, StoreFactory
 
 from agents import Agent, tool
 from executors import FunctionLLM, echo
-from orchestrator import Engine, Registry, Store, UsageError, Workflow
+from orchestrator import (
+    Engine,
+    Registry,
+    Store,
+    TaskContext,
+    UsageError,
+    VirtualClock,
+    Workflow,
+    read_events,
+)
+from orchestrator._durable import Durability
+from orchestrator._events import TaskSucceeded
 from orchestrator._journal import Journal
 from orchestrator.service import Service, Tenant, hash_token
 
@@ -323,3 +334,47 @@ def test_a_label_filter_the_store_cannot_hold_is_refused(make_store: StoreFactor
         await api.healthy()
 
     on_stores(make_store, check)
+
+
+def test_a_task_added_while_running_that_the_log_cannot_hold_fails_the_task_that_adds_it(
+    make_store: StoreFactory,
+) -> None:
+    async def grow(ctx: TaskContext) -> str:
+        ctx.workflow.add("echo", echo_text.call({"text": "\udcff"}))
+        return "grown"
+
+    async def main() -> None:
+        async with make_store() as store, Engine(store=store) as engine:
+            wf = Workflow("grows")
+            wf.add("grow", grow)
+            wf.add("other", lambda: "fine")
+            result = await engine.run(wf)
+            assert (
+                "task 'echo': args.args.text: it holds a lone surrogate" in result.failures["grow"]
+            ), result.failures
+            assert result["other"] == "fine"
+            added = [e for e in await read_events(store, result.workflow) if "task" in e]
+            assert "echo" not in {e["task"] for e in added}
+
+    asyncio.run(main())
+
+
+def test_an_event_that_cannot_be_encoded_is_stored_escaped_and_the_engine_goes_on() -> None:
+    """The last guard: were a check before the event to miss something, the record is kept
+    with the text escaped instead of stopping every run."""
+
+    async def main() -> None:
+        store = MemoryStore()
+        durable = Durability(store, VirtualClock(), {}, lambda: None, patience_s=1, retention=None)
+        async with asyncio.TaskGroup() as tg:
+            durable.start(tg)
+            event = TaskSucceeded(
+                workflow="w", task="t", duration=0.0, result={"text": "a\udcffb"}, at=1.0
+            )
+            durable.record("w", event)
+            await durable.close()
+        assert durable.error is None
+        (stored,) = await store.events("w")
+        assert json.loads(stored.data)["result"] == {"text": "a\\udcffb"}
+
+    asyncio.run(main())
