@@ -881,15 +881,6 @@ _Where: TypeAlias = tuple["_Where", str | int] | None
 spelled out only for the value at fault."""
 
 
-def _take_back(workflow: Workflow, existing: list[str]) -> None:
-    """Remove the tasks a refused `add_tasks` request added before it was refused (newest
-    first); none of them has started, as the request has not awaited since."""
-    have = set(existing)
-    for task_id in reversed(list(workflow.graph.nodes)):
-        if task_id not in have:
-            workflow.remove(task_id)
-
-
 def _check_body(body: Any) -> None:
     """Raise 400 at the first value of `body` nested too deep or that cannot be stored."""
     stack: list[tuple[Any, int, _Where]] = [(body, 1, None)]
@@ -936,6 +927,15 @@ def _header(request: web.Request, name: str) -> str | None:
     if value is not None and (problem := text_problem(value)) is not None:
         raise _unstorable(None, problem, field=name)
     return value
+
+
+def _take_back(workflow: Workflow, existing: list[str]) -> None:
+    """Remove the tasks a refused `add_tasks` request added before it was refused (newest
+    first); none of them has started, as the request has not awaited since."""
+    have = set(existing)
+    for task_id in reversed(list(workflow.graph.nodes)):
+        if task_id not in have:
+            workflow.remove(task_id)
 
 
 def _parse(model: type[M], body: Any) -> M:
