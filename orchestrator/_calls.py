@@ -45,6 +45,7 @@ from ._resilience import (
     through_circuit,
 )
 from ._scheduler import Policy, PriorityClass, ProgramView, slack_of, urgency
+from ._text import storable
 
 
 class Program(Protocol):
@@ -441,7 +442,7 @@ class LLMCalls:
                     task=site.task_id,
                     backend=backend,
                     attempt=number,
-                    error=f"{type(error).__name__}: {error}",
+                    error=storable(f"{type(error).__name__}: {error}"),
                     delay=delay,
                     at=clock.monotonic(),
                 ),

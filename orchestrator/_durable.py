@@ -11,6 +11,7 @@ calls it; it never calls the engine back, except through `wake`.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from ._clock import Clock
@@ -21,6 +22,9 @@ from ._retention import Retention, Sweeper
 from ._run import Run, RunResult
 from ._store import LeaseLostError, Store, StoreError, WorkflowRow
 from ._task import TaskRun
+from ._text import scrubbed, storable
+
+_log = logging.getLogger("plait.store")
 
 JOURNAL_MAX_PENDING = 2_000_000
 """Records the journal may hold uncommitted: a 100,000-task workflow is added in one go."""
@@ -108,7 +112,19 @@ class Durability:
             if event.kind == "workflow_started":
                 # A new run's log begins at 1, so the store tells it from one it holds.
                 journal.start_at(run_id, 0)
-            journal.append_event(run_id, event)
+            try:
+                journal.append_event(run_id, event)
+            except (ValueError, TypeError) as exc:  # pydantic's encoding errors are ValueErrors
+                # Results and messages are made storable before their events are built, so
+                # this is a gap in those checks: the record is kept, escaped, and the engine
+                # goes on (an encoding error here would stop every run).
+                _log.error(
+                    "%s of %s could not be encoded (%s); stored escaped",
+                    event.kind,
+                    run_id,
+                    storable(str(exc)),
+                )
+                journal.append(run_id, event.kind, event.at, scrubbed(event))
             if event.kind in _ROW_EVENTS:
                 journal.upsert(self._row(run_id, event))
         except StoreError as exc:

@@ -83,7 +83,8 @@ from ._scheduler import (
 )
 from ._slots import SharedLimits, SlotBroker
 from ._store import Store, StoreError
-from ._task import TaskRun, check_seconds, check_serializable
+from ._task import TaskRun, check_seconds, check_serializable, recording_problem
+from ._text import first_unstorable, key_text, storable, text_problem
 from ._workflow import Workflow
 
 
@@ -796,7 +797,8 @@ class Engine:
         def before_sleep(state: RetryCallState) -> None:
             error = state.outcome.exception() if state.outcome else None
             delay = state.upcoming_sleep
-            run.retry_waits(record, state.attempt_number, f"{type(error).__name__}: {error}", delay)
+            text = storable(f"{type(error).__name__}: {error}")
+            run.retry_waits(record, state.attempt_number, text, delay)
             self.wake()
 
         retrying = AsyncRetrying(
@@ -882,8 +884,12 @@ class Engine:
         labels = _checked_labels(labels)
         if tenant is not None and not isinstance(tenant, str):
             raise UsageError(f"tenant must be a str or None, got {type(tenant).__name__}")
+        for what, text in (("tenant", tenant or ""), ("the workflow's name", workflow.name)):
+            if (problem := text_problem(text)) is not None:
+                raise UsageError(f"{what}: {problem}")
         self._check_accepting()
         if self.durable is not None:
+            _check_recordable(workflow)
             # Ids name runs in the store for good: unique beyond this process's lifetime.
             workflow.id = new_workflow_id(workflow.name)
             while workflow.id in self._runs:  # the store refuses an id it holds; this too
@@ -997,6 +1003,7 @@ class Engine:
             workflow._reset()
             if self.durable is not None:
                 self.durable.forget(run)
+                self.durable.journal.withdraw(run.id)
             raise
         self.wake()
         return RunHandle(self, run)
@@ -1306,6 +1313,15 @@ def _gated(run: Run) -> bool:
     return run.held
 
 
+def _check_recordable(workflow: Workflow) -> None:
+    """Refuse a workflow whose tasks the log cannot record exactly, before anything of it is
+    recorded: a run is stored whole or not at all."""
+    for task in workflow:
+        problem = recording_problem(task)
+        if problem is not None:
+            raise UsageError(f"workflow {key_text(workflow.name)!r}, {problem}")
+
+
 def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     if labels is None:
         return {}
@@ -1314,4 +1330,7 @@ def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     bad = [k for k, v in labels.items() if not (isinstance(k, str) and isinstance(v, str))]
     if bad:
         raise UsageError(f"labels must map str to str; {bad[0]!r} does not")
+    found = first_unstorable(dict(labels), "labels")
+    if found is not None:
+        raise UsageError(f"{found[0]}: {found[1]}")
     return dict(labels)

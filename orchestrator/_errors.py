@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ._text import storable
+
 
 class PlaitError(Exception):
     """Root of every error plait raises on purpose."""
@@ -226,9 +228,10 @@ class RecordedFailure(RunError):
 
 def error_text(error: BaseException) -> str:
     """How a task's failure reads in events, results and the CLI: its type, then its message
-    (`ValueError: bad row 3`), so `KeyError: 'x'` is not just `'x'`."""
+    (`ValueError: bad row 3`), so `KeyError: 'x'` is not just `'x'`. Text the store cannot
+    hold (a lone surrogate, NUL) is written as its escape: a message is always recorded."""
     if isinstance(error, RecordedFailure):
         return error.text
-    message = str(error)
+    message = storable(str(error))
     name = type(error).__name__
     return f"{name}: {message}" if message else name

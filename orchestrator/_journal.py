@@ -203,6 +203,22 @@ class Journal:
         self._accepted()
         return seq
 
+    def withdraw(self, workflow: str) -> None:
+        """Take back every record of `workflow` not yet being written: a run refused while it
+        was being started leaves nothing in the store (its events are appended with no await
+        between them, so none of them can be in a commit already)."""
+        kept = [e for e in self._events if e.workflow != workflow]
+        gone = len(self._events) - len(kept)
+        if self._rows.pop(workflow, None) is not None:
+            gone += 1
+        if not gone:
+            return
+        self._events = kept
+        self._appended -= gone
+        self._seqs.pop(workflow, None)
+        if self._appended - self._committed < self._max_pending:
+            self._room.set()
+
     def upsert(self, row: WorkflowRow) -> None:
         """Accept a workflow row; of several for one id in a batch, the last is written."""
         if row.id in self._lost:

@@ -22,6 +22,7 @@ from ._errors import (
     OverloadedError,
     RecordedFailure,
     UnknownResourceError,
+    UsageError,
     WorkflowFailedError,
     error_text,
 )
@@ -47,7 +48,8 @@ from ._events import (
 from ._llm import Usage
 from ._replay import TaskImage
 from ._scheduler import Policy, PriorityClass, ProgramView, remaining_critical_paths
-from ._task import LLMCall, Task, TaskRun, describe
+from ._task import LLMCall, Task, TaskRun, describe, recording_problem
+from ._text import storable
 from ._workflow import Workflow
 
 
@@ -398,10 +400,15 @@ class Run:
         )
 
     def validate(self, task: Task) -> None:
-        """Refuse a task on a resource the engine does not know (before it joins)."""
+        """Refuse a task on a resource the engine does not know, or one the log could not
+        record (before it joins)."""
         admission = self.services.admission
         if not admission.knows(task.resource):
             raise UnknownResourceError(task.id, task.resource, admission.names)
+        if self.services.bus.recorder is not None:
+            problem = recording_problem(task)
+            if problem is not None:
+                raise UsageError(f"workflow {self.id!r}, {problem}")
 
     def inputs_of(self, record: TaskRun) -> dict[str, Any]:
         records = self.records
@@ -596,10 +603,10 @@ class Run:
             )
         elif state == "skipped":
             record.reason = why
-            self._emit(TaskSkipped(workflow=wid, task=tid, reason=why or "", at=now))
+            self._emit(TaskSkipped(workflow=wid, task=tid, reason=storable(why or ""), at=now))
         else:
             record.reason = why
-            self._emit(TaskCancelled(workflow=wid, task=tid, reason=why or "", at=now))
+            self._emit(TaskCancelled(workflow=wid, task=tid, reason=storable(why or ""), at=now))
 
     def _release_dependents(self, first: TaskRun) -> None:
         # Dependents that end without running (skipped, cancelled) go on a stack instead of

@@ -20,6 +20,7 @@ from ._errors import ResultNotSerializableError, UsageError
 from ._events import ActionSpec, TaskOptions, TaskState
 from ._llm import DEFAULT_BACKEND, LLMRequest
 from ._runner import Runner, runner_spec
+from ._text import first_unstorable, key_text
 
 if TYPE_CHECKING:
     from ._context import TaskContext
@@ -446,27 +447,41 @@ _PLAIN = (str, int, float, bool, type(None))
 
 
 def check_serializable(task_id: str, value: Any) -> None:
-    """Refuse results that the event log could not store (checked when the task ends).
+    """Refuse results that the event log could not store exactly (checked when the task
+    ends): see `first_unstorable` for what is held (NaN, bytes, sets, non-str keys, lone
+    surrogates and NUL are not).
 
     The check never consumes or alters the value: a one-shot iterator (a generator, `map`,
     `zip`, ...) anywhere in it is refused before anything is serialised, because turning it
     into JSON would empty it for the dependents that read it next."""
-    if isinstance(value, _PLAIN):
+    if value is None or type(value) is int or type(value) is bool:
         return
-    one_shot = _find_iterator(value, set())
-    if one_shot is not None:
-        raise ResultNotSerializableError(
-            task_id,
-            type(value).__name__,
-            f"it holds a one-shot iterator ({type(one_shot).__name__}) that could be read "
-            "only once; return list(...) of it instead",
-        )
-    from pydantic_core import PydanticSerializationError, to_json
+    if not isinstance(value, _PLAIN):
+        one_shot = _find_iterator(value, set())
+        if one_shot is not None:
+            raise ResultNotSerializableError(
+                task_id,
+                type(value).__name__,
+                f"it holds a one-shot iterator ({type(one_shot).__name__}) that could be read "
+                "only once; return list(...) of it instead",
+            )
+    found = first_unstorable(value, "result")
+    if found is not None:
+        path, problem = found
+        raise ResultNotSerializableError(task_id, type(value).__name__, f"{path}: {problem}")
 
-    try:
-        to_json(value)
-    except (PydanticSerializationError, ValueError, TypeError) as exc:
-        raise ResultNotSerializableError(task_id, type(value).__name__, str(exc)) from exc
+
+def recording_problem(task: Task) -> str | None:
+    """What in the task a log could not record exactly (an id, an argument or a key with a
+    lone surrogate or NUL, an argument that is not JSON data), naming the task; or None."""
+    spec = describe(task.action)
+    told: dict[str, Any] = {"id": task.id, "name": spec.name, "args": spec.args}
+    if isinstance(key := task.idempotency_key, str):
+        told["idempotency_key"] = key
+    found = first_unstorable(told)
+    if found is None:
+        return None
+    return f"task {key_text(task.id)!r}: {found[0]}: {found[1]}"
 
 
 def _find_iterator(value: Any, seen: set[int]) -> Any:

@@ -16,7 +16,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import pydantic
 from aiohttp import web
@@ -30,6 +30,8 @@ from .._registry import Registry
 from .._replay import RunImage, rebuild
 from .._resume import Decision, waiting_for_decision
 from .._store import LeaseLostError, Store, StoreError, WorkflowExistsError, WorkflowRow
+from .._text import join_path, storable, text_problem
+from .._workflow import Workflow
 from ._batches import BatchError, Batches
 from ._build import SpecError, TooLargeError, add_tasks, build, check_prompt_sizes
 from ._config import ServiceSettings, Tenant, hash_token
@@ -337,7 +339,7 @@ class Service:
         whether it was there already."""
         self._check_open()
         self._check_size(spec)
-        key = request.headers.get("Idempotency-Key")
+        key = _header(request, "Idempotency-Key")
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         if key is None:
             return await self._start(tenant, spec, None, digest), False
@@ -570,6 +572,8 @@ class Service:
             k, sep, v = item.partition("=")
             if not sep or not k:
                 problems.append(Problem(field="label", message=f"KEY=VALUE, got {item!r}"))
+            elif (problem := text_problem(item)) is not None:
+                problems.append(Problem(field="label", message=problem))
             labels[k] = v
         limit = _int(query.get("limit"), PAGE, 1, MAX_PAGE, "limit", problems)
         offset = _int(query.get("offset"), 0, 0, 10**9, "offset", problems)
@@ -693,18 +697,16 @@ class Service:
         if handle is None:
             raise ApiError(409, f"workflow {row.id!r} is not running; tasks cannot be added")
         workflow = handle.workflow
+        existing = list(workflow.graph.nodes)
         try:
-            added = add_tasks(
-                workflow,
-                spec.tasks,
-                spec.inputs,
-                self.registry,
-                existing=list(workflow.graph.nodes),
-            )
+            added = add_tasks(workflow, spec.tasks, spec.inputs, self.registry, existing=existing)
         except SpecError as exc:
             raise ApiError(422, "the tasks cannot be added", [_problem(exc)]) from None
-        except UsageError as exc:  # the workflow refused (a dependency that has finished...)
-            raise ApiError(409, str(exc)) from None
+        except BaseException as exc:
+            _take_back(workflow, existing)  # all or none: no await since the first was added
+            if isinstance(exc, UsageError):  # refused (a dependency that has finished...)
+                raise ApiError(409, str(exc)) from None
+            raise
         await self._committed()
         return _json(Added(id=row.id, added=added))
 
@@ -955,9 +957,11 @@ def _reused() -> ApiError:
 
 
 async def _body(request: web.Request) -> Any:
+    """The request's JSON, checked in one pass: nested at most `MAX_JSON_DEPTH` levels, and
+    every key and string one the store can hold, every number finite (400 naming the field)."""
     if request.content_type != "application/json":
         raise ApiError(
-            415, f"send JSON (Content-Type: application/json), not {request.content_type}"
+            415, f"send JSON (Content-Type: application/json), not {storable(request.content_type)}"
         )
     raw = await request.read()
     try:
@@ -966,22 +970,70 @@ async def _body(request: web.Request) -> Any:
         raise ApiError(400, f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
-    if _depth(body) > MAX_JSON_DEPTH:
-        raise ApiError(400, f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+    _check_body(body)
     return body
 
 
-def _depth(value: Any) -> int:
-    deepest, stack = 0, [(value, 1)]
+_Where: TypeAlias = tuple["_Where", str | int] | None
+"""Where a value sits in a body, as (where its parent sits, its key or index): the path is
+spelled out only for the value at fault."""
+
+
+def _check_body(body: Any) -> None:
+    """Raise 400 at the first value of `body` nested too deep or that cannot be stored."""
+    stack: list[tuple[Any, int, _Where]] = [(body, 1, None)]
     while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, depth)
+        item, depth, where = stack.pop()
+        if isinstance(item, str):
+            if (problem := text_problem(item)) is not None:
+                raise _unstorable(where, problem)
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise _unstorable(where, f"{item!r} is not a number JSON can hold")
+        elif isinstance(item, dict | list):
             if depth > MAX_JSON_DEPTH:
-                return depth
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return deepest
+                raise ApiError(400, f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+            if isinstance(item, list):
+                stack.extend((child, depth + 1, (where, i)) for i, child in enumerate(item))
+                continue
+            for key, child in item.items():
+                if (problem := text_problem(key)) is not None:
+                    raise _unstorable((where, key), f"its key: {problem}")
+                stack.append((child, depth + 1, (where, key)))
+
+
+def _unstorable(where: _Where, problem: str, field: str | None = None) -> ApiError:
+    if field is None:
+        steps: list[str | int] = []
+        while where is not None:
+            where, step = where
+            steps.append(step)
+        field = ""
+        for step in reversed(steps):
+            field = join_path(field, step)
+    return ApiError(
+        400,
+        "the request holds text or a number that cannot be stored",
+        [Problem(field=field or "(body)", message=problem)],
+    )
+
+
+def _header(request: web.Request, name: str) -> str | None:
+    """A header's value, refused (400 naming the header) when it cannot be stored: bytes
+    that are not UTF-8 reach us as lone surrogates."""
+    value = request.headers.get(name)
+    if value is not None and (problem := text_problem(value)) is not None:
+        raise _unstorable(None, problem, field=name)
+    return value
+
+
+def _take_back(workflow: Workflow, existing: list[str]) -> None:
+    """Remove the tasks a refused `add_tasks` request added before it was refused (newest
+    first); none of them has started, as the request has not awaited since."""
+    have = set(existing)
+    for task_id in reversed(list(workflow.graph.nodes)):
+        if task_id not in have:
+            workflow.remove(task_id)
 
 
 def _parse(model: type[M], body: Any) -> M:
