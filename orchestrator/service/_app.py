@@ -32,6 +32,7 @@ from .._store import LeaseLostError, Store, StoreError, WorkflowRow
 from ._batches import BatchError, Batches
 from ._build import SpecError, add_tasks, build
 from ._config import ServiceSettings, Tenant, hash_token
+from ._door import Notes
 from ._metrics import CONTENT_TYPE, Metrics
 from ._openapi import openapi
 from ._page import PAGE_HTML
@@ -150,6 +151,7 @@ class Service:
         )
         self.metrics = Metrics(engine, self.batches.running, self.batches.counts)
         self.notifier = notifier
+        self.notes = Notes()
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -215,6 +217,8 @@ class Service:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         try:
+            if request.body_exists:
+                await self._read_body(request)
             return await handler(request)
         except ApiError as exc:
             return _error(exc.status, exc.error, exc.problems, exc.headers)
@@ -235,9 +239,31 @@ class Service:
             _log.exception("%s %s failed", request.method, request.path)
             return _error(500, "the service failed on this request; it is logged")
 
+    async def _read_body(self, request: web.Request) -> None:
+        """The whole body, read before the handler runs (it keeps it): a client that sends
+        it slowly gets a 408 after `body_timeout_s` rather than holding a handler."""
+        limit = self.settings.body_timeout_s
+        try:
+            async with asyncio.timeout(limit):
+                await request.read()
+        except TimeoutError:
+            self.notes.note(
+                "body",
+                logging.WARNING,
+                "answered 408 to requests whose body did not arrive within %g s (body_timeout_s)",
+                limit,
+            )
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {limit:g} s (body_timeout_s)",
+                headers={"Connection": "close"},
+            ) from None
+
     def _tenant(self, request: web.Request) -> Tenant:
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
+        if not token.strip().isprintable() or not token.isascii():
+            token = ""  # bytes that are not text (read as lone surrogates) are no token
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(
                 401,

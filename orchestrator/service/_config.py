@@ -56,6 +56,14 @@ class ServiceSettings(ConfigSection):
     drain_s: float = Field(default=10.0, ge=0)
     """On shutdown, how long running workflows may take to finish before they are left in
     the store for the next start to resume."""
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """A connection must send its request line and headers within this long of opening
+    (or of its last answer, kept alive); else it is closed."""
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """A request's body must arrive whole within this long; else the answer is 408."""
+    max_connections: int | None = Field(default=None, ge=1)
+    """Connections open at once (None: the open-file limit less 256). At the limit a new
+    connection closes the oldest one that has not sent a request yet, or is closed."""
     max_wait_s: float = Field(default=60.0, gt=0)
     """The longest `?wait=` a request may ask for."""
     batch_dir: str = "plait-batches"

@@ -28,6 +28,7 @@ from .._notify import Notifier
 from ._app import Service
 from ._batches import batch_runs
 from ._config import ServeConfig, load_registry
+from ._door import Door, raise_open_file_limit
 
 
 async def serve(
@@ -58,6 +59,7 @@ async def serve(
         if settings.ray_address is not None:
             await stack.enter_async_context(_ray(settings.ray_address))
         stack.enter_context(_long_lived())
+        raise_open_file_limit()
         cluster = None
         if settings.lease_s is not None:
             cluster = Cluster(
@@ -97,12 +99,16 @@ async def serve(
                 batch_dir=config.batch_dir,
                 notifier=notifier,
             )
-            runner = web.AppRunner(service.app(), handle_signals=False)
+            door = Door(
+                max_connections=settings.max_connections,
+                header_timeout_s=settings.header_timeout_s,
+            )
+            runner = web.AppRunner(service.app(), handle_signals=False, **door.runner_options())
             await runner.setup()  # its start goes on with the batch jobs left running
             again = service.batches.counts().get("running", 0)
             if again:
                 print(f"plait serve: went on with {again} batch job(s)", file=out)
-            site = web.TCPSite(runner, config.service.host, config.service.port)
+            site = door.site(runner, config.service.host, config.service.port)
             await site.start()
             names = registry.names()
             print(

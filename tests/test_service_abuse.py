@@ -1,0 +1,212 @@
+"""The service under hostile or careless clients: slow and surplus connections, bad HTTP,
+many event streams, expensive reads. A real server on a free port, the real store, real
+sockets; each test fails without the guard it pins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from executors import FunctionLLM, echo
+from memory import SQLStore
+from orchestrator import Engine, Registry, Store
+from orchestrator.service import Service, Tenant, hash_token
+from orchestrator.service._config import ServiceSettings
+from orchestrator.service._door import Door
+
+ACME = Tenant("acme", hash_token("acme-token"), max_running=100, rate_per_s=1000, burst=1000)
+A = {"Authorization": "Bearer acme-token"}
+
+
+def work(text: str) -> str:
+    return text
+
+
+@dataclass
+class Served:
+    http: aiohttp.ClientSession
+    base: str
+    host: str
+    port: int
+    service: Service
+    door: Door
+
+
+@asynccontextmanager
+async def serving(
+    store: Store, settings: ServiceSettings, registry: Registry | None = None
+) -> AsyncIterator[Served]:
+    """The service as `plait serve` listens: through its door, on a free port."""
+    async with (
+        store,
+        Engine(backends={"default": FunctionLLM(echo)}, store=store) as engine,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        batch_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        service = Service(
+            engine,
+            registry or Registry(work, imports=False),
+            (ACME,),
+            settings,
+            batch_dir=batch_dir,
+        )
+        door = Door(
+            max_connections=settings.max_connections, header_timeout_s=settings.header_timeout_s
+        )
+        runner = web.AppRunner(service.app(), handle_signals=False, **door.runner_options())
+        await runner.setup()
+        try:
+            await door.site(runner, "127.0.0.1", 0).start()
+            port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+            async with aiohttp.ClientSession() as http:
+                yield Served(http, f"http://127.0.0.1:{port}", "127.0.0.1", port, service, door)
+        finally:
+            service.stop_accepting()
+            await runner.cleanup()
+
+
+def sqlite(tmp: Path) -> SQLStore:
+    return SQLStore(tmp / "store.db")
+
+
+def lines(caplog: pytest.LogCaptureFixture, says: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if says in r.getMessage()]
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> None:
+    """Returns once the server has closed the connection."""
+    with contextlib.suppress(ConnectionError):
+        while await reader.read(1024):
+            pass
+
+
+# --- slow and surplus connections -------------------------------------------------------------
+
+
+def test_slow_headers_are_cut_off_and_healthz_answers_through_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """200 connections send half a request and stop; the cap is 50. /healthz answers
+    meanwhile (a new connection closes the oldest that has not sent its headers), every slow
+    one is closed, and each condition is one log line, not one per socket."""
+    settings = ServiceSettings(header_timeout_s=0.2, max_connections=50)
+
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), settings) as served:
+            slow = []
+            for _ in range(200):
+                reader, writer = await asyncio.open_connection(served.host, served.port)
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+                slow.append((reader, writer))
+            async with served.http.get(served.base + "/healthz") as r:
+                assert r.status == 200
+            async with asyncio.timeout(30):  # a guard: the server closes them in 0.2 s
+                await asyncio.gather(*(closed_by_server(r) for r, _ in slow))
+            for _, writer in slow:
+                writer.close()
+            assert served.door.open <= 1
+            async with served.http.get(served.base + "/healthz") as r:
+                assert r.status == 200
+
+    with caplog.at_level(logging.INFO, logger="plait"):
+        asyncio.run(main())
+    assert len(lines(caplog, "max_connections")) == 1, caplog.text
+    assert len(lines(caplog, "header_timeout_s")) <= 1, caplog.text
+    assert len(caplog.records) <= 3, caplog.text
+
+
+def test_a_slow_body_gets_408_and_the_handler_is_freed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = ServiceSettings(body_timeout_s=0.2, header_timeout_s=0.5)
+
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), settings) as served:
+            sent = []
+            for _ in range(20):
+                reader, writer = await asyncio.open_connection(served.host, served.port)
+                writer.write(
+                    b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer acme-token\r\n"
+                    b'Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"fu'
+                )
+                sent.append((reader, writer))
+            for reader, writer in sent:
+                async with asyncio.timeout(30):
+                    status = await reader.readline()
+                assert status.split()[1] == b"408", status
+                writer.close()
+
+    with caplog.at_level(logging.INFO, logger="plait"):
+        asyncio.run(main())
+    assert len(lines(caplog, "body_timeout_s")) == 1, caplog.text
+
+
+def test_bad_http_is_logged_once_per_kind_and_never_quotes_the_token(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), ServiceSettings()) as served:
+            for _ in range(30):
+                reader, writer = await asyncio.open_connection(served.host, served.port)
+                writer.write(
+                    b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                    b"Authorization: Bearer sekrit\x01token\r\n\r\n"
+                )
+                status = await reader.readline()
+                assert status.split()[1] == b"400", status
+                writer.close()
+            async with served.http.get(served.base + "/healthz") as r:
+                assert r.status == 200
+
+    with caplog.at_level(logging.DEBUG):
+        asyncio.run(main())
+    assert "sekrit" not in caplog.text
+    assert len(lines(caplog, "bad HTTP requests")) == 1, caplog.text
+
+
+def test_the_loops_accept_errors_are_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncio logs `socket.accept() out of system resource` with a traceback at each retry
+    while file descriptors run out: one line for the condition."""
+
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), ServiceSettings()):
+            loop = asyncio.get_running_loop()
+            for _ in range(100):
+                loop.call_exception_handler(
+                    {
+                        "message": "socket.accept() out of system resource",
+                        "exception": OSError(24, "Too many open files"),
+                    }
+                )
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(main())
+    assert len(lines(caplog, "cannot accept connections")) == 1, caplog.text
+    assert "Traceback" not in caplog.text
+
+
+def test_a_token_that_is_not_utf8_is_a_401(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), ServiceSettings()) as served:
+            reader, writer = await asyncio.open_connection(served.host, served.port)
+            writer.write(
+                b"GET /v1/workflows HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n"
+            )
+            status = await reader.readline()
+            writer.close()
+            assert status.split()[1] == b"401", status
+
+    asyncio.run(main())
