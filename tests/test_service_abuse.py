@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import tempfile
 from collections.abc import AsyncIterator
@@ -20,7 +21,7 @@ from aiohttp import web
 
 from executors import FunctionLLM, echo
 from memory import SQLStore
-from orchestrator import Engine, Registry, Store
+from orchestrator import Engine, EventRecord, Registry, Store, TaskContext
 from orchestrator.service import Service, Tenant, hash_token
 from orchestrator.service._config import ServiceSettings
 from orchestrator.service._door import Door
@@ -31,6 +32,37 @@ A = {"Authorization": "Bearer acme-token"}
 
 def work(text: str) -> str:
     return text
+
+
+OPENED: asyncio.Event | None = None
+
+
+async def hold(ctx: TaskContext) -> str:
+    assert OPENED is not None
+    await OPENED.wait()
+    return "opened"
+
+
+REGISTRY = Registry(work, hold, imports=False)
+HELD = {
+    "name": "held",
+    "tasks": [
+        {"id": "wait", "function": "hold"},
+        {"id": "then", "function": "hold", "after": ["wait"]},
+    ],
+}
+
+
+class CountingStore(SQLStore):
+    """The real SQLite store, counting the reads of each workflow's log."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.reads: dict[str, int] = {}
+
+    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
+        self.reads[workflow] = self.reads.get(workflow, 0) + 1
+        return await super().events(workflow, after_seq)
 
 
 @dataclass
@@ -56,7 +88,7 @@ async def serving(
         batch_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         service = Service(
             engine,
-            registry or Registry(work, imports=False),
+            registry or REGISTRY,
             (ACME,),
             settings,
             batch_dir=batch_dir,
@@ -208,5 +240,97 @@ def test_a_token_that_is_not_utf8_is_a_401(tmp_path: Path) -> None:
             status = await reader.readline()
             writer.close()
             assert status.split()[1] == b"401", status
+
+    asyncio.run(main())
+
+
+# --- event streams ----------------------------------------------------------------------------
+
+
+async def follow(served: Served, run_id: str, got: list[str], started: asyncio.Event) -> bool:
+    """Follows the workflow's stream to its end (True), or is refused with 429 (False)."""
+    async with served.http.get(served.base + f"/v1/workflows/{run_id}/events", headers=A) as r:
+        if r.status == 429:
+            await r.read()
+            return False
+        assert r.status == 200
+        async for raw in r.content:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                got.append(line.removeprefix("event: "))
+                if line == "event: task_started":
+                    started.set()
+    return True
+
+
+def test_streams_of_one_workflow_share_one_read_per_new_event(tmp_path: Path) -> None:
+    """20 streams on one workflow: each new event is read from the store once, not 20
+    times, and every stream gets the whole log."""
+    global OPENED
+    n = 20
+
+    async def main() -> None:
+        global OPENED
+        OPENED = asyncio.Event()
+        store = CountingStore(tmp_path / "store.db")
+        async with serving(store, ServiceSettings()) as served:
+            async with served.http.post(served.base + "/v1/workflows", json=HELD, headers=A) as r:
+                run_id = (await r.json())["id"]
+            got: list[list[str]] = [[] for _ in range(n)]
+            started = [asyncio.Event() for _ in range(n)]
+            streams = [
+                asyncio.create_task(follow(served, run_id, got[i], started[i])) for i in range(n)
+            ]
+            for event in started:
+                await event.wait()
+            before = store.reads[run_id]
+            OPENED.set()
+            await asyncio.gather(*streams)
+            reads = store.reads[run_id] - before
+            assert all(g == got[0] for g in got) and got[0][-1] == "workflow_finished", got
+            finishing = got[0][got[0].index("task_started") + 1 :]
+            # one read per new batch of events at most (and the end's), never one per stream
+            assert reads <= len(finishing) + 1 < n, (reads, finishing)
+
+    asyncio.run(main())
+
+
+def test_a_tenant_over_its_streams_gets_429_and_others_go_on(tmp_path: Path) -> None:
+    global OPENED
+
+    async def main() -> None:
+        global OPENED
+        OPENED = asyncio.Event()
+        async with serving(sqlite(tmp_path), ServiceSettings()) as served:
+            served.service._tenants[ACME.token_sha256] = dataclasses.replace(ACME, max_streams=2)
+            async with served.http.post(served.base + "/v1/workflows", json=HELD, headers=A) as r:
+                run_id = (await r.json())["id"]
+            url = served.base + f"/v1/workflows/{run_id}/events"
+            got: list[list[str]] = [[], []]
+            started = [asyncio.Event(), asyncio.Event()]
+            open_ = [
+                asyncio.create_task(follow(served, run_id, got[i], started[i])) for i in (0, 1)
+            ]
+            for event in started:
+                await event.wait()
+            async with served.http.get(url, headers=A) as r:
+                error = await r.json()
+                assert r.status == 429 and r.headers["Retry-After"], error
+                assert "2 event streams" in error["error"] and "max_streams" in error["error"]
+            open_[0].cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await open_[0]
+            third: list[str] = []
+            while True:  # 429 until the server has seen the client go
+                started_third = asyncio.Event()
+                again = asyncio.create_task(follow(served, run_id, third, started_third))
+                waiting = asyncio.create_task(started_third.wait())
+                await asyncio.wait([again, waiting], return_when=asyncio.FIRST_COMPLETED)
+                waiting.cancel()
+                if not again.done() or again.result():
+                    break
+            OPENED.set()
+            await asyncio.gather(open_[1], again)
+            assert third[-1] == "workflow_finished"
 
     asyncio.run(main())

@@ -24,7 +24,7 @@ from aiohttp import web
 from .._clock import Clock, SystemClock
 from .._engine import Engine
 from .._errors import PlaitError, UsageError
-from .._journal import read_log, read_records, restore
+from .._journal import read_log
 from .._notify import Notifier
 from .._registry import Registry
 from .._replay import RunImage, rebuild
@@ -33,6 +33,7 @@ from ._batches import BatchError, Batches
 from ._build import SpecError, add_tasks, build
 from ._config import ServiceSettings, Tenant, hash_token
 from ._door import Notes
+from ._feeds import Feed, Feeds
 from ._metrics import CONTENT_TYPE, Metrics
 from ._openapi import openapi
 from ._page import PAGE_HTML
@@ -107,6 +108,8 @@ CANCEL_CHANNEL = "plait_cancel"
 _KEY_STALE_S = 60.0
 """A key taken by a request that never named its workflow (its engine died meanwhile) is
 free again after this long."""
+_GONE_S = 1.0
+"""How often an idle event stream looks whether its client is still there."""
 _FOLLOW_S = 0.2
 """How often a `?wait=` on a workflow another engine runs reads the store."""
 
@@ -152,6 +155,7 @@ class Service:
         self.metrics = Metrics(engine, self.batches.running, self.batches.counts)
         self.notifier = notifier
         self.notes = Notes()
+        self.feeds = Feeds(engine, self.store)
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -722,9 +726,19 @@ class Service:
         )
         if problems:
             raise ApiError(400, "bad request", problems)
+        held = self.feeds.by_tenant.get(tenant.name, 0)
+        if held >= tenant.max_streams:
+            raise ApiError(
+                429,
+                f"tenant {tenant.name!r} has {held} event streams open, its limit "
+                f"(max_streams); close one, or read GET /v1/workflows/{{id}} instead",
+                headers={"Retry-After": "5"},
+            )
         queue: asyncio.Queue[Any] = asyncio.Queue()
         bus = self.engine.bus
-        bus.subscribe(row.id, queue)  # before the first read: nothing falls between
+        # Both before the first read: nothing falls between.
+        feed = self.feeds.open(row.id, tenant.name)
+        bus.subscribe(row.id, queue)
         self._streams.add(queue)
         response = web.StreamResponse(
             headers={
@@ -735,45 +749,49 @@ class Service:
         )
         try:
             await response.prepare(request)
-            await self._stream(response, row.id, after, queue)
+            await self._stream(request, response, feed, after, queue)
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the client went away, or the service is closing
         finally:
             bus.unsubscribe(row.id, queue)
             self._streams.discard(queue)
+            self.feeds.close(feed, tenant.name)
         return response
 
     async def _stream(
-        self, response: web.StreamResponse, run_id: str, after: int, queue: asyncio.Queue[Any]
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        feed: Feed,
+        after: int,
+        queue: asyncio.Queue[Any],
     ) -> None:
         heartbeat = self.settings.heartbeat_s
-        journal = self.engine.journal
+        loop = asyncio.get_running_loop()
+        written = loop.time()
         while True:
             # Not running here (it has finished, or waits for a later start): the store has
             # every event that will come, so the stream ends once they are sent, also when
             # it was resumed after the last of them.
-            ended = self.engine.handle(run_id) is None
-            if journal is not None:
-                # What was recorded is read once committed; a store that has failed has all
-                # there will be (the runs stop, and the stream ends after what it has).
-                with contextlib.suppress(PlaitError):
-                    await journal.durable()
-            records, payloads = await read_records(self.store, run_id, after)
-            for record in records:
-                data = json.dumps(restore(record, payloads), separators=(",", ":"))
-                await response.write(
-                    f"id: {record.seq}\nevent: {record.kind}\ndata: {data}\n\n".encode()
-                )
-                after = record.seq
-                if record.kind == "workflow_finished":
+            ended = self.engine.handle(feed.run_id) is None
+            for frame in await feed.frames(after):
+                await response.write(frame.data)
+                written, after = loop.time(), frame.seq
+                if frame.last:
                     return
             if ended:
                 return
             try:
-                async with asyncio.timeout(heartbeat):
+                # A client that went away is noticed within _GONE_S (aiohttp does not cancel
+                # the handler), so its stream stops counting against its tenant's cap.
+                async with asyncio.timeout(min(_GONE_S, written + heartbeat - loop.time())):
                     item = await queue.get()
             except TimeoutError:
-                await response.write(b": heartbeat\n\n")
+                if request.transport is None or request.transport.is_closing():
+                    return
+                if loop.time() >= written + heartbeat:
+                    await response.write(b": heartbeat\n\n")
+                    written = loop.time()
                 continue
             if item is None:
                 return  # the service is closing

@@ -119,6 +119,8 @@ class TenantSettings(ConfigSection):
     """... with up to this many at once."""
     max_batches: int = Field(default=4, ge=1)
     """Batch jobs of this tenant running at once; more are refused with 429."""
+    max_streams: int = Field(default=32, ge=1)
+    """Event streams of this tenant open at once; more are refused with 429."""
 
     @model_validator(mode="after")
     def _one_token(self) -> TenantSettings:
@@ -135,6 +137,7 @@ class Tenant:
     rate_per_s: float
     burst: int
     max_batches: int = 4
+    max_streams: int = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +209,7 @@ def load_serve_config(path: str | os.PathLike[str]) -> ServeConfig:
                 settings.rate_per_s,
                 settings.burst,
                 settings.max_batches,
+                settings.max_streams,
             )
         )
     names = [t.name for t in tenants]
