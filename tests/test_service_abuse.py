@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -21,8 +22,11 @@ from aiohttp import web
 
 from executors import FunctionLLM, echo
 from memory import SQLStore
-from orchestrator import Engine, EventRecord, Registry, Store, TaskContext
+from orchestrator import Engine, EventRecord, Registry, Store, TaskContext, VirtualClock
+from orchestrator._journal import read_log
+from orchestrator._replay import rebuild
 from orchestrator.service import Service, Tenant, hash_token
+from orchestrator.service._app import _view
 from orchestrator.service._config import ServiceSettings
 from orchestrator.service._door import Door
 
@@ -43,7 +47,11 @@ async def hold(ctx: TaskContext) -> str:
     return "opened"
 
 
-REGISTRY = Registry(work, hold, imports=False)
+def noop(ctx: TaskContext) -> str:
+    return "x"
+
+
+REGISTRY = Registry(work, hold, noop, imports=False)
 HELD = {
     "name": "held",
     "tasks": [
@@ -59,9 +67,11 @@ class CountingStore(SQLStore):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.reads: dict[str, int] = {}
+        self.after: list[int] = []
 
     async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
         self.reads[workflow] = self.reads.get(workflow, 0) + 1
+        self.after.append(after_seq)
         return await super().events(workflow, after_seq)
 
 
@@ -77,7 +87,7 @@ class Served:
 
 @asynccontextmanager
 async def serving(
-    store: Store, settings: ServiceSettings, registry: Registry | None = None
+    store: Store, settings: ServiceSettings, clock: VirtualClock | None = None
 ) -> AsyncIterator[Served]:
     """The service as `plait serve` listens: through its door, on a free port."""
     async with (
@@ -88,10 +98,11 @@ async def serving(
         batch_dir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         service = Service(
             engine,
-            registry or REGISTRY,
+            REGISTRY,
             (ACME,),
             settings,
             batch_dir=batch_dir,
+            clock=clock,
         )
         door = Door(
             max_connections=settings.max_connections, header_timeout_s=settings.header_timeout_s
@@ -332,5 +343,106 @@ def test_a_tenant_over_its_streams_gets_429_and_others_go_on(tmp_path: Path) -> 
             OPENED.set()
             await asyncio.gather(open_[1], again)
             assert third[-1] == "workflow_finished"
+
+    asyncio.run(main())
+
+
+# --- expensive reads --------------------------------------------------------------------------
+
+
+def wide(n: int) -> dict[str, Any]:
+    return {"name": "wide", "tasks": [{"id": f"t{i}", "function": "noop"} for i in range(n)]}
+
+
+def test_a_workflows_view_is_read_from_its_log_once_and_is_the_rebuilt_one(
+    tmp_path: Path,
+) -> None:
+    """GET of a finished 1,500-task workflow: the first reads its log, the next ones
+    nothing; a running one's GET reads only the events after those it has."""
+    global OPENED
+
+    async def main() -> None:
+        global OPENED
+        OPENED = asyncio.Event()
+        store = CountingStore(tmp_path / "store.db")
+        async with serving(store, ServiceSettings()) as served:
+            url = served.base + "/v1/workflows"
+            async with served.http.post(url, json=wide(1500), headers=A) as r:
+                run_id = (await r.json())["id"]
+            async with served.http.get(f"{url}/{run_id}/result?wait=60", headers=A) as r:
+                assert (await r.json())["status"] == "succeeded"
+            views = []
+            before = store.reads.get(run_id, 0)
+            for _ in range(5):
+                async with served.http.get(f"{url}/{run_id}", headers=A) as r:
+                    views.append(await r.json())
+            assert store.reads[run_id] - before <= 1
+            row = await store.workflow(run_id)
+            assert row is not None
+            events, _ = await read_log(store, run_id)
+            rebuilt = _view(row, rebuild(events)).model_dump(mode="json")
+            assert all(v == rebuilt for v in views) and views[0]["counts"] == {"done": 1500}
+            # running: each GET reads the events after those it has, not the whole log
+            async with served.http.post(url, json=HELD, headers=A) as r:
+                held = (await r.json())["id"]
+            store.after.clear()
+            for _ in range(3):
+                async with served.http.get(f"{url}/{held}", headers=A) as r:
+                    view = await r.json()
+            assert view["counts"] == {"running": 1, "pending": 1}
+            assert store.after[0] == 0 and min(store.after[1:]) > 0, store.after
+            OPENED.set()
+            async with served.http.get(f"{url}/{held}/result?wait=60", headers=A) as r:
+                assert (await r.json())["status"] == "succeeded"
+            async with served.http.get(f"{url}/{held}", headers=A) as r:
+                assert (await r.json())["counts"] == {"done": 2}
+
+    asyncio.run(main())
+
+
+def test_expensive_requests_weigh_more_in_the_rate_limit(tmp_path: Path) -> None:
+    """A burst of 30 tokens and no time passing (a virtual clock): after its submission and
+    result, a tenant reads its one-task workflow 28 times, its 2,000-task one 9 times (each
+    read weighs 3); lists of 500 go 5 times, of 10 30 times; event streams 3 times."""
+    clock = VirtualClock()
+
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), ServiceSettings(), clock=clock) as served:
+            tenants = served.service._tenants
+
+            async def until_429(path: str, name: str) -> int:
+                headers = {"Authorization": f"Bearer {name}-token"}
+                for n in range(100):
+                    async with served.http.get(served.base + path, headers=headers) as r:
+                        await r.read()
+                        if r.status == 429:
+                            assert r.headers["Retry-After"]
+                            return n
+                        assert r.status == 200
+                raise AssertionError("never refused")
+
+            async def tenant_with(tasks: int | None, name: str) -> str:
+                tenant = Tenant(name, hash_token(f"{name}-token"), 10, rate_per_s=1, burst=30)
+                tenants[tenant.token_sha256] = tenant
+                if tasks is None:
+                    return ""
+                headers = {"Authorization": f"Bearer {name}-token"}
+                url = served.base + "/v1/workflows"
+                async with served.http.post(url, json=wide(tasks), headers=headers) as r:
+                    run_id: str = (await r.json())["id"]
+                async with served.http.get(f"{url}/{run_id}/result?wait=60", headers=headers) as r:
+                    assert (await r.json())["status"] == "succeeded"
+                return run_id
+
+            small = await tenant_with(1, "small")
+            assert await until_429(f"/v1/workflows/{small}", "small") == 28
+            large = await tenant_with(2000, "large")
+            assert await until_429(f"/v1/workflows/{large}", "large") == 9
+            await tenant_with(None, "lists")
+            assert await until_429("/v1/workflows?limit=500", "lists") == 5
+            await tenant_with(None, "short")
+            assert await until_429("/v1/workflows?limit=10", "short") == 30
+            streams = await tenant_with(1, "streams")
+            assert await until_429(f"/v1/workflows/{streams}/events", "streams") == 2
 
     asyncio.run(main())

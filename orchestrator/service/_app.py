@@ -24,10 +24,9 @@ from aiohttp import web
 from .._clock import Clock, SystemClock
 from .._engine import Engine
 from .._errors import PlaitError, UsageError
-from .._journal import read_log
 from .._notify import Notifier
 from .._registry import Registry
-from .._replay import RunImage, rebuild
+from .._replay import RunImage
 from .._store import LeaseLostError, Store, StoreError, WorkflowRow
 from ._batches import BatchError, Batches
 from ._build import SpecError, add_tasks, build
@@ -54,6 +53,7 @@ from ._spec import (
     WorkflowView,
     problems_of,
 )
+from ._views import Images
 
 _log = logging.getLogger("plait.serve")
 
@@ -65,6 +65,12 @@ MAX_JSON_DEPTH = 40
 PAGE = 50
 _KEYS_PAGE = 5_000
 MAX_PAGE = 500
+TASKS_PER_TOKEN = 1_000
+"""Reading a workflow (its view or result) weighs one request more per this many tasks."""
+ROWS_PER_TOKEN = 100
+"""A list weighs one request more per this many rows asked for (`limit`)."""
+STREAM_COST = 10
+"""Opening an event stream weighs this many requests."""
 _FINISHED = ("succeeded", "failed", "cancelled")
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -93,14 +99,20 @@ class _Bucket:
         self.rate, self.burst = rate, burst
         self.tokens, self.at = float(burst), now
 
-    def take(self, now: float) -> float:
-        """0 if a request may go now, else the seconds until one may."""
+    def take(self, now: float, cost: float = 1.0) -> float:
+        """0 if a request of this cost may go now (it is taken), else the seconds until it
+        may. A cost above `burst` goes once the bucket is full, and leaves it in debt."""
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
+        need = min(cost, self.burst)
+        if self.tokens >= need:
+            self.tokens -= cost
             return 0.0
-        return (1 - self.tokens) / self.rate
+        return (need - self.tokens) / self.rate
+
+    def charge(self, cost: float) -> None:
+        """Take what a request turned out to cost beyond what it was let in with."""
+        self.tokens = max(-self.burst, self.tokens - cost)
 
 
 CANCEL_CHANNEL = "plait_cancel"
@@ -156,6 +168,7 @@ class Service:
         self.notifier = notifier
         self.notes = Notes()
         self.feeds = Feeds(engine, self.store)
+        self.images = Images(self.store)
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -263,7 +276,9 @@ class Service:
                 headers={"Connection": "close"},
             ) from None
 
-    def _tenant(self, request: web.Request) -> Tenant:
+    def _tenant(self, request: web.Request, cost: float = 1.0) -> Tenant:
+        """The tenant the bearer token names, once its rate allows a request of `cost`
+        tokens (see _cost and docs/rest.md)."""
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         if not token.strip().isprintable() or not token.isascii():
@@ -284,14 +299,24 @@ class Service:
         now = self.clock.monotonic()
         if bucket is None:
             bucket = self._buckets[tenant.name] = _Bucket(tenant.rate_per_s, tenant.burst, now)
-        wait = bucket.take(now)
+        wait = bucket.take(now, cost)
         if wait > 0:
+            weight = "" if cost == 1 else f" (this request weighs {cost:g})"
             raise ApiError(
                 429,
-                f"tenant {tenant.name!r} is over its rate of {tenant.rate_per_s:g} requests/s",
+                f"tenant {tenant.name!r} is over its rate of {tenant.rate_per_s:g} requests/s"
+                + weight,
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )
         return tenant
+
+    def _charge(self, tenant: Tenant, image: RunImage) -> None:
+        """A workflow's view weighs a request more per TASKS_PER_TOKEN of its tasks: taken
+        once it is read (the next requests wait for it)."""
+        extra = len(image.tasks) // TASKS_PER_TOKEN
+        bucket = self._buckets.get(tenant.name)
+        if extra and bucket is not None:
+            bucket.charge(extra)
 
     # --- health -------------------------------------------------------------------------------
 
@@ -543,6 +568,8 @@ class Service:
     async def _owned(self, request: web.Request, tenant: Tenant) -> WorkflowRow:
         run_id = request.match_info["id"]
         row = await self.store.workflow(run_id)
+        if row is None:
+            self.images.forget(run_id)  # retention has deleted it, maybe
         if row is None or row.tenant != tenant.name:
             raise ApiError(404, f"no workflow {run_id!r}")
         return row
@@ -551,15 +578,17 @@ class Service:
         tenant = self._tenant(request)
         await self._committed()
         row = await self._owned(request, tenant)
-        image = await self._image(row.id)
-        return _json(_view(row, image))
+        image, counts, tasks = await self.images.tasks(row.id)
+        self._charge(tenant, image)
+        head = _view(row, None).model_copy(update={"counts": counts})
+        text = head.model_dump_json(exclude={"tasks"})[:-1] + ',"tasks":' + tasks + "}"
+        return web.Response(text=text, content_type="application/json")
 
     async def _image(self, run_id: str) -> RunImage:
-        events, _ = await read_log(self.store, run_id)
-        return rebuild(events)
+        return await self.images.image(run_id)
 
     async def _list(self, request: web.Request) -> web.Response:
-        tenant = self._tenant(request)
+        tenant = self._tenant(request, _list_cost(request))
         query = request.query
         problems = []
         status = query.get("status")
@@ -601,7 +630,7 @@ class Service:
         row = await self._owned(request, tenant)
         if wait > 0:
             await self._finished_within(row.id, wait)
-        return _json(await self._result_of(row.id))
+        return _json(await self._result_of(row.id, tenant))
 
     async def _finished_within(self, run_id: str, seconds: float) -> bool:
         """Wait up to `seconds` for the run to finish; False if it is still running. A run
@@ -631,11 +660,14 @@ class Service:
                 return False
             await asyncio.sleep(min(_FOLLOW_S, left))
 
-    async def _result_of(self, run_id: str) -> ResultView:
+    async def _result_of(self, run_id: str, tenant: Tenant | None = None) -> ResultView:
+        """The run's result; read for `tenant`, weighed by its size (`_charge`)."""
         await self._committed()  # a run that has just finished: its end is in the store
         row = await self.store.workflow(run_id)
         assert row is not None
         image = await self._image(run_id)
+        if tenant is not None:
+            self._charge(tenant, image)
         finished = image.status is not None
         failures = {
             t.id: t.error or t.reason or t.state
@@ -713,7 +745,7 @@ class Service:
     # --- events -----------------------------------------------------------------------------
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
-        tenant = self._tenant(request)
+        tenant = self._tenant(request, STREAM_COST)
         row = await self._owned(request, tenant)
         problems: list[Problem] = []
         after = _int(
@@ -813,7 +845,7 @@ class Service:
         return _json(self.batches.view(batch))
 
     async def _list_batches(self, request: web.Request) -> web.Response:
-        tenant = self._tenant(request)
+        tenant = self._tenant(request, _list_cost(request))
         query = request.query
         problems: list[Problem] = []
         state = query.get("state")
@@ -883,6 +915,15 @@ def _read_at(path: Path, offset: int, size: int) -> bytes:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _list_cost(request: web.Request) -> float:
+    """1, and one more per ROWS_PER_TOKEN rows the list asks for (a bad limit: 1, and a 400)."""
+    try:
+        limit = min(MAX_PAGE, max(1, int(request.query.get("limit", PAGE))))
+    except ValueError:
+        return 1.0
+    return 1.0 + limit // ROWS_PER_TOKEN
 
 
 def _batch_error(exc: BatchError) -> ApiError:
