@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from conftest import StoreFactory
 
 from executors import FunctionLLM, echo
 from memory import SQLStore
@@ -51,7 +52,11 @@ def noop(ctx: TaskContext) -> str:
     return "x"
 
 
-REGISTRY = Registry(work, hold, noop, imports=False)
+def _secret(ctx: TaskContext) -> str:
+    return "a module's own"
+
+
+REGISTRY = Registry(work, hold, noop, _secret, imports=False)
 HELD = {
     "name": "held",
     "tasks": [
@@ -444,5 +449,85 @@ def test_expensive_requests_weigh_more_in_the_rate_limit(tmp_path: Path) -> None
             assert await until_429("/v1/workflows?limit=10", "short") == 30
             streams = await tenant_with(1, "streams")
             assert await until_429(f"/v1/workflows/{streams}/events", "streams") == 2
+
+    asyncio.run(main())
+
+
+# --- plait serve's own settings ---------------------------------------------------------------
+
+
+def test_plait_serve_applies_retention_by_default_and_as_configured(tmp_path: Path) -> None:
+    """Without a word in the config, finished workflows are compacted after an hour and
+    deleted after a week; `[service.retention]` sets it (here: deleted at once)."""
+    from test_service import _Lines, write_config
+
+    from orchestrator import Retention
+    from orchestrator.service import load_serve_config
+    from orchestrator.service._serve import serve
+
+    assert load_serve_config(write_config(tmp_path)).service.retention.policy() == Retention()
+    extra = "[service.retention]\ndelete_after_s = 0\nevery_s = 0.1\n"
+    config = load_serve_config(write_config(tmp_path, extra))
+
+    async def main() -> None:
+        stop, ready, out = asyncio.Event(), asyncio.Event(), _Lines()
+        task = asyncio.create_task(serve(config, out=out, stop=stop, ready=ready))
+        await ready.wait()
+        url = next(w for w in out.text().split() if w.startswith("http://"))
+        (tmp_path / "go").write_text("")
+        async with aiohttp.ClientSession(headers=A) as http:
+            async with http.post(url + "v1/tasks?wait=30", json={"function": "slow"}) as r:
+                run_id = (await r.json())["id"]
+            for _ in range(600):  # the sweeper runs every 0.1 s
+                async with http.get(url + f"v1/workflows/{run_id}") as r:
+                    if r.status == 404:
+                        break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the finished workflow was never deleted")
+        stop.set()
+        await task
+
+    asyncio.run(main())
+
+
+def test_idempotency_keys_in_memory_are_bounded_and_the_store_has_the_rest(
+    make_store: StoreFactory,
+) -> None:
+    """With room for 3 keys in memory, 6 keyed submissions keep 3; a retry of the first
+    still gets its workflow (found in the store), and another body under its key a 422."""
+
+    async def main() -> None:
+        async with serving(make_store(), ServiceSettings()) as served:
+            served.service._known.limit = 3
+            url = served.base + "/v1/tasks"
+            ids = []
+            for i in range(6):
+                headers = {**A, "Idempotency-Key": f"k{i}"}
+                async with served.http.post(url, json={"function": "noop"}, headers=headers) as r:
+                    assert r.status == 202
+                    ids.append((await r.json())["id"])
+            assert len(served.service._known) == 3
+            first = {**A, "Idempotency-Key": "k0"}
+            async with served.http.post(url, json={"function": "noop"}, headers=first) as r:
+                assert r.status == 200 and (await r.json())["id"] == ids[0]
+                assert r.headers["Idempotent-Replayed"] == "true"
+            async with served.http.post(url, json={"function": "hold"}, headers=first) as r:
+                assert r.status == 422
+            assert len(served.service._known) == 3
+
+    asyncio.run(main())
+
+
+def test_a_function_named_with_an_underscore_is_not_callable_over_rest(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), ServiceSettings()) as served:
+            for name in ("_secret", "test_service_abuse:_secret", "noop._x"):
+                body = {"function": name}
+                async with served.http.post(served.base + "/v1/tasks", json=body, headers=A) as r:
+                    error = await r.json()
+                    assert r.status == 422, error
+                    assert error["problems"][0]["field"] == "tasks[0].function"
+                    assert "_secret" not in error["problems"][0]["message"].split("it has:")[1]
 
     asyncio.run(main())

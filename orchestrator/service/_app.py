@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -64,6 +65,8 @@ MAX_KEY = 200
 MAX_JSON_DEPTH = 40
 PAGE = 50
 _KEYS_PAGE = 5_000
+MAX_KNOWN_KEYS = 100_000
+"""Idempotency keys kept in memory (some 200 bytes each); older ones are read from the store."""
 MAX_PAGE = 500
 TASKS_PER_TOKEN = 1_000
 """Reading a workflow (its view or result) weighs one request more per this many tasks."""
@@ -73,6 +76,38 @@ STREAM_COST = 10
 """Opening an event stream weighs this many requests."""
 _FINISHED = ("succeeded", "failed", "cancelled")
 M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+class _Known:
+    """Accepted keyed requests, the least recently used let go past `limit`; `whole` while
+    none was (a key missing here is then missing from the store too)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.whole = True
+        self._map: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get(self, slot: tuple[str, str]) -> tuple[str, str] | None:
+        found = self._map.get(slot)
+        if found is not None:
+            self._map.move_to_end(slot)
+        return found
+
+    def __getitem__(self, slot: tuple[str, str]) -> tuple[str, str]:
+        return self._map[slot]
+
+    def __setitem__(self, slot: tuple[str, str], known: tuple[str, str]) -> None:
+        self._map[slot] = known
+        self._map.move_to_end(slot)
+        while len(self._map) > self.limit:
+            self._map.popitem(last=False)
+            self.whole = False
+
+    def pop(self, slot: tuple[str, str]) -> None:
+        self._map.pop(slot, None)
 
 
 class ApiError(Exception):
@@ -154,8 +189,8 @@ class Service:
         self._buckets: dict[str, _Bucket] = {}
         self._keys: dict[tuple[str, str], tuple[str, asyncio.Future[str]]] = {}
         """Idempotency keys being submitted now (a retry racing the first request)."""
-        self._known: dict[tuple[str, str], tuple[str, str]] = {}
-        """(tenant, key) -> (workflow id, request digest) of every accepted keyed request."""
+        self._known = _Known(MAX_KNOWN_KEYS)
+        """(tenant, key) -> (workflow id, request digest) of recent accepted keyed requests."""
         self._streams: set[asyncio.Queue[Any]] = set()
         self.accepting = True
         self.batches = Batches(
@@ -424,11 +459,18 @@ class Service:
         None; another body under the same key is refused."""
         slot = (tenant.name, key)
         known = self._known.get(slot)
+        if known is None and not self._known.whole:
+            # Older keys were let go from memory: the store has them all.
+            rows = await self.store.workflows(
+                tenant=tenant.name, labels={IDEMPOTENCY_LABEL: key}, limit=1
+            )
+            if rows:
+                known = self._known[slot] = (rows[0].id, rows[0].labels.get(REQUEST_LABEL, ""))
         if known is None:
             return None
         run_id, first = known
         if await self.store.workflow(run_id) is None:  # retention has deleted it since
-            del self._known[slot]
+            self._known.pop(slot)
             return None
         if first != digest:
             raise _reused()
@@ -472,18 +514,21 @@ class Service:
         return None
 
     async def _load_keys(self) -> None:
-        """Every idempotency key in the store, read once at start (the store has no index
-        on a label: asked per request, a scan of the tenant's workflows)."""
-        offset = 0
-        while True:
+        """The store's most recent idempotency keys, read once at start (the store has no
+        index on a label: asked per request, a scan of the tenant's workflows); past
+        MAX_KNOWN_KEYS, a key not in memory is looked for in the store."""
+        offset, found = 0, list[tuple[tuple[str, str], tuple[str, str]]]()
+        while len(found) <= MAX_KNOWN_KEYS:
             rows = await self.store.workflows(limit=_KEYS_PAGE, offset=offset)
-            for row in rows:
+            for row in rows:  # newest first
                 key = row.labels.get(IDEMPOTENCY_LABEL)
                 if key is not None and row.tenant is not None:
-                    self._known[row.tenant, key] = (row.id, row.labels.get(REQUEST_LABEL, ""))
+                    found.append(((row.tenant, key), (row.id, row.labels.get(REQUEST_LABEL, ""))))
             if len(rows) < _KEYS_PAGE:
-                return
+                break
             offset += len(rows)
+        for slot, known in reversed(found):  # the newest are let go last
+            self._known[slot] = known
 
     async def _start(self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str) -> str:
         if self.engine.running(tenant.name) >= tenant.max_running:

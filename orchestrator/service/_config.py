@@ -25,14 +25,36 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .._config import Config, ConfigSection, _problem, _report, load_config, read_config_file
 from .._errors import UsageError
 from .._registry import Rebuildable, Registry
+from .._retention import Retention
 from ._spec import MAX_BATCH_ROWS, MAX_EDGES, MAX_TASKS
+
+
+class RetentionSettings(ConfigSection):
+    """`[service.retention]`: what the store keeps of finished workflows (docs/durability.md);
+    "never" turns a bound off."""
+
+    compact_after_s: Annotated[float, Field(ge=0)] | Literal["never"] = 3600.0
+    delete_after_s: Annotated[float, Field(ge=0)] | Literal["never"] = 7 * 86400.0
+    keep_last: int | None = Field(default=None, ge=0)
+    every_s: float = Field(default=300.0, gt=0)
+
+    def policy(self) -> Retention:
+        def seconds(value: float | str) -> float | None:
+            return None if value == "never" else float(value)
+
+        return Retention(
+            compact_after=seconds(self.compact_after_s),
+            delete_after=seconds(self.delete_after_s),
+            keep_last=self.keep_last,
+            every=self.every_s,
+        )
 
 
 class ServiceSettings(ConfigSection):
@@ -79,6 +101,8 @@ class ServiceSettings(ConfigSection):
     ray_address: str | None = Field(default=None, min_length=1)
     """Connect to this Ray cluster at start ("host:port" of its head node, "ray://...",
     "auto"), for the tasks marked for Ray (docs/ray.md)."""
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    """Finished workflows are compacted after an hour and deleted after a week."""
     notify: str | None = None
     """With `lease_s`: how engines wake each other (a cancel asked of one engine for a
     workflow another runs): "postgresql" (LISTEN/NOTIFY on the store's database, the

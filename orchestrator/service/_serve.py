@@ -76,6 +76,7 @@ async def serve(
             gate=config.engine.engine.deadline_gate(),
             store=store,
             cluster=cluster,
+            retention=settings.retention.policy(),
         )
         async with engine:
             if cluster is None:
