@@ -531,3 +531,24 @@ def test_a_function_named_with_an_underscore_is_not_callable_over_rest(tmp_path:
                     assert "_secret" not in error["problems"][0]["message"].split("it has:")[1]
 
     asyncio.run(main())
+
+
+def test_count_limits_answer_422_and_the_docs_say_what_the_service_does(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), ServiceSettings(max_tasks=5)) as served:
+            url = served.base + "/v1/workflows"
+            for body, field in [
+                (wide(6), "tasks"),
+                ({**wide(1), "name": "n" * 101}, "name"),
+            ]:
+                async with served.http.post(url, json=body, headers=A) as r:
+                    error = await r.json()
+                    assert r.status == 422 and error["problems"][0]["field"] == field, error
+            async with served.http.post(url, json={**wide(1), "name": "n" * 100}, headers=A) as r:
+                assert r.status == 202
+
+    asyncio.run(main())
+    docs = (Path(__file__).parents[1] / "docs" / "rest.md").read_text()
+    limits = " ".join(docs.split("\nLimits (")[1].split("\n\n")[0].split())
+    assert "(`422`, naming `tasks`)" in limits and "a workflow name of 100 characters" in limits
+    assert limits.count("`413`") == 1 and "`max_body_bytes` (4 MiB; `413`)" in limits

@@ -579,14 +579,14 @@ class Service:
         settings = self.settings
         if len(spec.tasks) > settings.max_tasks:
             raise ApiError(
-                413,
+                422,
                 "the workflow is too large",
                 [Problem(field="tasks", message=f"at most {settings.max_tasks} tasks")],
             )
         edges = sum(len(t.after) for t in spec.tasks)
         if edges > settings.max_edges:
             raise ApiError(
-                413,
+                422,
                 "the workflow is too large",
                 [Problem(field="tasks", message=f"at most {settings.max_edges} dependencies")],
             )

@@ -56,9 +56,10 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: "no or a wrong bearer token",
         404: "no such workflow for this tenant",
         409: "the workflow is not in a state for this",
-        413: "the body or the workflow is larger than the service's limits",
+        413: "the body is larger than the service's max_body_bytes",
         415: "the body is not JSON",
-        422: "the request does not fit the schema, or names what is not registered",
+        422: "the request does not fit the schema or the service's limits, or names what "
+        "is not registered",
         429: "over the tenant's rate or running limit; see Retry-After",
         503: "shutting down, or the store cannot record it now",
     }
