@@ -110,7 +110,9 @@ async def serving(
             clock=clock,
         )
         door = Door(
-            max_connections=settings.max_connections, header_timeout_s=settings.header_timeout_s
+            max_connections=settings.max_connections,
+            header_timeout_s=settings.header_timeout_s,
+            counted=lambda reason: service.metrics.cut_off.labels(reason).inc(),
         )
         runner = web.AppRunner(service.app(), handle_signals=False, **door.runner_options())
         await runner.setup()
@@ -148,7 +150,7 @@ def test_slow_headers_are_cut_off_and_healthz_answers_through_them(
     """200 connections send half a request and stop; the cap is 50. /healthz answers
     meanwhile (a new connection closes the oldest that has not sent its headers), every slow
     one is closed, and each condition is one log line, not one per socket."""
-    settings = ServiceSettings(header_timeout_s=0.2, max_connections=50)
+    settings = ServiceSettings(header_timeout_s=2.0, max_connections=50)
 
     async def main() -> None:
         async with serving(sqlite(tmp_path), settings) as served:
@@ -159,13 +161,22 @@ def test_slow_headers_are_cut_off_and_healthz_answers_through_them(
                 slow.append((reader, writer))
             async with served.http.get(served.base + "/healthz") as r:
                 assert r.status == 200
-            async with asyncio.timeout(30):  # a guard: the server closes them in 0.2 s
+            async with asyncio.timeout(30):  # a guard: the server closes them within 2 s
                 await asyncio.gather(*(closed_by_server(r) for r, _ in slow))
             for _, writer in slow:
                 writer.close()
             assert served.door.open <= 1
             async with served.http.get(served.base + "/healthz") as r:
                 assert r.status == 200
+            async with served.http.get(served.base + "/metrics") as r:
+                text = await r.text()
+            closed = {
+                line.split('"')[1]: float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("plait_http_connections_closed_total{")
+            }
+            assert closed["cap"] >= 1 and closed["headers"] >= 1, closed
+            assert closed["cap"] + closed["headers"] == 200, closed
 
     with caplog.at_level(logging.INFO, logger="plait"):
         asyncio.run(main())

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import resource
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from aiohttp import web
@@ -119,9 +119,13 @@ class Door:
         *,
         max_connections: int | None = None,
         header_timeout_s: float = 10.0,
+        counted: Callable[[str], None] | None = None,
     ) -> None:
+        """`counted(reason)`: told of each connection closed at the cap ("cap") or for its
+        headers ("headers"), as a metric counts them."""
         self.max_connections = max_connections or default_max_connections()
         self.header_timeout_s = header_timeout_s
+        self.counted = counted
         self.notes = Notes()
         self._open: dict[RequestHandler, _Guarded] = {}
         self._first: dict[RequestHandler, asyncio.TimerHandle] = {}
@@ -158,6 +162,8 @@ class Door:
                 "has not sent a request, or else the new one",
                 self.max_connections,
             )
+            if self.counted is not None:
+                self.counted("cap")
             if oldest is None:
                 return False
             self._close(oldest)
@@ -176,6 +182,8 @@ class Door:
                 "(header_timeout_s)",
                 self.header_timeout_s,
             )
+            if self.counted is not None:
+                self.counted("headers")
             self._close(inner)
 
     def _close(self, inner: RequestHandler) -> None:

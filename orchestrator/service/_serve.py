@@ -103,6 +103,7 @@ async def serve(
             door = Door(
                 max_connections=settings.max_connections,
                 header_timeout_s=settings.header_timeout_s,
+                counted=lambda reason: service.metrics.cut_off.labels(reason).inc(),
             )
             runner = web.AppRunner(service.app(), handle_signals=False, **door.runner_options())
             await runner.setup()  # its start goes on with the batch jobs left running
