@@ -257,18 +257,24 @@ def test_the_loops_accept_errors_are_one_line(
     assert "Traceback" not in caplog.text
 
 
-def test_a_token_that_is_not_utf8_is_a_401(tmp_path: Path) -> None:
+def test_a_token_that_is_not_utf8_is_a_401(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     async def main() -> None:
         async with serving(sqlite(tmp_path), ServiceSettings()) as served:
             reader, writer = await asyncio.open_connection(served.host, served.port)
             writer.write(
-                b"GET /v1/workflows HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n\r\n"
+                b"GET /v1/workflows HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\r\n"
+                b"Connection: close\r\n\r\n"
             )
-            status = await reader.readline()
+            answer = await reader.read()
             writer.close()
-            assert status.split()[1] == b"401", status
+            assert answer.split()[1] == b"401", answer
+            assert b"the bearer token is not valid" in answer
 
-    asyncio.run(main())
+    with caplog.at_level(logging.INFO):
+        asyncio.run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
 
 
 # --- event streams ----------------------------------------------------------------------------

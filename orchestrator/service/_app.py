@@ -313,11 +313,9 @@ class Service:
 
     def _tenant(self, request: web.Request, cost: float = 1.0) -> Tenant:
         """The tenant the bearer token names, once its rate allows a request of `cost`
-        tokens (see _cost and docs/rest.md)."""
+        tokens (docs/rest.md, "Request weights")."""
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
-        if not token.strip().isprintable() or not token.isascii():
-            token = ""  # bytes that are not text (read as lone surrogates) are no token
         if scheme.lower() != "bearer" or not token.strip():
             raise ApiError(
                 401,
@@ -325,7 +323,10 @@ class Service:
                 headers={"WWW-Authenticate": "Bearer"},
             )
         # Looked up by the token's sha256: timing can tell at most about a digest, never the token.
-        tenant = self._tenants.get(hash_token(token.strip()))
+        try:
+            tenant = self._tenants.get(hash_token(token.strip()))
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (read as lone surrogates)
+            tenant = None
         if tenant is None:
             raise ApiError(
                 401, "the bearer token is not valid", headers={"WWW-Authenticate": "Bearer"}
