@@ -48,6 +48,17 @@ async def hold(ctx: TaskContext) -> str:
     return "opened"
 
 
+MORE: asyncio.Event | None = None
+GO: asyncio.Event | None = None
+
+
+async def hold_more(ctx: TaskContext) -> str:
+    assert MORE is not None and GO is not None
+    MORE.set()
+    await GO.wait()
+    return "went"
+
+
 def noop(ctx: TaskContext) -> str:
     return "x"
 
@@ -56,7 +67,7 @@ def _secret(ctx: TaskContext) -> str:
     return "a module's own"
 
 
-REGISTRY = Registry(work, hold, noop, _secret, imports=False)
+REGISTRY = Registry(work, hold, hold_more, noop, _secret, imports=False)
 HELD = {
     "name": "held",
     "tasks": [
@@ -376,6 +387,15 @@ def wide(n: int) -> dict[str, Any]:
     return {"name": "wide", "tasks": [{"id": f"t{i}", "function": "noop"} for i in range(n)]}
 
 
+async def rebuilt(store: Store, run_id: str) -> dict[str, Any]:
+    """The view as rebuilt from the whole log."""
+    row = await store.workflow(run_id)
+    assert row is not None
+    events, _ = await read_log(store, run_id)
+    view: dict[str, Any] = _view(row, rebuild(events)).model_dump(mode="json")
+    return view
+
+
 def test_a_workflows_view_is_read_from_its_log_once_and_is_the_rebuilt_one(
     tmp_path: Path,
 ) -> None:
@@ -399,25 +419,48 @@ def test_a_workflows_view_is_read_from_its_log_once_and_is_the_rebuilt_one(
                 async with served.http.get(f"{url}/{run_id}", headers=A) as r:
                     views.append(await r.json())
             assert store.reads[run_id] - before <= 1
-            row = await store.workflow(run_id)
-            assert row is not None
-            events, _ = await read_log(store, run_id)
-            rebuilt = _view(row, rebuild(events)).model_dump(mode="json")
-            assert all(v == rebuilt for v in views) and views[0]["counts"] == {"done": 1500}
+            expected = await rebuilt(store, run_id)
+            assert all(v == expected for v in views)
+            assert views[0]["counts"] == {"done": 1500}
             # running: each GET reads the events after those it has, not the whole log
             async with served.http.post(url, json=HELD, headers=A) as r:
                 held = (await r.json())["id"]
-            store.after.clear()
+            seen = []
             for _ in range(3):
+                store.after.clear()
                 async with served.http.get(f"{url}/{held}", headers=A) as r:
                     view = await r.json()
+                seen.append(list(store.after))
+                assert view == await rebuilt(store, held)
             assert view["counts"] == {"running": 1, "pending": 1}
-            assert store.after[0] == 0 and min(store.after[1:]) > 0, store.after
+            assert seen[0] == [0] and all(a and min(a) > 0 for a in seen[1:]), seen
+            # tasks added while it runs: their events re-render those tasks only
+            global MORE, GO
+            MORE, GO = asyncio.Event(), asyncio.Event()
+            more = {"tasks": [{"id": "more", "function": "hold_more"}]}
+            async with served.http.post(f"{url}/{held}/tasks", json=more, headers=A) as r:
+                assert r.status == 200, await r.text()
+            await MORE.wait()
+            async with served.http.get(f"{url}/{held}", headers=A) as r:
+                view = await r.json()
+            assert view == await rebuilt(store, held)
+            assert view["counts"] == {"running": 2, "pending": 1}
+            heard: asyncio.Queue[Any] = asyncio.Queue()
+            served.service.engine.bus.subscribe(held, heard)
+            assert GO is not None
+            GO.set()  # "more" ends; the rest wait
+            while (await heard.get()).kind != "task_succeeded":
+                pass
+            async with served.http.get(f"{url}/{held}", headers=A) as r:
+                view = await r.json()
+            assert view == await rebuilt(store, held)
+            assert view["counts"] == {"running": 1, "pending": 1, "done": 1}
             OPENED.set()
             async with served.http.get(f"{url}/{held}/result?wait=60", headers=A) as r:
                 assert (await r.json())["status"] == "succeeded"
             async with served.http.get(f"{url}/{held}", headers=A) as r:
-                assert (await r.json())["counts"] == {"done": 2}
+                view = await r.json()
+            assert view == await rebuilt(store, held) and view["counts"] == {"done": 3}
 
     asyncio.run(main())
 

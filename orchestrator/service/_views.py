@@ -8,7 +8,7 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .._events import EVENT_ADAPTER
+from .._events import EVENT_ADAPTER, Event
 from .._journal import read_records, restore
 from .._replay import RunImage, rebuild
 from .._store import Store
@@ -27,6 +27,10 @@ class _Kept:
     size: int = 0
     shown: tuple[int, dict[str, int], str] | None = None
     """The view's counts and tasks (JSON) at `seq`."""
+    parts: dict[str, str] = field(default_factory=dict)
+    """Each task's JSON, as last rendered..."""
+    stale: set[str] | None = None
+    """... and the tasks whose events came since (None: all of them)."""
 
 
 class Images:
@@ -57,8 +61,15 @@ class Images:
                         kept.image = rebuild(events, kept.image)
                     except BaseException:
                         kept.image, kept.seq = None, 0  # maybe folded in part: read it anew
+                        kept.stale = None
                         raise
                     kept.seq = records[-1].seq if records else kept.seq
+                    for event in events:
+                        touched = _touched(event)
+                        if touched is None or kept.stale is None:
+                            kept.stale = None
+                            break
+                        kept.stale.add(touched)
             image = kept.image
             if self._kept.get(run_id) is kept:
                 self._tasks += len(image.tasks) - kept.size
@@ -74,9 +85,10 @@ class Images:
         shown = None if kept is None or kept.image is not image else kept.shown
         if kept is not None and shown is not None and shown[0] == kept.seq:
             return image, shown[1], shown[2]
-        counts, text = render(image)
-        if kept is not None and kept.image is image:
-            kept.shown = (kept.seq, counts, text)
+        if kept is None or kept.image is not image:
+            return (image, *render(image, {}, None))
+        counts, text = render(image, kept.parts, kept.stale)
+        kept.shown, kept.stale = (kept.seq, counts, text), set()
         return image, counts, text
 
     def forget(self, run_id: str) -> None:
@@ -91,21 +103,42 @@ class Images:
             self._tasks -= dropped.size
 
 
-def render(image: RunImage) -> tuple[dict[str, int], str]:
-    """The tasks' counts by state, and the tasks as `TaskView`s in JSON."""
+def render(
+    image: RunImage, parts: dict[str, str], stale: set[str] | None
+) -> tuple[dict[str, int], str]:
+    """The tasks' counts by state, and the tasks as `TaskView`s in JSON: each task's from
+    `parts` unless it is `stale` (None: all are), which is rendered and kept there."""
     counts: dict[str, int] = {}
-    tasks = []
+    if stale is None:
+        parts.clear()
+    for task_id in stale or ():
+        parts.pop(task_id, None)
+    shown = []
     for task in image.tasks.values():
         counts[task.state] = counts.get(task.state, 0) + 1
-        tasks.append(
-            {
-                "id": task.id,
-                "kind": task.action.kind,
-                "name": task.action.name,
-                "after": sorted(task.after),
-                "state": task.state,
-                "attempts": task.attempts,
-                "error": task.error or task.reason,
-            }
-        )
-    return counts, json.dumps(tasks, separators=(",", ":"))
+        part = parts.get(task.id)
+        if part is None:
+            part = parts[task.id] = json.dumps(
+                {
+                    "id": task.id,
+                    "kind": task.action.kind,
+                    "name": task.action.name,
+                    "after": sorted(task.after),
+                    "state": task.state,
+                    "attempts": task.attempts,
+                    "error": task.error or task.reason,
+                },
+                separators=(",", ":"),
+            )
+        shown.append(part)
+    return counts, "[" + ",".join(shown) + "]"
+
+
+def _touched(event: Event) -> str | None:
+    """The one task whose view the event changes, or None when it may change several."""
+    if event.kind in ("edge_added", "edge_removed"):
+        return event.target
+    if event.kind == "task_removed":
+        return None  # the others' `after` lose it
+    task = getattr(event, "task", None)
+    return task if isinstance(task, str) else None
