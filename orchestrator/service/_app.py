@@ -269,8 +269,8 @@ class Service:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         try:
-            if request.body_exists:
-                await self._read_body(request)
+            if request.body_exists and self._token_tenant(request) is not None:
+                await self._read_body(request)  # (without a valid token: a 401, unread)
             return await handler(request)
         except ApiError as exc:
             return _error(exc.status, exc.error, exc.problems, exc.headers)
@@ -322,11 +322,7 @@ class Service:
                 "an Authorization: Bearer <token> header is required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        # Looked up by the token's sha256: timing can tell at most about a digest, never the token.
-        try:
-            tenant = self._tenants.get(hash_token(token.strip()))
-        except UnicodeEncodeError:  # bytes that are not UTF-8 (read as lone surrogates)
-            tenant = None
+        tenant = self._token_tenant(request)
         if tenant is None:
             raise ApiError(
                 401, "the bearer token is not valid", headers={"WWW-Authenticate": "Bearer"}
@@ -345,6 +341,17 @@ class Service:
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )
         return tenant
+
+    def _token_tenant(self, request: web.Request) -> Tenant | None:
+        """The tenant whose bearer token the request carries, if any (its rate not asked)."""
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        # Looked up by the token's sha256: timing can tell at most about a digest, never the token.
+        try:
+            return self._tenants.get(hash_token(token.strip()))
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (read as lone surrogates)
+            return None
 
     def _charge(self, tenant: Tenant, image: RunImage) -> None:
         """A workflow's view weighs a request more per TASKS_PER_TOKEN of its tasks: taken
