@@ -50,6 +50,10 @@ class Images:
         async with kept.lock:  # one reader at a time: the others find it up to date
             if kept.image is None or kept.image.status is None:
                 records, payloads = await read_records(self.store, run_id, kept.seq)
+                if kept.seq and records and records[0].seq != kept.seq + 1:
+                    # compacted meanwhile (a gap): fold the log as it is now, whole
+                    kept.image, kept.seq, kept.stale = None, 0, None
+                    records, payloads = await read_records(self.store, run_id, 0)
                 events = [
                     EVENT_ADAPTER.validate_python(restore(r, payloads))
                     if r.refs
