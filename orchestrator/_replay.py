@@ -77,12 +77,13 @@ class RunImage:
         return [t.id for t in self.tasks.values() if not t.final]
 
 
-def rebuild(events: Iterable[Event]) -> RunImage:
-    """Fold one workflow's events, in order, into its `RunImage`.
+def rebuild(events: Iterable[Event], onto: RunImage | None = None) -> RunImage:
+    """Fold one workflow's events, in order, into its `RunImage` (or into `onto`, the
+    image of the events before these, which it updates).
 
     Raises `UsageError` if the events are of several workflows or do not start with
     `workflow_started`: a log to replay must be one run's, whole."""
-    image: RunImage | None = None
+    image = onto
     for event in events:
         if image is None:
             if event.kind != "workflow_started":

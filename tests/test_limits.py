@@ -1,5 +1,5 @@
 """Prompt templates cannot amplify a request: the filled size is computed from the parts and
-checked per task and per request before anything is built (413 over HTTP), and a prompt
+checked per task and per request before anything is built (422 over HTTP), and a prompt
 filled at run time past the ceiling fails its task, not the engine."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ AMPLIFIED = {
 """A 113 KB body whose one prompt fills to 100 MB."""
 
 
-def test_an_amplifying_body_gets_413_before_anything_is_built(make_store: StoreFactory) -> None:
+def test_an_amplifying_body_gets_422_before_anything_is_built(make_store: StoreFactory) -> None:
     async def body(api: Api) -> None:
         tracemalloc.start()
         try:
@@ -33,7 +33,7 @@ def test_an_amplifying_body_gets_413_before_anything_is_built(make_store: StoreF
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        assert status == 413, error
+        assert status == 422, error
         (problem,) = error["problems"]
         assert problem["field"] == "tasks[0].prompt"
         assert "100000000 characters" in problem["message"]
@@ -56,7 +56,7 @@ def test_the_prompts_of_a_request_are_held_to_a_total(make_store: StoreFactory) 
         ]
         spec = {"name": "many", "inputs": {"x": "y" * 200}, "tasks": tasks}
         status, error, _ = await api.call("POST", "/v1/workflows", spec)
-        assert status == 413, error
+        assert status == 422, error
         assert error["problems"] == [
             {
                 "field": "tasks",
@@ -68,7 +68,7 @@ def test_the_prompts_of_a_request_are_held_to_a_total(make_store: StoreFactory) 
         _, accepted, _ = await api.call("POST", "/v1/workflows", GATED)
         more = {"inputs": {"x": "y" * 600}, "tasks": tasks[:1]}
         status, error, _ = await api.call("POST", f"/v1/workflows/{accepted['id']}/tasks", more)
-        assert status == 413 and error["problems"][0]["field"] == "tasks[0].prompt", error
+        assert status == 422 and error["problems"][0]["field"] == "tasks[0].prompt", error
         assert "1201 characters; at most 1000 per task" in error["problems"][0]["message"]
 
     settings = ServiceSettings(max_prompt_chars=1000, max_request_prompt_chars=1500)

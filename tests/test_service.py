@@ -256,7 +256,7 @@ def test_bodies_that_are_not_json_or_too_big_get_4xx_and_the_service_goes_on(
                 assert (r.status, says in got["error"]) == (code, True), got
         spec = {**SPEC, "tasks": [{"id": f"t{i}", "function": "join"} for i in range(6)]}
         status, error, _ = await api.call("POST", "/v1/workflows", spec)
-        assert status == 413 and "at most 5 tasks" in error["problems"][0]["message"]
+        assert status == 422 and "at most 5 tasks" in error["problems"][0]["message"]
         status, _, _ = await api.call("POST", "/v1/workflows", SPEC)
         assert status == 202
 
@@ -551,7 +551,7 @@ def test_added_tasks_are_held_to_the_services_limits(make_store: StoreFactory) -
         _, accepted, _ = await api.call("POST", "/v1/workflows", GATED)
         more = {"tasks": [{"id": f"t{i}", "function": "join"} for i in range(6)]}
         status, error, _ = await api.call("POST", f"/v1/workflows/{accepted['id']}/tasks", more)
-        assert status == 413 and "at most 5 tasks" in error["problems"][0]["message"]
+        assert status == 422 and "at most 5 tasks" in error["problems"][0]["message"]
 
     on_stores(make_store, body, settings=ServiceSettings(max_tasks=5))
 

@@ -184,7 +184,7 @@ def test_bad_batches_are_refused_naming_the_field(tmp_path: Path, make_store: St
             assert status == 422 and body["problems"][0]["field"] == "extra"
             many = [openai_line(f"r{i}", "q") for i in range(4)]
             status, body = await api.call("POST", "/v1/batches", {"rows": many})
-            assert status == 413 and body["problems"] == [
+            assert status == 422 and body["problems"] == [
                 {"field": "rows", "message": "4 rows is more than the limit of 3"}
             ]
             status, body = await api.call("GET", "/v1/batches?state=done")

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
@@ -24,10 +25,9 @@ from aiohttp import web
 from .._clock import Clock, SystemClock
 from .._engine import Engine
 from .._errors import PlaitError, UsageError
-from .._journal import read_log, read_records, restore
 from .._notify import Notifier
 from .._registry import Registry
-from .._replay import RunImage, rebuild
+from .._replay import RunImage
 from .._resume import Decision, waiting_for_decision
 from .._store import LeaseLostError, Store, StoreError, WorkflowExistsError, WorkflowRow
 from .._text import join_path, storable, text_problem
@@ -35,6 +35,8 @@ from .._workflow import Workflow
 from ._batches import BatchError, Batches
 from ._build import SpecError, TooLargeError, add_tasks, build, check_prompt_sizes
 from ._config import ServiceSettings, Tenant, hash_token
+from ._door import Notes
+from ._feeds import Feed, Feeds
 from ._metrics import CONTENT_TYPE, Metrics
 from ._openapi import openapi
 from ._page import PAGE_HTML
@@ -57,6 +59,7 @@ from ._spec import (
     WorkflowView,
     problems_of,
 )
+from ._views import Images
 
 _log = logging.getLogger("plait.serve")
 
@@ -67,9 +70,49 @@ MAX_KEY = 200
 MAX_JSON_DEPTH = 40
 PAGE = 50
 _KEYS_PAGE = 5_000
+MAX_KNOWN_KEYS = 100_000
+"""Idempotency keys kept in memory (some 200 bytes each); older ones are read from the store."""
 MAX_PAGE = 500
+TASKS_PER_TOKEN = 1_000
+"""Reading a workflow (its view or result) weighs one request more per this many tasks."""
+ROWS_PER_TOKEN = 100
+"""A list weighs one request more per this many rows asked for (`limit`)."""
+STREAM_COST = 10
+"""Opening an event stream weighs this many requests."""
 _FINISHED = ("succeeded", "failed", "cancelled")
 M = TypeVar("M", bound=pydantic.BaseModel)
+
+
+class _Known:
+    """Accepted keyed requests, the least recently used let go past `limit`; `whole` while
+    none was (a key missing here is then missing from the store too)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.whole = True
+        self._map: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def get(self, slot: tuple[str, str]) -> tuple[str, str] | None:
+        found = self._map.get(slot)
+        if found is not None:
+            self._map.move_to_end(slot)
+        return found
+
+    def __getitem__(self, slot: tuple[str, str]) -> tuple[str, str]:
+        return self._map[slot]
+
+    def __setitem__(self, slot: tuple[str, str], known: tuple[str, str]) -> None:
+        self._map[slot] = known
+        self._map.move_to_end(slot)
+        while len(self._map) > self.limit:
+            self._map.popitem(last=False)
+            self.whole = False
+
+    def pop(self, slot: tuple[str, str]) -> None:
+        self._map.pop(slot, None)
 
 
 class ApiError(Exception):
@@ -96,14 +139,20 @@ class _Bucket:
         self.rate, self.burst = rate, burst
         self.tokens, self.at = float(burst), now
 
-    def take(self, now: float) -> float:
-        """0 if a request may go now, else the seconds until one may."""
+    def take(self, now: float, cost: float = 1.0) -> float:
+        """0 if a request of this cost may go now (it is taken), else the seconds until it
+        may. A cost above `burst` goes once the bucket is full, and leaves it in debt."""
         self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
         self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
+        need = min(cost, self.burst)
+        if self.tokens >= need:
+            self.tokens -= cost
             return 0.0
-        return (1 - self.tokens) / self.rate
+        return (need - self.tokens) / self.rate
+
+    def charge(self, cost: float) -> None:
+        """Take what a request turned out to cost beyond what it was let in with."""
+        self.tokens = max(-self.burst, self.tokens - cost)
 
 
 CANCEL_CHANNEL = "plait_cancel"
@@ -111,6 +160,8 @@ CANCEL_CHANNEL = "plait_cancel"
 _KEY_STALE_S = 60.0
 """A key taken by a request that never named its workflow (its engine died meanwhile) is
 free again after this long."""
+_GONE_S = 1.0
+"""How often an idle event stream looks whether its client is still there."""
 _FOLLOW_S = 0.2
 """How often a `?wait=` on a workflow another engine runs reads the store."""
 
@@ -143,8 +194,8 @@ class Service:
         self._buckets: dict[str, _Bucket] = {}
         self._keys: dict[tuple[str, str], tuple[str, asyncio.Future[str]]] = {}
         """Idempotency keys being submitted now (a retry racing the first request)."""
-        self._known: dict[tuple[str, str], tuple[str, str]] = {}
-        """(tenant, key) -> (workflow id, request digest) of every accepted keyed request."""
+        self._known = _Known(MAX_KNOWN_KEYS)
+        """(tenant, key) -> (workflow id, request digest) of recent accepted keyed requests."""
         self._streams: set[asyncio.Queue[Any]] = set()
         self._decided: dict[str, dict[str, Decision]] = {}
         """Decisions taken through the API, by workflow: a retried request finds its own."""
@@ -157,6 +208,9 @@ class Service:
         )
         self.metrics = Metrics(engine, self.batches.running, self.batches.counts)
         self.notifier = notifier
+        self.notes = Notes()
+        self.feeds = Feeds(engine, self.store)
+        self.images = Images(self.store)
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -223,6 +277,8 @@ class Service:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         try:
+            if request.body_exists and self._token_tenant(request) is not None:
+                await self._read_body(request)  # (without a valid token: a 401, unread)
             return await handler(request)
         except ApiError as exc:
             return _error(exc.status, exc.error, exc.problems, exc.headers)
@@ -243,7 +299,29 @@ class Service:
             _log.exception("%s %s failed", request.method, request.path)
             return _error(500, "the service failed on this request; it is logged")
 
-    def _tenant(self, request: web.Request) -> Tenant:
+    async def _read_body(self, request: web.Request) -> None:
+        """The whole body, read before the handler runs (it keeps it): a client that sends
+        it slowly gets a 408 after `body_timeout_s` rather than holding a handler."""
+        limit = self.settings.body_timeout_s
+        try:
+            async with asyncio.timeout(limit):
+                await request.read()
+        except TimeoutError:
+            self.notes.note(
+                "body",
+                logging.WARNING,
+                "answered 408 to requests whose body did not arrive within %g s (body_timeout_s)",
+                limit,
+            )
+            raise ApiError(
+                408,
+                f"the request body did not arrive within {limit:g} s (body_timeout_s)",
+                headers={"Connection": "close"},
+            ) from None
+
+    def _tenant(self, request: web.Request, cost: float = 1.0) -> Tenant:
+        """The tenant the bearer token names, once its rate allows a request of `cost`
+        tokens (docs/rest.md, "Request weights")."""
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
@@ -252,8 +330,7 @@ class Service:
                 "an Authorization: Bearer <token> header is required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        # Looked up by the token's sha256: timing can tell at most about a digest, never the token.
-        tenant = self._tenants.get(hash_token(token.strip()))
+        tenant = self._token_tenant(request)
         if tenant is None:
             raise ApiError(
                 401, "the bearer token is not valid", headers={"WWW-Authenticate": "Bearer"}
@@ -262,14 +339,35 @@ class Service:
         now = self.clock.monotonic()
         if bucket is None:
             bucket = self._buckets[tenant.name] = _Bucket(tenant.rate_per_s, tenant.burst, now)
-        wait = bucket.take(now)
+        wait = bucket.take(now, cost)
         if wait > 0:
+            weight = "" if cost == 1 else f" (this request weighs {cost:g})"
             raise ApiError(
                 429,
-                f"tenant {tenant.name!r} is over its rate of {tenant.rate_per_s:g} requests/s",
+                f"tenant {tenant.name!r} is over its rate of {tenant.rate_per_s:g} requests/s"
+                + weight,
                 headers={"Retry-After": str(max(1, math.ceil(wait)))},
             )
         return tenant
+
+    def _token_tenant(self, request: web.Request) -> Tenant | None:
+        """The tenant whose bearer token the request carries, if any (its rate not asked)."""
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return None
+        # Looked up by the token's sha256: timing can tell at most about a digest, never the token.
+        try:
+            return self._tenants.get(hash_token(token.strip()))
+        except UnicodeEncodeError:  # bytes that are not UTF-8 (read as lone surrogates)
+            return None
+
+    def _charge(self, tenant: Tenant, image: RunImage) -> None:
+        """A workflow's view weighs a request more per TASKS_PER_TOKEN of its tasks: taken
+        once it is read (the next requests wait for it)."""
+        extra = len(image.tasks) // TASKS_PER_TOKEN
+        bucket = self._buckets.get(tenant.name)
+        if extra and bucket is not None:
+            bucket.charge(extra)
 
     # --- health -------------------------------------------------------------------------------
 
@@ -377,11 +475,18 @@ class Service:
         None; another body under the same key is refused."""
         slot = (tenant.name, key)
         known = self._known.get(slot)
+        if known is None and not self._known.whole:
+            # Older keys were let go from memory: the store has them all.
+            rows = await self.store.workflows(
+                tenant=tenant.name, labels={IDEMPOTENCY_LABEL: key}, limit=1
+            )
+            if rows:
+                known = self._known[slot] = (rows[0].id, rows[0].labels.get(REQUEST_LABEL, ""))
         if known is None:
             return None
         run_id, first = known
         if await self.store.workflow(run_id) is None:  # retention has deleted it since
-            del self._known[slot]
+            self._known.pop(slot)
             return None
         if first != digest:
             raise _reused()
@@ -425,18 +530,21 @@ class Service:
         return None
 
     async def _load_keys(self) -> None:
-        """Every idempotency key in the store, read once at start (the store has no index
-        on a label: asked per request, a scan of the tenant's workflows)."""
-        offset = 0
-        while True:
+        """The store's most recent idempotency keys, read once at start (the store has no
+        index on a label: asked per request, a scan of the tenant's workflows); past
+        MAX_KNOWN_KEYS, a key not in memory is looked for in the store."""
+        offset, found = 0, list[tuple[tuple[str, str], tuple[str, str]]]()
+        while len(found) <= MAX_KNOWN_KEYS:
             rows = await self.store.workflows(limit=_KEYS_PAGE, offset=offset)
-            for row in rows:
+            for row in rows:  # newest first
                 key = row.labels.get(IDEMPOTENCY_LABEL)
                 if key is not None and row.tenant is not None:
-                    self._known[row.tenant, key] = (row.id, row.labels.get(REQUEST_LABEL, ""))
+                    found.append(((row.tenant, key), (row.id, row.labels.get(REQUEST_LABEL, ""))))
             if len(rows) < _KEYS_PAGE:
-                return
+                break
             offset += len(rows)
+        for slot, known in reversed(found):  # the newest are let go last
+            self._known[slot] = known
 
     async def _start(
         self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str, tries: int = 3
@@ -496,14 +604,14 @@ class Service:
         settings = self.settings
         if len(spec.tasks) > settings.max_tasks:
             raise ApiError(
-                413,
+                422,
                 "the workflow is too large",
                 [Problem(field="tasks", message=f"at most {settings.max_tasks} tasks")],
             )
         edges = sum(len(t.after) for t in spec.tasks)
         if edges > settings.max_edges:
             raise ApiError(
-                413,
+                422,
                 "the workflow is too large",
                 [Problem(field="tasks", message=f"at most {settings.max_edges} dependencies")],
             )
@@ -515,7 +623,7 @@ class Service:
                 per_request=settings.max_request_prompt_chars,
             )
         except TooLargeError as exc:
-            raise ApiError(413, "the prompts are too large", [_problem(exc)]) from None
+            raise ApiError(422, "the prompts are too large", [_problem(exc)]) from None
 
     def _wait(self, request: web.Request) -> float:
         raw = request.query.get("wait")
@@ -539,6 +647,8 @@ class Service:
     async def _owned(self, request: web.Request, tenant: Tenant) -> WorkflowRow:
         run_id = request.match_info["id"]
         row = await self.store.workflow(run_id)
+        if row is None:
+            self.images.forget(run_id)  # retention has deleted it, maybe
         if row is None or row.tenant != tenant.name:
             raise ApiError(404, f"no workflow {run_id!r}")
         return row
@@ -547,19 +657,21 @@ class Service:
         tenant = self._tenant(request)
         await self._committed()
         row = await self._owned(request, tenant)
-        image = await self._image(row.id)
-        view = _view(row, image)
+        image, counts, tasks = await self.images.tasks(row.id)
+        self._charge(tenant, image)
+        update: dict[str, Any] = {"counts": counts}
         waiting = self._waiting(row, image)
         if waiting:
-            view = view.model_copy(update={"waiting_for_decision": list(waiting)})
-        return _json(view)
+            update["waiting_for_decision"] = list(waiting)
+        head = _view(row, None).model_copy(update=update)
+        text = head.model_dump_json(exclude={"tasks"})[:-1] + ',"tasks":' + tasks + "}"
+        return web.Response(text=text, content_type="application/json")
 
     async def _image(self, run_id: str) -> RunImage:
-        events, _ = await read_log(self.store, run_id)
-        return rebuild(events)
+        return await self.images.image(run_id)
 
     async def _list(self, request: web.Request) -> web.Response:
-        tenant = self._tenant(request)
+        tenant = self._tenant(request, _list_cost(request))
         query = request.query
         problems = []
         status = query.get("status")
@@ -603,7 +715,7 @@ class Service:
         row = await self._owned(request, tenant)
         if wait > 0:
             await self._finished_within(row.id, wait)
-        return _json(await self._result_of(row.id))
+        return _json(await self._result_of(row.id, tenant))
 
     async def _finished_within(self, run_id: str, seconds: float) -> bool:
         """Wait up to `seconds` for the run to finish; False if it is still running. A run
@@ -633,11 +745,14 @@ class Service:
                 return False
             await asyncio.sleep(min(_FOLLOW_S, left))
 
-    async def _result_of(self, run_id: str) -> ResultView:
+    async def _result_of(self, run_id: str, tenant: Tenant | None = None) -> ResultView:
+        """The run's result; read for `tenant`, weighed by its size (`_charge`)."""
         await self._committed()  # a run that has just finished: its end is in the store
         row = await self.store.workflow(run_id)
         assert row is not None
         image = await self._image(run_id)
+        if tenant is not None:
+            self._charge(tenant, image)
         finished = image.status is not None
         failures = {
             t.id: t.error or t.reason or t.state
@@ -775,7 +890,7 @@ class Service:
     # --- events -----------------------------------------------------------------------------
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
-        tenant = self._tenant(request)
+        tenant = self._tenant(request, STREAM_COST)
         row = await self._owned(request, tenant)
         problems: list[Problem] = []
         after = _int(
@@ -788,9 +903,19 @@ class Service:
         )
         if problems:
             raise ApiError(400, "bad request", problems)
+        held = self.feeds.by_tenant.get(tenant.name, 0)
+        if held >= tenant.max_streams:
+            raise ApiError(
+                429,
+                f"tenant {tenant.name!r} has {held} event streams open, its limit "
+                f"(max_streams); close one, or read GET /v1/workflows/{{id}} instead",
+                headers={"Retry-After": "5"},
+            )
         queue: asyncio.Queue[Any] = asyncio.Queue()
         bus = self.engine.bus
-        bus.subscribe(row.id, queue)  # before the first read: nothing falls between
+        # Both before the first read: nothing falls between.
+        feed = self.feeds.open(row.id, tenant.name)
+        bus.subscribe(row.id, queue)
         self._streams.add(queue)
         response = web.StreamResponse(
             headers={
@@ -801,45 +926,49 @@ class Service:
         )
         try:
             await response.prepare(request)
-            await self._stream(response, row.id, after, queue)
+            await self._stream(request, response, feed, after, queue)
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the client went away, or the service is closing
         finally:
             bus.unsubscribe(row.id, queue)
             self._streams.discard(queue)
+            self.feeds.close(feed, tenant.name)
         return response
 
     async def _stream(
-        self, response: web.StreamResponse, run_id: str, after: int, queue: asyncio.Queue[Any]
+        self,
+        request: web.Request,
+        response: web.StreamResponse,
+        feed: Feed,
+        after: int,
+        queue: asyncio.Queue[Any],
     ) -> None:
         heartbeat = self.settings.heartbeat_s
-        journal = self.engine.journal
+        loop = asyncio.get_running_loop()
+        written = loop.time()
         while True:
             # Not running here (it has finished, or waits for a later start): the store has
             # every event that will come, so the stream ends once they are sent, also when
             # it was resumed after the last of them.
-            ended = self.engine.handle(run_id) is None
-            if journal is not None:
-                # What was recorded is read once committed; a store that has failed has all
-                # there will be (the runs stop, and the stream ends after what it has).
-                with contextlib.suppress(PlaitError):
-                    await journal.durable()
-            records, payloads = await read_records(self.store, run_id, after)
-            for record in records:
-                data = json.dumps(restore(record, payloads), separators=(",", ":"))
-                await response.write(
-                    f"id: {record.seq}\nevent: {record.kind}\ndata: {data}\n\n".encode()
-                )
-                after = record.seq
-                if record.kind == "workflow_finished":
+            ended = self.engine.handle(feed.run_id) is None
+            for frame in await feed.frames(after):
+                await response.write(frame.data)
+                written, after = loop.time(), frame.seq
+                if frame.last:
                     return
             if ended:
                 return
             try:
-                async with asyncio.timeout(heartbeat):
+                # A client that went away is noticed within _GONE_S (aiohttp does not cancel
+                # the handler), so its stream stops counting against its tenant's cap.
+                async with asyncio.timeout(min(_GONE_S, written + heartbeat - loop.time())):
                     item = await queue.get()
             except TimeoutError:
-                await response.write(b": heartbeat\n\n")
+                if request.transport is None or request.transport.is_closing():
+                    return
+                if loop.time() >= written + heartbeat:
+                    await response.write(b": heartbeat\n\n")
+                    written = loop.time()
                 continue
             if item is None:
                 return  # the service is closing
@@ -861,7 +990,7 @@ class Service:
         return _json(self.batches.view(batch))
 
     async def _list_batches(self, request: web.Request) -> web.Response:
-        tenant = self._tenant(request)
+        tenant = self._tenant(request, _list_cost(request))
         query = request.query
         problems: list[Problem] = []
         state = query.get("state")
@@ -931,6 +1060,15 @@ def _read_at(path: Path, offset: int, size: int) -> bytes:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _list_cost(request: web.Request) -> float:
+    """1, and one more per ROWS_PER_TOKEN rows the list asks for (a bad limit: 1, and a 400)."""
+    try:
+        limit = min(MAX_PAGE, max(1, int(request.query.get("limit", PAGE))))
+    except ValueError:
+        return 1.0
+    return 1.0 + limit // ROWS_PER_TOKEN
 
 
 def _batch_error(exc: BatchError) -> ApiError:

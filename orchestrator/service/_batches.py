@@ -199,7 +199,7 @@ class Batches:
             raise BatchError(400, "rows: a batch needs at least one row")
         if len(rows) > self.max_rows:
             raise BatchError(
-                413, f"rows: {len(rows)} rows is more than the limit of {self.max_rows}"
+                422, f"rows: {len(rows)} rows is more than the limit of {self.max_rows}"
             )
         batch_id = f"batch-{secrets.token_hex(8)}"
         batch = _Batch(batch_id, tenant, self.clock.now(), len(rows), self.directory / batch_id)

@@ -7,6 +7,7 @@ path a resumed run takes, so what the service accepts is exactly what it can res
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -210,6 +211,8 @@ def _action(i: int, task: TaskSpec, inputs: Mapping[str, Any], registry: Registr
         return _built(registry, ActionSpec("tool", task.tool, {"args": args}), f"{where}.args")
     assert task.function is not None
     try:
+        if any(p.startswith("_") for p in re.split(r"[:.]", task.function)):
+            raise UsageError("private")  # a `_name` is the module's own, never a request's
         fn = registry.function(task.function)
     except UsageError:
         raise SpecError(
@@ -243,5 +246,6 @@ def _unknown(kind: str, name: str, registry: Registry) -> str:
     have = registry.names()[f"{kind}s"]
     if kind == "function":
         have = [n.partition(":")[2] or n for n in have]
+        have = [n for n in have if not any(p.startswith("_") for p in n.split("."))]
     listed = ", ".join(have[:20]) + (" ..." if len(have) > 20 else "") if have else "none"
     return f"no {kind} {name!r} is registered with this service; it has: {listed}"

@@ -25,15 +25,37 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from .._config import Config, ConfigSection, _problem, _report, load_config, read_config_file
 from .._errors import UsageError
 from .._registry import Rebuildable, Registry
+from .._retention import Retention
 from .._template import MAX_PROMPT_CHARS
 from ._spec import MAX_BATCH_ROWS, MAX_EDGES, MAX_TASKS
+
+
+class RetentionSettings(ConfigSection):
+    """`[service.retention]`: what the store keeps of finished workflows (docs/durability.md);
+    "never" turns a bound off."""
+
+    compact_after_s: Annotated[float, Field(ge=0)] | Literal["never"] = 3600.0
+    delete_after_s: Annotated[float, Field(ge=0)] | Literal["never"] = 7 * 86400.0
+    keep_last: int | None = Field(default=None, ge=0)
+    every_s: float = Field(default=300.0, gt=0)
+
+    def policy(self) -> Retention:
+        def seconds(value: float | str) -> float | None:
+            return None if value == "never" else float(value)
+
+        return Retention(
+            compact_after=seconds(self.compact_after_s),
+            delete_after=seconds(self.delete_after_s),
+            keep_last=self.keep_last,
+            every=self.every_s,
+        )
 
 
 class ServiceSettings(ConfigSection):
@@ -62,6 +84,14 @@ class ServiceSettings(ConfigSection):
     drain_s: float = Field(default=10.0, ge=0)
     """On shutdown, how long running workflows may take to finish before they are left in
     the store for the next start to resume."""
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    """A connection must send its request line and headers within this long of opening
+    (or of its last answer, kept alive); else it is closed."""
+    body_timeout_s: float = Field(default=60.0, gt=0, le=3600)
+    """A request's body must arrive whole within this long; else the answer is 408."""
+    max_connections: int | None = Field(default=None, ge=1)
+    """Connections open at once (None: the open-file limit less 256). At the limit a new
+    connection closes the oldest one that has not sent a request yet, or is closed."""
     max_wait_s: float = Field(default=60.0, gt=0)
     """The longest `?wait=` a request may ask for."""
     batch_dir: str = "plait-batches"
@@ -77,6 +107,8 @@ class ServiceSettings(ConfigSection):
     ray_address: str | None = Field(default=None, min_length=1)
     """Connect to this Ray cluster at start ("host:port" of its head node, "ray://...",
     "auto"), for the tasks marked for Ray (docs/ray.md)."""
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
+    """Finished workflows are compacted after an hour and deleted after a week."""
     notify: str | None = None
     """With `lease_s`: how engines wake each other (a cancel asked of one engine for a
     workflow another runs): "postgresql" (LISTEN/NOTIFY on the store's database, the
@@ -117,6 +149,8 @@ class TenantSettings(ConfigSection):
     """... with up to this many at once."""
     max_batches: int = Field(default=4, ge=1)
     """Batch jobs of this tenant running at once; more are refused with 429."""
+    max_streams: int = Field(default=32, ge=1)
+    """Event streams of this tenant open at once; more are refused with 429."""
 
     @model_validator(mode="after")
     def _one_token(self) -> TenantSettings:
@@ -133,6 +167,7 @@ class Tenant:
     rate_per_s: float
     burst: int
     max_batches: int = 4
+    max_streams: int = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +239,7 @@ def load_serve_config(path: str | os.PathLike[str]) -> ServeConfig:
                 settings.rate_per_s,
                 settings.burst,
                 settings.max_batches,
+                settings.max_streams,
             )
         )
     names = [t.name for t in tenants]

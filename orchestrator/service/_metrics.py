@@ -89,6 +89,13 @@ class Metrics:
             ["method", "route", "status"],
             registry=r,
         )
+        self.cut_off = Counter(
+            "plait_http_connections_closed",
+            "Connections the service closed to protect itself: at max_connections (cap), or "
+            "without whole request headers within header_timeout_s (headers)",
+            ["reason"],
+            registry=r,
+        )
         self.prompt_sum = self.cached_sum = 0
         self.met = {True: 0, False: 0}
         r.register(_Live(self))

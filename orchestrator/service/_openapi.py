@@ -59,11 +59,14 @@ def _errors(*codes: int) -> dict[str, Any]:
         400: "a malformed request (not JSON, too deep, a bad query)",
         401: "no or a wrong bearer token",
         404: "no such workflow for this tenant",
+        408: "the body did not arrive whole within body_timeout_s",
         409: "the workflow is not in a state for this",
-        413: "the body or the workflow is larger than the service's limits",
+        413: "the body is larger than the service's max_body_bytes",
         415: "the body is not JSON",
-        422: "the request does not fit the schema, or names what is not registered",
-        429: "over the tenant's rate or running limit; see Retry-After",
+        422: "the request does not fit the schema or the service's limits, or names what "
+        "is not registered",
+        429: "over the tenant's rate (requests weighed by cost), running or stream limit; "
+        "see Retry-After",
         503: "shutting down, or the store cannot record it now",
     }
     return {str(c): _json(ErrorBody, said[c]) for c in codes}
@@ -131,7 +134,7 @@ def openapi() -> dict[str, Any]:
                 "responses": {
                     "202": _json(Accepted, "accepted: recorded, and running"),
                     "200": _json(Accepted, "the workflow this Idempotency-Key made before"),
-                    **_errors(400, 413, 415, 422, 503),
+                    **_errors(400, 408, 413, 415, 422, 503),
                     **common,
                 },
             },
@@ -167,7 +170,7 @@ def openapi() -> dict[str, Any]:
                         },
                     },
                     "202": _json(Accepted, "accepted (or not finished within the wait)"),
-                    **_errors(400, 413, 415, 422, 503),
+                    **_errors(400, 408, 413, 415, 422, 503),
                     **common,
                 },
             }
@@ -199,7 +202,7 @@ def openapi() -> dict[str, Any]:
                 "requestBody": request(AddTasks),
                 "responses": {
                     "200": _json(Added, "added, in the order given to the engine"),
-                    **_errors(400, 404, 409, 413, 415, 422, 503),
+                    **_errors(400, 404, 408, 409, 413, 415, 422, 503),
                     **common,
                 },
             }
@@ -259,7 +262,7 @@ def openapi() -> dict[str, Any]:
                 "requestBody": request(BatchSpec),
                 "responses": {
                     "202": _json(BatchView, "accepted: the rows are on disk, and running"),
-                    **_errors(400, 413, 415, 422, 503),
+                    **_errors(400, 408, 413, 415, 422, 503),
                     **common,
                 },
             },

@@ -29,6 +29,7 @@ from .._notify import Notifier
 from ._app import Service
 from ._batches import batch_runs
 from ._config import ServeConfig, load_registry
+from ._door import Door, raise_open_file_limit
 
 
 async def serve(
@@ -59,6 +60,7 @@ async def serve(
         if settings.ray_address is not None:
             await stack.enter_async_context(_ray(settings.ray_address))
         stack.enter_context(_long_lived())
+        raise_open_file_limit()
         cluster = None
         if settings.lease_s is not None:
             cluster = Cluster(
@@ -75,6 +77,7 @@ async def serve(
             gate=config.engine.engine.deadline_gate(),
             store=store,
             cluster=cluster,
+            retention=settings.retention.policy(),
         )
         async with engine:
             if cluster is None:
@@ -100,12 +103,17 @@ async def serve(
                 batch_dir=config.batch_dir,
                 notifier=notifier,
             )
-            runner = web.AppRunner(service.app(), handle_signals=False)
+            door = Door(
+                max_connections=settings.max_connections,
+                header_timeout_s=settings.header_timeout_s,
+                counted=lambda reason: service.metrics.cut_off.labels(reason).inc(),
+            )
+            runner = web.AppRunner(service.app(), handle_signals=False, **door.runner_options())
             await runner.setup()  # its start goes on with the batch jobs left running
             again = service.batches.counts().get("running", 0)
             if again:
                 print(f"plait serve: went on with {again} batch job(s)", file=out)
-            site = web.TCPSite(runner, config.service.host, config.service.port)
+            site = door.site(runner, config.service.host, config.service.port)
             try:
                 await site.start()
             except OSError as exc:
