@@ -523,6 +523,10 @@ def test_batch_rows_are_stored_and_looked_up_under_the_batchs_tenant(
             stored_b = await store.workflows(labels={JOB_LABEL: b["id"]})
             assert [r.tenant for r in stored_a] == ["acme", "acme"]
             assert [r.tenant for r in stored_b] == ["beta"]
+            for headers, count in ((A, 2), (B, 0)):  # the tenant's workflows, its alone
+                path = f"/v1/workflows?label={JOB_LABEL}={a['id']}"
+                status, listed = await api.call("GET", path, headers=headers)
+                assert status == 200 and len(listed["workflows"]) == count, listed
             # A run of another tenant carrying acme's batch's labels (row 1, "slow"):
             forged = await _labelled_run(api.service.engine, "beta", a["id"], 1, "forged")
             found = await job_runs(store, a["id"], tenant="acme")
