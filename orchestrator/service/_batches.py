@@ -5,10 +5,10 @@ A batch is a folder under the service's `batch_dir`: `input.jsonl` (the rows as 
 sent, written before the 202), `output.jsonl` (the OpenAI batch output, a line per finished
 row, written as rows finish) and `batch.json` (owner, state, and the summary once done).
 The rows themselves are workflows of the batch's tenant in the store, labelled with the
-batch's id (and looked up only under that tenant): a service
-killed mid-batch finds the folder at its next start and runs the job again, which skips the
-rows already in the output, writes those the store finished, and adopts those the engine
-resumed (docs/batch.md, "Resume"). A damaged folder is reported and shown failed, or left
+batch's id and looked up only under that tenant: a service killed mid-batch finds the
+folder at its next start and runs the job again, which skips the rows already in the
+output, writes those the store finished, and adopts those the engine resumed
+(docs/batch.md, "Resume"). A damaged folder is reported and shown failed, or left
 alone; the others start. A finished batch's folder is removed once it is as old as the
 engine's retention keeps finished runs (a week without one).
 """
