@@ -341,3 +341,16 @@ def test_openai_body_fields_plait_does_not_read_go_to_the_server(tmp_path: Path)
     assert dict(a.request.extra_body) == {"ignore_eos": True, "min_tokens": 3}
     assert b.error is not None and "stream" in b.error
     assert c.error is not None and "body.n" in c.error
+
+
+def test_a_jobs_rows_carry_its_tenants_cache_salt_and_none_without_one(tmp_path: Path) -> None:
+    src = write_jsonl(tmp_path / "in.jsonl", [{"prompt": "one"}, {"prompt": "two"}])
+    salts: dict[str | None, set[str | None]] = {}
+    for tenant in ("acme", None):
+        llm = FunctionLLM(reply)
+        out = tmp_path / f"out-{tenant}.jsonl"
+        run(BatchJob(read_rows(str(src)), sink_for(str(out)), tenant=tenant), llm)
+        salts[tenant] = {call.hints.cache_salt for call in llm.calls}
+    (salt,) = salts["acme"]  # one salt, the tenant's, on each of its rows
+    assert salt is not None and "acme" not in salt
+    assert salts[None] == {None}  # `plait batch run`: no tenant, no salt, shared as before

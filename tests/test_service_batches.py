@@ -1,5 +1,6 @@
 """`/v1/batches`: batch jobs over REST, on SQLite and PostgreSQL: created, followed, read,
-cancelled, isolated between tenants, refused with the field and the limit, counted on
+cancelled, isolated between tenants (their rows stored and looked up under each tenant, and
+salted apart in the prefix cache), refused with the field and the limit, counted on
 /metrics, and gone on with by a restarted service."""
 
 from __future__ import annotations
@@ -18,8 +19,21 @@ import pytest
 from aiohttp.test_utils import TestServer
 from conftest import MemoryStore, StoreFactory, run
 
-from executors import FunctionLLM
-from orchestrator import Engine, Hints, LLMRequest, Registry, Retention, VirtualClock
+from agents import Agent
+from executors import FunctionLLM, SimServer
+from orchestrator import (
+    Engine,
+    Hints,
+    LLMBackend,
+    LLMRequest,
+    Message,
+    Registry,
+    Retention,
+    VirtualClock,
+    Workflow,
+)
+from orchestrator.batch import JOB_LABEL, RowCall
+from orchestrator.batch._job import ROW_LABEL, job_runs
 from orchestrator.service import Service, Tenant, hash_token
 from orchestrator.service._batches import BatchError, Batches, batch_runs
 from orchestrator.service._config import ServiceSettings
@@ -28,6 +42,9 @@ ACME = Tenant("acme", hash_token("acme-token"), max_running=100, rate_per_s=1000
 BETA = Tenant("beta", hash_token("beta-token"), max_running=100, rate_per_s=1000, burst=1000)
 A = {"Authorization": "Bearer acme-token"}
 B = {"Authorization": "Bearer beta-token"}
+
+
+REGISTRY = Registry(Agent("writer", "You write."), imports=False)
 
 
 @dataclass
@@ -67,17 +84,18 @@ class Api:
             text = await r.text()
             return r.status, json.loads(text) if r.content_type == "application/json" else text
 
-    async def finished(self, batch_id: str) -> dict[str, Any]:
+    async def finished(self, batch_id: str, tenant: str = "acme") -> dict[str, Any]:
         """The batch once its job has ended (its task awaited: an event, not a poll)."""
-        batch = self.service.batches.get("acme", batch_id)
+        batch = self.service.batches.get(tenant, batch_id)
         assert batch.task is not None
         await asyncio.shield(batch.task)
-        status, view = await self.call("GET", f"/v1/batches/{batch_id}")
+        headers = {"acme": A, "beta": B}[tenant]
+        status, view = await self.call("GET", f"/v1/batches/{batch_id}", headers=headers)
         assert status == 200
         return dict(view)
 
-    async def output(self, batch_id: str) -> list[dict[str, Any]]:
-        status, text = await self.call("GET", f"/v1/batches/{batch_id}/output")
+    async def output(self, batch_id: str, headers: dict[str, str] = A) -> list[dict[str, Any]]:
+        status, text = await self.call("GET", f"/v1/batches/{batch_id}/output", headers=headers)
         assert status == 200
         return [json.loads(line) for line in str(text).splitlines()]
 
@@ -91,14 +109,15 @@ async def running(
     *,
     resume: bool = False,
     tenants: tuple[Tenant, ...] = (ACME, BETA),
+    backend: LLMBackend | None = None,
 ) -> AsyncIterator[Api]:
-    backend = FunctionLLM(replies)
-    async with Engine(backends={"default": backend}, store=store) as engine:
+    backends = {"default": backend or FunctionLLM(replies)}
+    async with Engine(backends=backends, store=store) as engine:
         if resume:  # what `plait serve` does at its start
             skip = await batch_runs(store, batch_dir)
             unfinished = [w for w in await store.unfinished() if w not in skip]
-            await engine.resume(Registry(imports=False), workflows=unfinished)
-        service = Service(engine, Registry(imports=False), tenants, settings, batch_dir=batch_dir)
+            await engine.resume(REGISTRY, workflows=unfinished)
+        service = Service(engine, REGISTRY, tenants, settings, batch_dir=batch_dir)
         server = TestServer(service.app(), host="127.0.0.1")
         await server.start_server()
         try:
@@ -461,5 +480,177 @@ def test_the_rows_of_an_unreadable_batch_are_not_run_after_a_restart(
             # What `plait serve` leaves out of its resume at start: the batch's own rows.
             skip = await batch_runs(store, tmp_path)
         assert unfinished and unfinished <= skip  # the held row is not run as a stray
+
+    run(body())
+
+
+# --- tenants: rows stored, looked up and salted under the batch's tenant ---------------------
+
+
+async def _labelled_run(engine: Engine, tenant: str | None, batch_id: str, row: int, q: str) -> str:
+    """A finished run of `tenant` labelled as row `row` of batch `batch_id` (as no request
+    can label one: `plait.` labels are the service's), answering `q` upper-cased."""
+    wf = Workflow(f"row-{row}")
+    wf.add("call", RowCall(LLMRequest((Message("user", q),), "m", max_tokens=8)))
+    labels = {JOB_LABEL: batch_id, ROW_LABEL: str(row)}
+    result = await engine.submit(wf, tenant=tenant, labels=labels)
+    assert result.ok
+    return wf.id
+
+
+def _answers(out: list[dict[str, Any]]) -> dict[str, str]:
+    return {
+        line["custom_id"]: line["response"]["body"]["choices"][0]["message"]["content"]
+        for line in out
+    }
+
+
+def test_batch_rows_are_stored_and_looked_up_under_the_batchs_tenant(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    async def body() -> None:
+        first = Replies(held={"slow"})
+        rows = [openai_line("fast", "fast"), openai_line("slow", "slow")]
+        async with make_store() as store, running(store, tmp_path, first) as api:
+            _, a = await api.call("POST", "/v1/batches", {"rows": rows})
+            _, b = await api.call("POST", "/v1/batches", {"rows": rows[:1]}, headers=B)
+            await api.finished(b["id"], "beta")
+            await first.waiting.wait()
+            job = api.service.batches.get("acme", a["id"]).job
+            assert job is not None
+            await job.written(1)
+            stored_a = await store.workflows(labels={JOB_LABEL: a["id"]})
+            stored_b = await store.workflows(labels={JOB_LABEL: b["id"]})
+            assert [r.tenant for r in stored_a] == ["acme", "acme"]
+            assert [r.tenant for r in stored_b] == ["beta"]
+            for headers, count in ((A, 2), (B, 0)):  # the tenant's workflows, its alone
+                path = f"/v1/workflows?label={JOB_LABEL}={a['id']}"
+                status, listed = await api.call("GET", path, headers=headers)
+                assert status == 200 and len(listed["workflows"]) == count, listed
+            # A run of another tenant carrying acme's batch's labels (row 1, "slow"):
+            forged = await _labelled_run(api.service.engine, "beta", a["id"], 1, "forged")
+            found = await job_runs(store, a["id"], tenant="acme")
+            assert forged not in {r.id for r in found} and len(found) == 2
+        # Restarted with "slow" unfinished: acme's batch resumes its own run of the row, and
+        # never takes beta's (newer, finished) run for its answer.
+        second = Replies()
+        async with make_store() as store, running(store, tmp_path, second, resume=True) as api:
+            done = await api.finished(a["id"])
+            out = await api.output(a["id"])
+            assert await store.workflow(forged) is not None  # still there, beta's
+        assert done["state"] == "completed"
+        assert _answers(out) == {"fast": "FAST", "slow": "SLOW"}
+        assert second.asked == {"slow": 1}
+
+    run(body())
+
+
+def test_a_batch_begun_before_rows_had_a_tenant_resumes_its_untenanted_rows(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    """A batch a service began before it stored rows under the batch's tenant: its rows
+    have no tenant. Run again, it writes the finished one from the store, resumes the
+    unfinished one, and still takes no other tenant's run for one of its rows."""
+    name = "batch-00000000000000aa"
+    lines = [openai_line("fast", "fast"), openai_line("slow", "slow")]
+    _folder(tmp_path, name, _meta(name, total=2), lines)  # its batch.json has no tenant_rows
+
+    async def body() -> None:
+        first = Replies(held={"slow"})
+        async with make_store() as store:
+            async with Engine(backends={"default": FunctionLLM(first)}, store=store) as engine:
+                await _labelled_run(engine, None, name, 0, "fast")
+                wf = Workflow("row-1")
+                wf.add("call", RowCall(LLMRequest((Message("user", "slow"),), "m")))
+                engine.submit(wf, labels={JOB_LABEL: name, ROW_LABEL: "1"})
+                await first.waiting.wait()  # stopped with it running, as a killed service
+            async with Engine(backends={"default": FunctionLLM(Replies())}, store=store) as other:
+                await _labelled_run(other, "beta", name, 0, "forged")
+        second = Replies()
+        async with make_store() as store, running(store, tmp_path, second, resume=True) as api:
+            done = await api.finished(name)
+            out = await api.output(name)
+        assert done["state"] == "completed" and done["summary"]["from_store"] == 1
+        assert done["summary"]["resumed"] == 1
+        assert _answers(out) == {"fast": "FAST", "slow": "SLOW"}
+        assert second.asked == {"slow": 1}  # resumed once; "fast" not asked again
+
+    run(body())
+
+
+PREFIX = "You are reviewing the quarterly report of a logistics company. " * 20  # ~300 tokens
+
+
+def _line(custom_id: str, question: str) -> dict[str, Any]:
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": f"{PREFIX}{question}"}],
+        "max_tokens": 2,
+    }
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions", "body": body}
+
+
+def test_a_tenants_batch_gets_no_cache_hits_from_another_tenants_batch(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    """On a server that salts its prefix cache (the simulator, as vLLM): rows of one
+    tenant's batches share cached prefixes; another tenant's batch sending the same prompt
+    finds none of it cached, so learns nothing of what the first sent."""
+
+    async def cached(api: Api, rows: list[dict[str, Any]], tenant: str) -> dict[str, int]:
+        headers = {"acme": A, "beta": B}[tenant]
+        status, view = await api.call("POST", "/v1/batches", {"rows": rows}, headers=headers)
+        assert status == 202, view
+        assert (await api.finished(view["id"], tenant))["progress"]["done"] == len(rows)
+        return {
+            line["custom_id"]: line["response"]["body"]["usage"]["prompt_tokens_details"][
+                "cached_tokens"
+            ]
+            for line in await api.output(view["id"], headers)
+        }
+
+    async def body() -> None:
+        sim = SimServer("h100-llama3-8b")
+        async with (
+            sim,
+            make_store() as store,
+            running(store, tmp_path, Replies(), backend=sim) as api,
+        ):
+            rows = [_line("a0", "What was the revenue?"), _line("a1", "Who audited it?")]
+            within = await cached(api, rows, "acme")
+            other = await cached(api, [_line("b0", "What was the revenue?")], "beta")
+            again = await cached(api, [_line("a2", "What was the revenue?")], "acme")
+        # One row of the batch computed the prefix, the other found it cached.
+        assert min(within.values()) == 0 and max(within.values()) > 250
+        assert other == {"b0": 0}  # beta's salt: nothing of acme's
+        assert again["a2"] > 250  # acme's later batch: its own prefix, still cached
+
+    run(body())
+
+
+def test_batch_rows_do_not_count_toward_the_running_limit(
+    tmp_path: Path, make_store: StoreFactory
+) -> None:
+    two = Tenant("acme", hash_token("acme-token"), max_running=2, rate_per_s=1000, burst=1000)
+    spec = {"name": "held", "tasks": [{"id": "a", "agent": "writer", "prompt": "held"}]}
+
+    async def body() -> None:
+        replies = Replies(held={"held"})
+        rows = [openai_line(f"r{i}", "held") for i in range(3)]
+        rows[1]["body"]["max_tokens"] = 32  # three calls, none the same: none deduplicated
+        rows[2]["body"]["max_tokens"] = 16
+        tenants = (two, BETA)
+        async with make_store() as store, running(store, tmp_path, replies, tenants=tenants) as api:
+            _, batch = await api.call("POST", "/v1/batches", {"rows": rows})
+            await replies.waiting.wait()
+            assert api.service.engine.running("acme") == 3  # every row, held
+            status, first = await api.call("POST", "/v1/workflows", spec)
+            assert status == 202, first  # one of two: max_running - 1 workflows running
+            status, second = await api.call("POST", "/v1/workflows", spec)
+            assert status == 202, second
+            status, refused = await api.call("POST", "/v1/workflows", spec)
+            assert status == 429 and "2 workflows running" in refused["error"], refused
+            replies.release()
+            await api.finished(batch["id"])
 
     run(body())

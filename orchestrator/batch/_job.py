@@ -28,11 +28,12 @@ from pydantic import TypeAdapter
 from .._context import TaskContext
 from .._engine import Engine, RunHandle
 from .._errors import PlaitError, UsageError, error_text
-from .._events import ActionSpec, TaskFailed, TaskSucceeded
+from .._events import ActionSpec, TaskFailed, TaskSucceeded, WorkflowStatus
 from .._journal import read_log
 from .._llm import DEFAULT_BACKEND, LLMRequest, Usage
 from .._registry import Registry
 from .._replay import rebuild
+from .._store import Store, WorkflowRow
 from .._workflow import Workflow
 from ._output import Record, Sink
 from ._plan import BatchPlan, plan
@@ -238,7 +239,10 @@ class BatchJob:
     caller, which reads what an earlier run wrote). `factory(row) -> Workflow` makes each
     row's workflow; without one, a row is one LLM call on `backend`. `retry_failed`: the
     rows an earlier run wrote as failed (or left failed in the store) run again; those
-    that succeeded are kept as they are."""
+    that succeeded are kept as they are. `tenant`: each row runs as that tenant's (its
+    calls carry the tenant's cache salt, its run is stored under it), and only that
+    tenant's runs are looked up when the job is run again; `untenanted` also adopts this
+    job's runs stored without a tenant (rows of a job begun before it had one)."""
 
     def __init__(
         self,
@@ -252,6 +256,8 @@ class BatchJob:
         registry: Registry | None = None,
         dedup: bool = True,
         retry_failed: bool = False,
+        tenant: str | None = None,
+        untenanted: bool = False,
     ) -> None:
         if max_running < 1:
             raise PlaitError(f"BatchJob(max_running={max_running}) must be at least 1")
@@ -265,6 +271,8 @@ class BatchJob:
         )
         self.max_running = max_running
         self.retry_failed = retry_failed
+        self.tenant = tenant
+        self.untenanted = untenanted
         self.registry = (registry or Registry()).add(RowCalls())
         self.plan: BatchPlan = plan(self.rows, dedup=dedup)
         self._skipped_failed = 0
@@ -280,6 +288,9 @@ class BatchJob:
         self._clock_start: float | None = None
         self._engine: Engine | None = None
         self._handles: dict[str, RunHandle] = {}
+        self._live: set[str] = set()
+        """Runs under `tenant` this job put in the engine (submitted or resumed), until
+        it has seen them end: what `in_engine` counts."""
         self._changed = asyncio.Event()
 
     async def written(self, count: int) -> None:
@@ -296,6 +307,16 @@ class BatchJob:
     def running_runs(self) -> list[str]:
         """Ids of the rows' runs running now (to cancel a job)."""
         return list(self._handles)
+
+    def in_engine(self) -> int:
+        """How many of this job's runs under its `tenant` the engine is running now (a
+        service leaves them out of the tenant's running limit)."""
+        engine = self._engine
+        if engine is None:
+            return 0
+        ended = {run_id for run_id in self._live if engine.handle(run_id) is None}
+        self._live -= ended  # resumed runs that ended before the job awaited them
+        return len(self._live)
 
     def progress(self) -> BatchProgress:
         now = self._engine.clock.monotonic() if self._engine is not None else 0.0
@@ -343,12 +364,14 @@ class BatchJob:
         window = asyncio.Semaphore(self.max_running)
         async with asyncio.TaskGroup() as tg:
             resumable = [
-                stored[i][0] for i in todo if i in stored and stored[i][1] in ("pending", "running")
+                stored[i].id for i in todo if i in stored and stored[i].status in _UNFINISHED
             ]
             handles: dict[str, RunHandle] = {}
             if resumable:
                 report = await engine.resume(self.registry, workflows=resumable)
                 handles = {h.id: h for h in report.runs}
+                mine = {row.id for row in stored.values() if row.tenant == self.tenant}
+                self._live |= set(handles) & mine  # an untenanted run is not the tenant's
                 lost = [plan for plan in report.plans if plan.error is not None]
                 if lost:  # said, not silent: these rows start again and pay their calls again
                     _log.warning(
@@ -366,7 +389,8 @@ class BatchJob:
                 if i in self.plan.leaders:
                     tg.create_task(self._copy(row, self.plan.leaders[i]))
                     continue
-                run_id, status = stored.get(i, ("", ""))
+                found = stored.get(i)
+                run_id, status = (found.id, found.status) if found is not None else ("", "")
                 if status == "succeeded" or (
                     status in ("failed", "cancelled") and not self.retry_failed
                 ):
@@ -384,28 +408,24 @@ class BatchJob:
                         window.release()
                         self._write(row, _error_record(row, exc.code, exc.message), Usage(), 0.0)
                         continue
+                    self._live.add(handle.id)
                 self._running += 1
                 tg.create_task(self._finish(row, handle, window))
         return self.summary(engine.clock.monotonic() - self._clock_start)
 
-    async def _stored(self, engine: Engine) -> dict[int, tuple[str, str]]:
-        """Row index -> (run id, status) of this job's runs in the engine's store (newest
-        run of a row wins)."""
+    async def _stored(self, engine: Engine) -> dict[int, WorkflowRow]:
+        """Row index -> this job's run of it in the engine's store (the newest run of a
+        row wins)."""
         if engine.store is None:
             return {}
-        found: dict[int, tuple[str, str]] = {}
-        offset, page_size = 0, 1000
-        while True:
-            page = await engine.store.workflows(
-                labels={JOB_LABEL: self.job_id}, limit=page_size, offset=offset
-            )
-            for stored in page:
-                index = stored.labels.get(ROW_LABEL, "")
-                if index.isdigit() and int(index) < len(self.rows):
-                    found.setdefault(int(index), (stored.id, stored.status))
-            if len(page) < page_size:
-                return found
-            offset += page_size
+        found: dict[int, WorkflowRow] = {}
+        for stored in await job_runs(
+            engine.store, self.job_id, tenant=self.tenant, untenanted=self.untenanted
+        ):
+            index = stored.labels.get(ROW_LABEL, "")
+            if index.isdigit() and int(index) < len(self.rows):
+                found.setdefault(int(index), stored)
+        return found
 
     def open_sink(self) -> None:
         """Open the output (refusing one that cannot be written, or that holds another
@@ -473,7 +493,7 @@ class BatchJob:
         wf = self._workflow(row)
         labels = {JOB_LABEL: self.job_id, ROW_LABEL: str(row.index)}
         try:
-            return engine.submit(wf, labels=labels)
+            return engine.submit(wf, tenant=self.tenant, labels=labels)
         except PlaitError as exc:
             raise _RowFailed("workflow_invalid", str(exc)) from exc
 
@@ -483,6 +503,7 @@ class BatchJob:
             result = await handle
         finally:
             self._handles.pop(handle.id, None)
+            self._live.discard(handle.id)
             self._running -= 1
             window.release()
         outputs = _outputs(handle.workflow, result.results)
@@ -624,6 +645,37 @@ class BatchJob:
         else:
             self._ok += 1
             self._durations.append(duration)
+
+
+_UNFINISHED = ("pending", "running")
+
+
+async def job_runs(
+    store: Store,
+    job_id: str,
+    *,
+    tenant: str | None = None,
+    untenanted: bool = False,
+    status: WorkflowStatus | None = None,
+) -> list[WorkflowRow]:
+    """The runs of job `job_id` in `store` (with `status`, those in it), newest first: with
+    `tenant`, only that tenant's, and with `untenanted` those stored without a tenant too
+    (rows of a job begun before its rows had one)."""
+    found: list[WorkflowRow] = []
+    offset, page_size = 0, 1000
+    labels = {JOB_LABEL: job_id}
+    # Untenanted runs cannot be asked for by the store's tenant filter: the job's runs are
+    # read and those of another tenant left out here (only the service's own batches,
+    # begun before it stored their rows under a tenant, are looked up so).
+    by_store = None if untenanted else tenant
+    while True:
+        page = await store.workflows(
+            status=status, tenant=by_store, labels=labels, limit=page_size, offset=offset
+        )
+        found += [r for r in page if not untenanted or r.tenant in (tenant, None)]
+        if len(page) < page_size:
+            return found
+        offset += page_size
 
 
 class _RowFailed(Exception):

@@ -549,7 +549,9 @@ class Service:
     async def _start(
         self, tenant: Tenant, spec: WorkflowSpec, key: str | None, digest: str, tries: int = 3
     ) -> str:
-        if self.engine.running(tenant.name) >= tenant.max_running:
+        # Its batches' rows run under it too; `max_batches` bounds those, not this.
+        running = self.engine.running(tenant.name) - self.batches.rows_running(tenant.name)
+        if running >= tenant.max_running:
             raise ApiError(
                 429,
                 f"tenant {tenant.name!r} has {tenant.max_running} workflows running, its limit; "

@@ -4,10 +4,11 @@ service's engine, and `GET /v1/batches/{id}` follows them.
 A batch is a folder under the service's `batch_dir`: `input.jsonl` (the rows as they were
 sent, written before the 202), `output.jsonl` (the OpenAI batch output, a line per finished
 row, written as rows finish) and `batch.json` (owner, state, and the summary once done).
-The rows themselves are workflows in the store, labelled with the batch's id: a service
-killed mid-batch finds the folder at its next start and runs the job again, which skips the
-rows already in the output, writes those the store finished, and adopts those the engine
-resumed (docs/batch.md, "Resume"). A damaged folder is reported and shown failed, or left
+The rows themselves are workflows of the batch's tenant in the store, labelled with the
+batch's id and looked up only under that tenant: a service killed mid-batch finds the
+folder at its next start and runs the job again, which skips the rows already in the
+output, writes those the store finished, and adopts those the engine resumed
+(docs/batch.md, "Resume"). A damaged folder is reported and shown failed, or left
 alone; the others start. A finished batch's folder is removed once it is as old as the
 engine's retention keeps finished runs (a week without one).
 """
@@ -33,7 +34,8 @@ from .._engine import Engine
 from .._errors import PlaitError, error_text
 from .._retention import Retention
 from .._store import Store
-from ..batch import JOB_LABEL, BatchJob, BatchProgress, BatchSummary, read_rows, sink_for
+from ..batch import BatchJob, BatchProgress, BatchSummary, read_rows, sink_for
+from ..batch._job import job_runs
 from ._spec import BatchState, BatchView, ProgressView
 
 _log = logging.getLogger("plait.serve")
@@ -49,7 +51,11 @@ async def batch_runs(store: Store, directory: Path) -> set[str]:
     a cancelled or failed batch, or of a folder that cannot be loaded, are not run again."""
     found: set[str] = set()
     for name in _batch_folders(directory):  # a batch's runs are labelled with its folder's name
-        found |= await _unfinished(store, name)
+        owner = _owner(directory / name)
+        if owner is None:  # no tenant to read: every run labelled with it (only plait labels so)
+            found |= await _unfinished(store, name, None, untenanted=False)
+        else:
+            found |= await _unfinished(store, name, owner[0], untenanted=not owner[1])
     return found
 
 
@@ -59,18 +65,26 @@ def _batch_folders(directory: Path) -> list[str]:
     return sorted(f.name for f in directory.iterdir() if (f / META).is_file())
 
 
-async def _unfinished(store: Store, batch_id: str) -> set[str]:
+def _owner(folder: Path) -> tuple[str, bool] | None:
+    """A batch folder's tenant and whether its rows are stored under it, read quietly (the
+    service's start reports a damaged folder); None when they cannot be read."""
+    try:
+        raw = json.loads((folder / META).read_bytes().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(raw, dict) or raw.get("id") != folder.name:
+        return None
+    tenant = raw.get("tenant")
+    return (tenant, raw.get("tenant_rows") is True) if isinstance(tenant, str) else None
+
+
+async def _unfinished(
+    store: Store, batch_id: str, tenant: str | None, *, untenanted: bool
+) -> set[str]:
     found: set[str] = set()
     for status in ("pending", "running"):
-        offset = 0
-        while True:
-            page = await store.workflows(
-                status=status, labels={JOB_LABEL: batch_id}, limit=1000, offset=offset
-            )
-            found.update(row.id for row in page)
-            if len(page) < 1000:
-                break
-            offset += 1000
+        runs = await job_runs(store, batch_id, tenant=tenant, untenanted=untenanted, status=status)
+        found.update(row.id for row in runs)
     return found
 
 
@@ -98,6 +112,9 @@ class _Batch:
     error: str | None = None
     finished: float | None = None
     """Epoch seconds when it stopped running (its folder is removed after retention)."""
+    tenant_rows: bool = True
+    """Its rows are stored under its tenant (False: a batch begun before they were, whose
+    earlier rows have no tenant: they are adopted too)."""
 
     def meta(self) -> dict[str, Any]:
         return {
@@ -109,6 +126,7 @@ class _Batch:
             "summary": self.summary,
             "error": self.error,
             "finished": self.finished,
+            "tenant_rows": self.tenant_rows,
         }
 
 
@@ -148,6 +166,7 @@ class Batches:
                 summary=meta.summary,
                 error=meta.error,
                 finished=meta.finished,
+                tenant_rows=meta.tenant_rows,
             )
             self._batches[batch.id] = batch
             if batch.state != "running":
@@ -236,7 +255,9 @@ class Batches:
                 batch.task.cancel()
             running = set(batch.job.running_runs()) if batch.job is not None else set()
             if self.engine.store is not None:
-                running |= await _unfinished(self.engine.store, batch.id)
+                running |= await _unfinished(
+                    self.engine.store, batch.id, batch.tenant, untenanted=not batch.tenant_rows
+                )
             for run_id in running:
                 if self.engine.handle(run_id) is not None:
                     with contextlib.suppress(PlaitError):
@@ -256,6 +277,15 @@ class Batches:
             progress=_progress(progress, batch.total, batch.summary),
             summary=batch.summary,
             error=batch.error,
+        )
+
+    def rows_running(self, tenant: str) -> int:
+        """How many rows of `tenant`'s batches the engine is running now: a tenant's running
+        limit counts its workflows, not its batch rows (`max_batches` bounds those)."""
+        return sum(
+            batch.job.in_engine()
+            for batch in self._batches.values()
+            if batch.tenant == tenant and batch.job is not None
         )
 
     def running(self) -> Iterator[BatchProgress]:
@@ -326,7 +356,13 @@ class Batches:
         return job
 
     def _job(self, batch: _Batch, rows: Sequence[Any]) -> BatchJob:
-        return BatchJob(rows, sink_for(str(batch.folder / OUTPUT)), job_id=batch.id)
+        return BatchJob(
+            rows,
+            sink_for(str(batch.folder / OUTPUT)),
+            job_id=batch.id,
+            tenant=batch.tenant,
+            untenanted=not batch.tenant_rows,
+        )
 
     def _launch(self, batch: _Batch, job: BatchJob) -> None:
         batch.job = job
@@ -395,6 +431,8 @@ class _Meta(BaseModel):
     summary: dict[str, Any] | None = None
     error: str | None = None
     finished: float | None = None
+    tenant_rows: bool = False
+    """Absent in a batch begun before its rows were stored under its tenant."""
 
 
 def _metas(directory: Path) -> list[_Meta]:
