@@ -11,11 +11,12 @@ calls it; it never calls the engine back, except through `wake`.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 
 from ._clock import Clock
-from ._events import Event, WorkflowFinished, WorkflowStatus
+from ._events import EVENT_ADAPTER, Event, WorkflowFinished, WorkflowStatus
 from ._journal import Journal
 from ._resume import StoredCalls
 from ._retention import Retention, Sweeper
@@ -114,22 +115,35 @@ class Durability:
                 journal.start_at(run_id, 0)
             try:
                 journal.append_event(run_id, event)
-            except (ValueError, TypeError) as exc:  # pydantic's encoding errors are ValueErrors
+            except (ValueError, TypeError, RecursionError) as exc:  # pydantic's are ValueErrors
                 # Results and messages are made storable before their events are built, so
                 # this is a gap in those checks: the record is kept, escaped, and the engine
                 # goes on (an encoding error here would stop every run).
-                _log.error(
-                    "%s of %s could not be encoded (%s); stored escaped",
-                    event.kind,
-                    run_id,
-                    storable(str(exc)),
-                )
-                journal.append(run_id, event.kind, event.at, scrubbed(event))
+                self._escaped(run_id, event, storable(str(exc)))
             if event.kind in _ROW_EVENTS:
                 journal.upsert(self._row(run_id, event))
         except StoreError as exc:
             self.error = exc
             self._wake()
+
+    def _escaped(self, run_id: str, event: Event, why: str) -> None:
+        """Record `event` scrubbed (`scrubbed`), as the log reader will read it back; an event
+        that cannot be read back even so is left out (its run is then resumed from before it)
+        rather than making the whole log unreadable."""
+        data = scrubbed(event)
+        try:
+            EVENT_ADAPTER.validate_json(json.dumps(data))
+        except ValueError as exc:
+            _log.error(
+                "%s of %s could not be encoded (%s) nor escaped (%s); not stored",
+                event.kind,
+                run_id,
+                why,
+                storable(str(exc))[:500],
+            )
+            return
+        _log.error("%s of %s could not be encoded (%s); stored escaped", event.kind, run_id, why)
+        self.journal.append(run_id, event.kind, event.at, data)
 
     def ended(self, run: Run, record: TaskRun, llm_calls: int) -> None:
         """A task succeeded. A result that cost something outside (an LLM call, a side

@@ -20,7 +20,7 @@ from ._errors import ResultNotSerializableError, UsageError
 from ._events import ActionSpec, TaskOptions, TaskState
 from ._llm import DEFAULT_BACKEND, LLMRequest
 from ._runner import Runner, runner_spec
-from ._text import first_unstorable, key_text
+from ._text import MAX_NESTING, first_unstorable, key_text
 
 if TYPE_CHECKING:
     from ._context import TaskContext
@@ -484,9 +484,10 @@ def recording_problem(task: Task) -> str | None:
     return f"task {key_text(task.id)!r}: {found[0]}: {found[1]}"
 
 
-def _find_iterator(value: Any, seen: set[int]) -> Any:
-    """The first one-shot iterator inside `value` (containers, dataclasses, pydantic models)."""
-    if isinstance(value, _PLAIN) or id(value) in seen:
+def _find_iterator(value: Any, seen: set[int], depth: int = 0) -> Any:
+    """The first one-shot iterator inside `value` (containers, dataclasses, pydantic models),
+    looked for no deeper than the store holds (`first_unstorable` refuses what is deeper)."""
+    if isinstance(value, _PLAIN) or id(value) in seen or depth > MAX_NESTING:
         return None
     if isinstance(value, Iterator):
         return value
@@ -503,7 +504,7 @@ def _find_iterator(value: Any, seen: set[int]) -> Any:
     else:
         return None
     for child in children:
-        found = _find_iterator(child, seen)
+        found = _find_iterator(child, seen, depth + 1)
         if found is not None:
             return found
     return None

@@ -36,7 +36,7 @@ from orchestrator import (
 )
 from orchestrator._durable import Durability
 from orchestrator._events import TaskSucceeded
-from orchestrator._journal import Journal
+from orchestrator._journal import Journal, read_log
 from orchestrator.service import Service, Tenant, hash_token
 
 
@@ -48,6 +48,19 @@ def echo_text(text: str) -> str:
         text: any text.
     """
     return text
+
+
+@tool
+def nested(depth: int) -> Any:
+    """Give back a list nested `depth` deep.
+
+    Args:
+        depth: how deep.
+    """
+    value: Any = "bottom"
+    for _ in range(depth):
+        value = [value]
+    return value
 
 
 def surrogate() -> str:
@@ -69,7 +82,7 @@ async def gate() -> str:
 
 
 lost = Agent("lost", "You are on a backend this engine does not have.", backend="missing")
-REGISTRY = Registry(echo_text, surrogate, not_a_number, gate, lost, imports=False)
+REGISTRY = Registry(echo_text, nested, surrogate, not_a_number, gate, lost, imports=False)
 ACME = Tenant("acme", hash_token("acme-token"), max_running=100, rate_per_s=1000, burst=1000)
 BETA = Tenant("beta", hash_token("beta-token"), max_running=100, rate_per_s=1000, burst=1000)
 A = {"Authorization": "Bearer acme-token"}
@@ -235,6 +248,54 @@ def test_a_result_the_store_cannot_hold_fails_its_task_and_the_service_goes_on(
     on_stores(make_store, check)
 
 
+@pytest.mark.parametrize("depth", [200, 5000])
+def test_a_result_nested_too_deeply_fails_its_task_by_name_and_the_service_goes_on(
+    depth: int, make_store: StoreFactory
+) -> None:
+    async def check(api: Api) -> None:
+        body = {"tool": "nested", "args": {"depth": depth}}
+        status, data = await api.call("POST", "/v1/tasks?wait=30", body)
+        assert status == 200 and data["status"] == "failed", data
+        failure = data["failures"]["task"]
+        assert "ResultNotSerializableError: task 'task'" in failure, failure
+        assert "result[0][0]" in failure and "nested more than 64 levels deep" in failure
+        assert "RecursionError" not in failure
+        for path in (f"/v1/workflows/{data['id']}", f"/v1/workflows/{data['id']}/result"):
+            status, view = await api.call("GET", path)
+            assert status == 200 and view["status"] == "failed", view
+        await api.healthy()
+        await api.other_tenant_runs()
+
+    on_stores(make_store, check)
+
+
+def test_a_run_with_a_result_nested_too_deeply_resumes_after_a_restart(
+    make_store: StoreFactory,
+) -> None:
+    async def main() -> None:
+        Gate.opened = asyncio.Event()
+        wf = Workflow("deep")
+        wf.add("deep", nested.call({"depth": 200}))
+        wf.add("g", gate)
+        async with make_store() as store:
+            async with Engine(store=store) as engine:
+                run_id = engine.submit(wf).id
+                assert engine.journal is not None
+                while "task_failed" not in [r.kind for r in await store.events(run_id)]:
+                    await engine.journal.durable()
+            Gate.opened.set()  # the engine went with `g` still waiting: as a crash leaves it
+            async with Engine(store=store) as engine:
+                report = await engine.resume(REGISTRY)
+                assert [h.id for h in report.runs] == [run_id], report
+                result = await report.runs[0]
+            assert result["g"] == "opened"
+            assert "nested more than 64 levels deep" in result.failures["deep"]
+            events, _ = await read_log(store, run_id)
+            assert events[-1].kind == "workflow_finished"
+
+    asyncio.run(main())
+
+
 def test_a_workflow_the_engine_refuses_leaves_nothing_behind(make_store: StoreFactory) -> None:
     """`lost` runs on a backend the engine does not have: the engine refuses the workflow
     after it began to record it; nothing of it stays, now or after a restart."""
@@ -376,5 +437,31 @@ def test_an_event_that_cannot_be_encoded_is_stored_escaped_and_the_engine_goes_o
         assert durable.error is None
         (stored,) = await store.events("w")
         assert json.loads(stored.data)["result"] == {"text": "a\\udcffb"}
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("depth", [300, 5000])
+def test_an_event_nested_too_deeply_is_stored_so_the_log_reads_back(
+    depth: int, make_store: StoreFactory
+) -> None:
+    """The last guard keeps what lies too deep as a note, so the log stays readable."""
+
+    async def main() -> None:
+        async with make_store() as store:
+            durable = Durability(
+                store, VirtualClock(), {}, lambda: None, patience_s=1, retention=None
+            )
+            async with asyncio.TaskGroup() as tg:
+                durable.start(tg)
+                result = nested.fn(depth)
+                event = TaskSucceeded(workflow="w", task="t", duration=0.0, result=result, at=1.0)
+                durable.record("w", event)
+                await durable.close()
+            assert durable.error is None
+            (read,), seq = await read_log(store, "w")
+            assert seq == 1 and isinstance(read, TaskSucceeded)
+            kept = json.dumps(read.result)  # the event holding it is one level
+            assert kept.count("[") == 63 and "nested more than 64 levels deep" in kept
 
     asyncio.run(main())
