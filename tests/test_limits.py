@@ -5,6 +5,7 @@ filled at run time past the ceiling fails its task, not the engine."""
 from __future__ import annotations
 
 import tracemalloc
+from typing import Any
 
 import pytest
 from conftest import StoreFactory
@@ -60,8 +61,9 @@ def test_the_prompts_of_a_request_are_held_to_a_total(make_store: StoreFactory) 
         assert error["problems"] == [
             {
                 "field": "tasks",
-                "message": "the prompts filled with their inputs would be 1604 characters; "
-                "at most 1500 per request (send fewer tasks, or smaller inputs)",
+                "message": "the prompts and tool arguments filled with their inputs would be "
+                "1604 characters; at most 1500 per request (send fewer tasks, refer to large "
+                "inputs fewer times, or send smaller inputs)",
             }
         ]
         # Added tasks are held to the same limits.
@@ -73,6 +75,38 @@ def test_the_prompts_of_a_request_are_held_to_a_total(make_store: StoreFactory) 
 
     settings = ServiceSettings(max_prompt_chars=1000, max_request_prompt_chars=1500)
     on_stores(make_store, body, settings=settings)
+
+
+def test_tool_arguments_filled_from_inputs_count_toward_the_request_total(
+    make_store: StoreFactory,
+) -> None:
+    """A 900 KB input given to 300 tools would record (and pass on) 300 copies: 422 first."""
+
+    def spec(n: int) -> dict[str, Any]:
+        tasks = [
+            {"id": f"t{i}", "tool": "shout", "args": {"text": {"$input": "x"}}} for i in range(n)
+        ]
+        return {"name": "copies", "inputs": {"x": "y" * 900_000}, "tasks": tasks}
+
+    async def body(api: Api) -> None:
+        tracemalloc.start()
+        try:
+            status, error, _ = await api.call("POST", "/v1/workflows", spec(300))
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert status == 422, error
+        (problem,) = error["problems"]
+        assert problem["field"] == "tasks"
+        message = problem["message"]
+        assert "tool arguments filled with their inputs would be 270000600 characters" in message
+        assert f"at most {8 * MAX_PROMPT_CHARS} per request" in message
+        assert peak < 40 * 2**20  # no copy was made
+        assert await api.engine.store.workflows() == []  # type: ignore[union-attr]
+        status, accepted, _ = await api.call("POST", "/v1/workflows", spec(2))
+        assert status == 202, accepted
+
+    on_stores(make_store, body)
 
 
 def test_a_prompt_filled_past_the_ceiling_at_run_time_fails_its_task(

@@ -7,6 +7,7 @@ path a resumed run takes, so what the service accepts is exactly what it can res
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,6 +37,31 @@ class SpecError(UsageError):
 
 class TooLargeError(SpecError):
     """A spec that would build more prompt text than the service takes."""
+
+
+def args_sizes(tasks: Sequence[TaskSpec], inputs: Mapping[str, Any]) -> list[int]:
+    """How much each task's tool arguments grow once each `{"$input": NAME}` in them is
+    filled: the input's length as JSON per reference (every reference is recorded, and
+    passed on, as a copy), computed without filling any; each input is measured once."""
+    lengths: dict[str, int] = {}
+
+    def grown(value: Any) -> int:
+        stack, total = [value], 0
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                name = item.get("$input") if len(item) == 1 else None
+                if isinstance(name, str) and name in inputs:
+                    if name not in lengths:
+                        lengths[name] = len(json.dumps(inputs[name], ensure_ascii=False))
+                    total += lengths[name]
+                else:
+                    stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+        return total
+
+    return [0 if task.args is None else grown(task.args) for task in tasks]
 
 
 def prompt_sizes(tasks: Sequence[TaskSpec], inputs: Mapping[str, Any]) -> list[int]:
@@ -73,9 +99,10 @@ def check_prompt_sizes(
     per_request: int = 8 * MAX_PROMPT_CHARS,
 ) -> None:
     """Refuse (`TooLargeError`) a request whose prompts, filled with its inputs, would be
-    longer than `per_task` characters for one task or `per_request` for all: checked from
-    the sizes alone, before anything is built."""
-    total = 0
+    longer than `per_task` characters for one task, or whose prompts and tool arguments
+    filled with its inputs would be longer than `per_request` for all: checked from the
+    sizes alone, before anything is built."""
+    total = sum(args_sizes(tasks, inputs))
     for i, size in enumerate(prompt_sizes(tasks, inputs)):
         if size > per_task:
             raise TooLargeError(
@@ -87,8 +114,9 @@ def check_prompt_sizes(
     if total > per_request:
         raise TooLargeError(
             "tasks",
-            f"the prompts filled with their inputs would be {total} characters; at most "
-            f"{per_request} per request (send fewer tasks, or smaller inputs)",
+            f"the prompts and tool arguments filled with their inputs would be {total} "
+            f"characters; at most {per_request} per request (send fewer tasks, refer to large "
+            "inputs fewer times, or send smaller inputs)",
         )
 
 

@@ -78,7 +78,7 @@ class ServiceSettings(ConfigSection):
     """The longest prompt one task of a request may fill to with the request's inputs
     (characters; longer is refused with 413 before anything is built)."""
     max_request_prompt_chars: int = Field(default=8 * MAX_PROMPT_CHARS, ge=1)
-    """The most prompt text all the tasks of one request may fill to (413 beyond)."""
+    """The most text all the prompts and tool arguments of one request may fill to (422)."""
     heartbeat_s: float = Field(default=15.0, gt=0)
     """How often an idle event stream sends a comment to keep proxies from closing it."""
     drain_s: float = Field(default=10.0, ge=0)
