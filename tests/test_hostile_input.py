@@ -215,6 +215,36 @@ def test_text_the_store_cannot_hold_is_refused_with_its_field_and_nothing_is_kep
     on_stores(make_store, check)
 
 
+@pytest.mark.parametrize("depth", [50, 5000])
+def test_a_body_nested_too_deeply_names_where(depth: int, make_store: StoreFactory) -> None:
+    async def check(api: Api) -> None:
+        inner = b"[" * depth + b"]" * depth
+        raw = b'{"tool": "echo_text", "args": {"text": ' + inner + b"}}"
+        async with api.http.post(
+            api.base + "/v1/tasks", data=raw, headers={**A, "Content-Type": "application/json"}
+        ) as r:
+            status, data = r.status, await r.json()
+        assert status == 400, data
+        (problem,) = data["problems"]
+        assert problem["field"] == "args.text" + "[0]" * 38, problem
+        assert "nested deeper than 40 levels" in problem["message"]
+        assert await api.ids() == []
+        await api.other_tenant_runs()
+
+    on_stores(make_store, check)
+
+
+def test_a_blank_idempotency_key_is_refused_as_blank(make_store: StoreFactory) -> None:
+    async def check(api: Api) -> None:
+        body = {"tool": "echo_text", "args": {"text": "hi"}}
+        status, data = await api.call("POST", "/v1/tasks", body, {**A, "Idempotency-Key": "   "})
+        assert status == 400, data
+        assert "Idempotency-Key must not be blank" in data["error"], data
+        assert await api.ids() == []
+
+    on_stores(make_store, check)
+
+
 def test_a_non_utf8_idempotency_key_is_refused_by_name(make_store: StoreFactory) -> None:
     async def check(api: Api) -> None:
         body = json.dumps({"tool": "echo_text", "args": {"text": "hi"}}).encode()

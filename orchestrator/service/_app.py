@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -441,7 +442,13 @@ class Service:
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
         if key is None:
             return await self._start(tenant, spec, None, digest), False
-        if not 0 < len(key) <= MAX_KEY:
+        if not key.strip():
+            raise ApiError(
+                400,
+                f"Idempotency-Key must not be blank: send 1 to {MAX_KEY} characters that name "
+                "this request, or leave the header out",
+            )
+        if len(key) > MAX_KEY:
             raise ApiError(400, f"Idempotency-Key must be 1 to {MAX_KEY} characters")
         slot = (tenant.name, key)
         while (racing := self._keys.get(slot)) is not None:
@@ -1107,7 +1114,7 @@ async def _body(request: web.Request) -> Any:
     try:
         body = json.loads(raw)
     except RecursionError:
-        raise ApiError(400, f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise _too_deep(_deep_path(raw.decode("utf-8", "replace"))) from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
     _check_body(body)
@@ -1132,7 +1139,7 @@ def _check_body(body: Any) -> None:
                 raise _unstorable(where, f"{item!r} is not a number JSON can hold")
         elif isinstance(item, dict | list):
             if depth > MAX_JSON_DEPTH:
-                raise ApiError(400, f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+                raise _too_deep(_path(where))
             if isinstance(item, list):
                 stack.extend((child, depth + 1, (where, i)) for i, child in enumerate(item))
                 continue
@@ -1142,15 +1149,66 @@ def _check_body(body: Any) -> None:
                 stack.append((child, depth + 1, (where, key)))
 
 
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},:]')
+"""The JSON tokens that say where a value sits: strings (keys), brackets and separators."""
+
+
+def _deep_path(text: str) -> str:
+    """Where in the JSON `text` a value first lies deeper than `MAX_JSON_DEPTH` (for a body
+    too deep for the parser), read from its tokens without building anything."""
+    steps: list[list[Any]] = []  # per open container: [is a list, its current key or index]
+    key = '""'
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token[0] == '"':
+            key = token
+        elif token in "[{":
+            if len(steps) >= MAX_JSON_DEPTH:
+                break
+            steps.append([token == "[", 0])
+        elif token in "]}":
+            if steps:
+                steps.pop()
+        elif token == "," and steps and steps[-1][0]:
+            steps[-1][1] += 1
+        elif token == ":" and steps:
+            try:
+                steps[-1][1] = json.loads(key)
+            except ValueError:
+                steps[-1][1] = key
+    field = ""
+    for _, step in steps:
+        field = join_path(field, step)
+    return field
+
+
+def _too_deep(field: str) -> ApiError:
+    return ApiError(
+        400,
+        f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels",
+        [
+            Problem(
+                field=field or "(body)",
+                message=f"nested deeper than {MAX_JSON_DEPTH} levels; send flatter JSON",
+            )
+        ],
+    )
+
+
+def _path(where: _Where) -> str:
+    steps: list[str | int] = []
+    while where is not None:
+        where, step = where
+        steps.append(step)
+    field = ""
+    for step in reversed(steps):
+        field = join_path(field, step)
+    return field
+
+
 def _unstorable(where: _Where, problem: str, field: str | None = None) -> ApiError:
     if field is None:
-        steps: list[str | int] = []
-        while where is not None:
-            where, step = where
-            steps.append(step)
-        field = ""
-        for step in reversed(steps):
-            field = join_path(field, step)
+        field = _path(where)
     return ApiError(
         400,
         "the request holds text or a number that cannot be stored",
