@@ -296,7 +296,7 @@ class Service:
             raise
         except Exception:
             # Never a traceback to the caller, and never the request's headers in the log.
-            _log.exception("%s %s failed", request.method, request.path)
+            _log.exception("%s %s failed", request.method, ascii(request.path))
             return _error(500, "the service failed on this request; it is logged")
 
     async def _read_body(self, request: web.Request) -> None:
@@ -648,6 +648,8 @@ class Service:
 
     async def _owned(self, request: web.Request, tenant: Tenant) -> WorkflowRow:
         run_id = request.match_info["id"]
+        if not _possible_id(run_id):  # NUL, a lone surrogate, a control character: no store
+            raise ApiError(404, f"no workflow {run_id!a}")
         row = await self.store.workflow(run_id)
         if row is None:
             self.images.forget(run_id)  # retention has deleted it, maybe
@@ -1062,6 +1064,12 @@ def _read_at(path: Path, offset: int, size: int) -> bytes:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+def _possible_id(text: str) -> bool:
+    """Whether `text` could name a stored workflow: storable text without control characters
+    (an id made of anything else never reaches the store, nor the log)."""
+    return text_problem(text) is None and text.isprintable()
 
 
 def _list_cost(request: web.Request) -> float:
