@@ -294,6 +294,13 @@ class Service:
                 kept = {k: v for k, v in exc.headers.items() if k.lower() != "content-type"}
                 return _error(exc.status, exc.reason, headers=kept)
             raise
+        except ConnectionResetError:  # the client went away mid-request: not a failure
+            self.notes.note(
+                "gone",
+                logging.INFO,
+                "clients closed their connection before their request was answered",
+            )
+            return _error(400, "the connection was closed before the request was whole")
         except Exception:
             # Never a traceback to the caller, and never the request's headers in the log.
             _log.exception("%s %s failed", request.method, ascii(request.path))
