@@ -21,6 +21,8 @@ from typing import Any, TypeAlias, TypeVar
 
 import pydantic
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from .._clock import Clock, SystemClock
 from .._engine import Engine
@@ -313,6 +315,20 @@ class Service:
         try:
             async with asyncio.timeout(limit):
                 await request.read()
+        except RequestPayloadError as exc:
+            coding = request.headers.get("Content-Encoding", "")
+            if isinstance(exc.__cause__, ContentEncodingError):
+                raise ApiError(
+                    400,
+                    f"the body is not valid {coding!a} (its Content-Encoding); send it "
+                    "compressed whole, or uncompressed without that header",
+                    headers={"Connection": "close"},
+                ) from None
+            if isinstance(exc.__cause__, ConnectionResetError):
+                raise exc.__cause__ from None
+            raise ApiError(
+                400, f"the body cannot be read: {exc}", headers={"Connection": "close"}
+            ) from None
         except TimeoutError:
             self.notes.note(
                 "body",
