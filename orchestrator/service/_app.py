@@ -15,7 +15,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
@@ -82,6 +82,7 @@ ROWS_PER_TOKEN = 100
 STREAM_COST = 10
 """Opening an event stream weighs this many requests."""
 _FINISHED = ("succeeded", "failed", "cancelled")
+_STATUSES = ("pending", "running", *_FINISHED)
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 
@@ -684,7 +685,8 @@ class Service:
         tenant = self._tenant(request)
         await self._committed()
         row = await self._owned(request, tenant)
-        image, counts, tasks = await self.images.tasks(row.id)
+        async with _readable(row.id):
+            image, counts, tasks = await self.images.tasks(row.id)
         self._charge(tenant, image)
         update: dict[str, Any] = {"counts": counts}
         waiting = self._waiting(row, image)
@@ -742,7 +744,8 @@ class Service:
         row = await self._owned(request, tenant)
         if wait > 0:
             await self._finished_within(row.id, wait)
-        return _json(await self._result_of(row.id, tenant))
+        async with _readable(row.id):
+            return _json(await self._result_of(row.id, tenant))
 
     async def _finished_within(self, run_id: str, seconds: float) -> bool:
         """Wait up to `seconds` for the run to finish; False if it is still running. A run
@@ -953,7 +956,12 @@ class Service:
         )
         try:
             await response.prepare(request)
-            await self._stream(request, response, feed, after, queue)
+            try:
+                async with _readable(row.id):
+                    await self._stream(request, response, feed, after, queue)
+            except ApiError as exc:  # the headers are sent: the stream ends with the error
+                data = ErrorBody(error=exc.error).model_dump_json()
+                await response.write(f"event: error\ndata: {data}\n\n".encode())
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the client went away, or the service is closing
         finally:
@@ -1087,6 +1095,26 @@ def _read_at(path: Path, offset: int, size: int) -> bytes:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _readable(run_id: str) -> AsyncIterator[None]:
+    """Reading the run's stored log: one that cannot be rebuilt (damaged by hand or by the
+    disk) is a 500 that says so, for this workflow alone, logged once a read."""
+    try:
+        yield
+    except (ValueError, KeyError, TypeError, UsageError) as exc:  # (pydantic's is a ValueError)
+        _log.error("workflow %r: its stored log is damaged: %s", run_id, _one_line(exc))
+        raise ApiError(
+            500,
+            f"workflow {run_id!r}: its stored log is damaged and cannot be shown "
+            f"({_one_line(exc)}); it is logged",
+        ) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return storable(" ".join(text.split()))[:300]
 
 
 def _possible_id(text: str) -> bool:
@@ -1263,7 +1291,8 @@ def _view(row: WorkflowRow, image: RunImage | None) -> WorkflowView:
     return WorkflowView(
         id=row.id,
         name=row.name,
-        status=row.status,
+        # a status no version writes (a damaged row): it will not run again
+        status=row.status if row.status in _STATUSES else "failed",
         priority=row.priority,
         labels={k: v for k, v in row.labels.items() if not k.startswith(RESERVED_LABELS)},
         created=row.created,
