@@ -28,6 +28,7 @@ import asyncio
 import functools
 import itertools
 import json
+import logging
 import operator
 import re
 import sqlite3
@@ -68,6 +69,7 @@ from orchestrator import (
 
 from . import _schema as t
 
+_log = logging.getLogger("plait.store")
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _FINISHED = ("succeeded", "failed", "cancelled")
 _UNFINISHED = ("pending", "running")
@@ -493,7 +495,7 @@ class SQLStore(Store):
         return found
 
     async def workflow(self, workflow: str) -> WorkflowRow | None:
-        query = sa.select(t.workflows).where(t.workflows.c.id == workflow)
+        query = sa.select(*_ROW_COLUMNS).where(t.workflows.c.id == workflow)
         async with self._read() as conn:
             row = (await conn.execute(query)).mappings().first()
         return None if row is None else _workflow_from(row)
@@ -508,7 +510,7 @@ class SQLStore(Store):
         offset: int = 0,
     ) -> list[WorkflowRow]:
         w = t.workflows.c
-        query = sa.select(t.workflows).order_by(w.created.desc(), w.id.desc())
+        query = sa.select(*_ROW_COLUMNS).order_by(w.created.desc(), w.id.desc())
         if status is not None:
             query = query.where(w.status == status)
         if tenant is not None:
@@ -965,6 +967,41 @@ def _alembic_upgrade(conn: sa.Connection, revision: str) -> None:
     command.upgrade(config, revision)
 
 
+_ROW_COLUMNS = tuple(
+    sa.type_coerce(c, sa.Text).label(c.name) if c.name == "labels" else c for c in t.workflows.c
+)
+"""A workflow row's columns, its labels as text: parsed here, so damaged labels on one row
+fail no read of it or of a page holding it."""
+_DAMAGED_SEEN: set[str] = set()
+
+
+def _labels_from(workflow: str, text: Any) -> dict[str, str]:
+    """The labels a row's text holds (asyncpg gives them parsed); damaged ones (not a JSON
+    object of strings) are read as none, and said once per workflow in the log."""
+    if text is None:
+        return {}
+    try:
+        labels = json.loads(text) if isinstance(text, str | bytes) else text
+    except ValueError as exc:
+        problem = f"they are not JSON ({exc})"
+    else:
+        if labels is None:
+            return {}
+        if isinstance(labels, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in labels.items()
+        ):
+            return labels
+        problem = "they are not a JSON object of strings"
+    if workflow not in _DAMAGED_SEEN and len(_DAMAGED_SEEN) < 10_000:
+        _DAMAGED_SEEN.add(workflow)
+        _log.error(
+            "workflow %r: its labels in the store are damaged (%s); read as no labels",
+            workflow,
+            problem,
+        )
+    return {}
+
+
 def _workflow_from(row: sa.RowMapping) -> WorkflowRow:
     return WorkflowRow(
         id=row["id"],
@@ -976,7 +1013,7 @@ def _workflow_from(row: sa.RowMapping) -> WorkflowRow:
         updated=row["updated"],
         finished=row["finished"],
         tenant=row["tenant"],
-        labels=row["labels"] or {},
+        labels=_labels_from(row["id"], row["labels"]),
         compacted=bool(row["compacted"]),
         owner=row["owner"],
         lease_until=row["lease_until"],

@@ -69,7 +69,14 @@ async def plan_resume(
 ) -> list[ResumePlan]:
     """A plan for every unfinished run in `store` (or those named in `workflows`)."""
     ids = list(workflows) if workflows is not None else await store.unfinished()
-    return [await _plan(store, registry, wid, decisions or {}) for wid in ids]
+    plans = []
+    for wid in ids:
+        try:
+            plans.append(await _plan(store, registry, wid, decisions or {}))
+        except (ValueError, KeyError, TypeError) as exc:  # a damaged row: the rest go on
+            error = f"its stored row or log cannot be read: {type(exc).__name__}: {exc}"
+            plans.append(ResumePlan(wid, wid, error=error))
+    return plans
 
 
 async def _plan(

@@ -16,12 +16,14 @@ import logging
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
 
 import pydantic
 from aiohttp import web
+from aiohttp.http_exceptions import ContentEncodingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from .._clock import Clock, SystemClock
 from .._engine import Engine
@@ -81,6 +83,7 @@ ROWS_PER_TOKEN = 100
 STREAM_COST = 10
 """Opening an event stream weighs this many requests."""
 _FINISHED = ("succeeded", "failed", "cancelled")
+_STATUSES = ("pending", "running", *_FINISHED)
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 
@@ -295,9 +298,16 @@ class Service:
                 kept = {k: v for k, v in exc.headers.items() if k.lower() != "content-type"}
                 return _error(exc.status, exc.reason, headers=kept)
             raise
+        except ConnectionResetError:  # the client went away mid-request: not a failure
+            self.notes.note(
+                "gone",
+                logging.INFO,
+                "clients closed their connection before their request was answered",
+            )
+            return _error(400, "the connection was closed before the request was whole")
         except Exception:
             # Never a traceback to the caller, and never the request's headers in the log.
-            _log.exception("%s %s failed", request.method, request.path)
+            _log.exception("%s %s failed", request.method, ascii(request.path))
             return _error(500, "the service failed on this request; it is logged")
 
     async def _read_body(self, request: web.Request) -> None:
@@ -307,6 +317,20 @@ class Service:
         try:
             async with asyncio.timeout(limit):
                 await request.read()
+        except RequestPayloadError as exc:
+            coding = request.headers.get("Content-Encoding", "")
+            if isinstance(exc.__cause__, ContentEncodingError):
+                raise ApiError(
+                    400,
+                    f"the body is not valid {coding!a} (its Content-Encoding); send it "
+                    "compressed whole, or uncompressed without that header",
+                    headers={"Connection": "close"},
+                ) from None
+            if isinstance(exc.__cause__, ConnectionResetError):
+                raise exc.__cause__ from None
+            raise ApiError(
+                400, f"the body cannot be read: {exc}", headers={"Connection": "close"}
+            ) from None
         except TimeoutError:
             self.notes.note(
                 "body",
@@ -655,6 +679,8 @@ class Service:
 
     async def _owned(self, request: web.Request, tenant: Tenant) -> WorkflowRow:
         run_id = request.match_info["id"]
+        if not _possible_id(run_id):  # NUL, a lone surrogate, a control character: no store
+            raise ApiError(404, f"no workflow {run_id!a}")
         row = await self.store.workflow(run_id)
         if row is None:
             self.images.forget(run_id)  # retention has deleted it, maybe
@@ -666,7 +692,8 @@ class Service:
         tenant = self._tenant(request)
         await self._committed()
         row = await self._owned(request, tenant)
-        image, counts, tasks = await self.images.tasks(row.id)
+        async with _readable(row.id):
+            image, counts, tasks = await self.images.tasks(row.id)
         self._charge(tenant, image)
         update: dict[str, Any] = {"counts": counts}
         waiting = self._waiting(row, image)
@@ -724,7 +751,8 @@ class Service:
         row = await self._owned(request, tenant)
         if wait > 0:
             await self._finished_within(row.id, wait)
-        return _json(await self._result_of(row.id, tenant))
+        async with _readable(row.id):
+            return _json(await self._result_of(row.id, tenant))
 
     async def _finished_within(self, run_id: str, seconds: float) -> bool:
         """Wait up to `seconds` for the run to finish; False if it is still running. A run
@@ -935,7 +963,12 @@ class Service:
         )
         try:
             await response.prepare(request)
-            await self._stream(request, response, feed, after, queue)
+            try:
+                async with _readable(row.id):
+                    await self._stream(request, response, feed, after, queue)
+            except ApiError as exc:  # the headers are sent: the stream ends with the error
+                data = ErrorBody(error=exc.error).model_dump_json()
+                await response.write(f"event: error\ndata: {data}\n\n".encode())
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the client went away, or the service is closing
         finally:
@@ -1069,6 +1102,32 @@ def _read_at(path: Path, offset: int, size: int) -> bytes:
 
 
 # --- helpers ----------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def _readable(run_id: str) -> AsyncIterator[None]:
+    """Reading the run's stored log: one that cannot be rebuilt (damaged by hand or by the
+    disk) is a 500 that says so, for this workflow alone, logged once a read."""
+    try:
+        yield
+    except (ValueError, KeyError, TypeError, UsageError) as exc:  # (pydantic's is a ValueError)
+        _log.error("workflow %r: its stored log is damaged: %s", run_id, _one_line(exc))
+        raise ApiError(
+            500,
+            f"workflow {run_id!r}: its stored log is damaged and cannot be shown "
+            f"({_one_line(exc)}); it is logged",
+        ) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return storable(" ".join(text.split()))[:300]
+
+
+def _possible_id(text: str) -> bool:
+    """Whether `text` could name a stored workflow: storable text without control characters
+    (an id made of anything else never reaches the store, nor the log)."""
+    return text_problem(text) is None and text.isprintable()
 
 
 def _list_cost(request: web.Request) -> float:
@@ -1290,7 +1349,8 @@ def _view(row: WorkflowRow, image: RunImage | None) -> WorkflowView:
     return WorkflowView(
         id=row.id,
         name=row.name,
-        status=row.status,
+        # a status no version writes (a damaged row): it will not run again
+        status=row.status if row.status in _STATUSES else "failed",
         priority=row.priority,
         labels={k: v for k, v in row.labels.items() if not k.startswith(RESERVED_LABELS)},
         created=row.created,

@@ -23,7 +23,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 _log = logging.getLogger("plait.serve")
 NOTE_EVERY_S = 60.0
@@ -95,6 +95,10 @@ class _HttpLog(logging.LoggerAdapter[logging.Logger]):
                 kind,
                 exc.code,
             )
+            return
+        if isinstance(exc, RequestPayloadError):
+            # the rest of a body, read after its request was answered (a 400 said why)
+            self.logger.debug("the rest of an answered request's body is unreadable: %s", exc)
             return
         if level < logging.WARNING:
             self.logger.log(level, msg, *args, **kwargs)
