@@ -30,6 +30,7 @@ from orchestrator.service import Service, Tenant, hash_token
 from orchestrator.service._app import _view
 from orchestrator.service._config import ServiceSettings
 from orchestrator.service._door import Door
+from orchestrator.service._feeds import PAGE
 
 ACME = Tenant("acme", hash_token("acme-token"), max_running=100, rate_per_s=1000, burst=1000)
 A = {"Authorization": "Bearer acme-token"}
@@ -84,11 +85,15 @@ class CountingStore(SQLStore):
         super().__init__(path)
         self.reads: dict[str, int] = {}
         self.after: list[int] = []
+        self.limits: list[int | None] = []
 
-    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
+    async def events(
+        self, workflow: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[EventRecord]:
         self.reads[workflow] = self.reads.get(workflow, 0) + 1
         self.after.append(after_seq)
-        return await super().events(workflow, after_seq)
+        self.limits.append(limit)
+        return await super().events(workflow, after_seq, limit)
 
 
 @dataclass
@@ -461,6 +466,36 @@ def test_a_workflows_view_is_read_from_its_log_once_and_is_the_rebuilt_one(
             async with served.http.get(f"{url}/{held}", headers=A) as r:
                 view = await r.json()
             assert view == await rebuilt(store, held) and view["counts"] == {"done": 3}
+
+    asyncio.run(main())
+
+
+def test_a_long_log_is_replayed_in_bounded_pages_every_event_in_order(tmp_path: Path) -> None:
+    """The stream of a finished 600-task workflow (1,200-odd events) sends every event once,
+    in order, and reads the log PAGE records at a time: a long replay never holds the loop
+    for the whole log."""
+
+    async def main() -> None:
+        store = CountingStore(tmp_path / "store.db")
+        async with serving(store, ServiceSettings()) as served:
+            url = served.base + "/v1/workflows"
+            async with served.http.post(url, json=wide(600), headers=A) as r:
+                run_id = (await r.json())["id"]
+            async with served.http.get(f"{url}/{run_id}/result?wait=60", headers=A) as r:
+                assert (await r.json())["status"] == "succeeded"
+            last = await store.last_seq(run_id)
+            store.after.clear()
+            store.limits.clear()
+            ids = []
+            async with served.http.get(f"{url}/{run_id}/events", headers=A) as r:
+                assert r.status == 200
+                async for raw in r.content:
+                    if raw.startswith(b"id: "):
+                        ids.append(int(raw.removeprefix(b"id: ")))
+            assert ids == list(range(1, last + 1))
+            assert last > 2 * PAGE
+            assert store.limits == [PAGE] * (last // PAGE + 1), store.limits
+            assert store.after == [PAGE * i for i in range(last // PAGE + 1)]
 
     asyncio.run(main())
 

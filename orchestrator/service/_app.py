@@ -953,7 +953,7 @@ class Service:
             # every event that will come, so the stream ends once they are sent, also when
             # it was resumed after the last of them.
             ended = self.engine.handle(feed.run_id) is None
-            for frame in await feed.frames(after):
+            async for frame in feed.replay(after):
                 await response.write(frame.data)
                 written, after = loop.time(), frame.seq
                 if frame.last:
