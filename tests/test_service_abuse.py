@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from orchestrator import Engine, EventRecord, Registry, Store, TaskContext, Virt
 from orchestrator._journal import read_log
 from orchestrator._replay import rebuild
 from orchestrator.service import Service, Tenant, hash_token
+from orchestrator.service import _app as service_app
 from orchestrator.service._app import _view
 from orchestrator.service._config import ServiceSettings
 from orchestrator.service._door import Door
@@ -68,7 +70,11 @@ def _secret(ctx: TaskContext) -> str:
     return "a module's own"
 
 
-REGISTRY = Registry(work, hold, hold_more, noop, _secret, imports=False)
+def megabyte(ctx: TaskContext) -> str:
+    return "x" * 1_000_000
+
+
+REGISTRY = Registry(work, hold, hold_more, noop, megabyte, _secret, imports=False)
 HELD = {
     "name": "held",
     "tasks": [
@@ -496,6 +502,55 @@ def test_a_long_log_is_replayed_in_bounded_pages_every_event_in_order(tmp_path: 
             assert last > 2 * PAGE
             assert store.limits == [PAGE] * (last // PAGE + 1), store.limits
             assert store.after == [PAGE * i for i in range(last // PAGE + 1)]
+
+    asyncio.run(main())
+
+
+def test_a_large_result_is_encoded_off_the_loop_and_weighs_by_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workflow with 8 MB of results: its result's JSON is made in a worker thread (the
+    loop serves others meanwhile), and each read of it weighs 1 + 8 tokens, so a tenant with
+    a burst of 30 is refused at its fifth read, not its thirtieth; a small result still
+    weighs 1 and is encoded in place."""
+    clock = VirtualClock()
+    threads: list[str] = []
+    encode = service_app._encode
+
+    def watched(model: Any) -> str:
+        threads.append(threading.current_thread().name)
+        return encode(model)
+
+    monkeypatch.setattr(service_app, "_encode", watched)
+    big = {"name": "big", "tasks": [{"id": f"m{i}", "function": "megabyte"} for i in range(8)]}
+
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), ServiceSettings(), clock=clock) as served:
+            tenant = Tenant("big", hash_token("big-token"), 10, rate_per_s=1, burst=30)
+            served.service._tenants[tenant.token_sha256] = tenant
+            headers = {"Authorization": "Bearer big-token"}
+            url = served.base + "/v1/workflows"
+            async with served.http.post(url, json=big, headers=headers) as r:
+                run_id = (await r.json())["id"]
+            refused = None
+            for n in range(30):
+                async with served.http.get(f"{url}/{run_id}/result?wait=60", headers=headers) as r:
+                    if r.status == 429:
+                        refused = n, (await r.json())["error"]
+                        break
+                    answer = await r.json()
+                    assert answer["status"] == "succeeded"
+                    assert answer["results"] == {f"m{i}": "x" * 1_000_000 for i in range(8)}
+            # 29 tokens after the submission; each read takes 1, then 8 once read
+            assert refused is not None and refused[0] == 4, refused
+            assert threads and all(t != threading.main_thread().name for t in threads), threads
+            # a small result: one token, encoded on the loop
+            threads.clear()
+            async with served.http.post(url, json=wide(1), headers=A) as r:
+                small = (await r.json())["id"]
+            async with served.http.get(f"{url}/{small}/result?wait=60", headers=A) as r:
+                assert (await r.json())["status"] == "succeeded"
+            assert threads == []
 
     asyncio.run(main())
 
