@@ -55,6 +55,9 @@ from ._sim import SimServer
 from ._simtext import CHARS_PER_TOKEN
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# Deeper than any real request (a tool's schema nests a few levels); bounds the validators'
+# recursion, which a body nested 100,000 deep would otherwise exhaust.
+MAX_DEPTH = 100
 
 
 # Strict like vLLM's OpenAI server: no coercion of "yes" to a bool or `true` to a number,
@@ -281,6 +284,54 @@ def _error(status: int, message: str, param: str | None = None) -> web.Response:
     return web.json_response(body, status=status)
 
 
+def _too_deep(path: str) -> str:
+    where = f" at {path}" if path else ""
+    return (
+        f"the request body is nested too deeply{where}: at most {MAX_DEPTH} levels of "
+        "arrays and objects"
+    )
+
+
+def _unreadable(data: Any) -> tuple[str, str] | None:
+    """The first place in a parsed body nested past MAX_DEPTH or holding text that is not
+    Unicode (a lone surrogate, which JSON's `\\udcff` escape can spell), and why; None if
+    none. Walked without recursion, so any depth json.loads returns is safe."""
+    stack: list[tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return path, (
+                    f"field {path or 'body'!r}: it holds a lone surrogate "
+                    f"({ascii(value[exc.start])[1:-1]}) at character {exc.start}, which is "
+                    "not Unicode text; send text as UTF-8"
+                )
+            continue
+        if not isinstance(value, list | dict):
+            continue
+        if depth >= MAX_DEPTH:
+            return path, _too_deep(path or "the top")
+        items = enumerate(value) if isinstance(value, list) else value.items()
+        # Spelled as pydantic spells a field's place (`messages.0.content`); a key is text too.
+        children = [(item, _place(path, key), depth + 1) for key, item in items]
+        if isinstance(value, dict):
+            children += [(key, _place(path, key), depth + 1) for key in value]
+        stack.extend(reversed(children))
+    return None
+
+
+def _place(path: str, key: object) -> str:
+    shown = str(key)
+    if not shown.isascii():
+        try:
+            shown.encode("utf-8")
+        except UnicodeEncodeError:
+            shown = ascii(shown)[1:-1]
+    return f"{path}.{shown}" if path else shown
+
+
 def _event(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data)}\n\n".encode()
 
@@ -366,10 +417,16 @@ class SimHTTP:
             data = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return _error(400, f"the request body is not valid JSON: {exc}")
+        except RecursionError:
+            return _error(400, _too_deep(""))
+        if (found := _unreadable(data)) is not None:
+            return _error(400, found[1], found[0] or None)
         if not isinstance(data, dict):
             return _error(400, "the request body must be a JSON object")
         try:
             body = model.model_validate(data)
+        except RecursionError:  # never past MAX_DEPTH, but a bad body is a 400 whatever it is
+            return _error(400, _too_deep(""))
         except ValidationError as exc:
             first = exc.errors()[0]
             field = ".".join(str(p) for p in first["loc"]) or None

@@ -465,12 +465,15 @@ class SQLStore(Store):
 
     # --- reads ------------------------------------------------------------------------------
 
-    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
+    async def events(
+        self, workflow: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[EventRecord]:
         e = t.events.c
         query = (
             sa.select(e.workflow_id, e.seq, e.kind, e.at, e.data, e.refs)
             .where(e.workflow_id == workflow, e.seq > after_seq)
             .order_by(e.seq)
+            .limit(limit)
         )
         async with self._read() as conn:
             rows = (await conn.execute(query)).all()

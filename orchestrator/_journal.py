@@ -526,11 +526,12 @@ async def read_log(store: Store, workflow: str) -> tuple[list[Event], int]:
 
 
 async def read_records(
-    store: Store, workflow: str, after_seq: int = 0
+    store: Store, workflow: str, after_seq: int = 0, limit: int | None = None
 ) -> tuple[list[EventRecord], dict[str, bytes]]:
-    """The workflow's stored records after `after_seq` (each with its `seq`) and the
-    payloads they refer to, in two queries; `restore` puts a record's fields back."""
-    records = await store.events(workflow, after_seq)
+    """The workflow's stored records after `after_seq` (each with its `seq`; the first
+    `limit`) and the payloads they refer to, in two queries; `restore` puts a record's
+    fields back."""
+    records = await store.events(workflow, after_seq, limit)
     wanted = sorted({digest for record in records for digest in record.refs.values()})
     return records, await store.payloads(wanted) if wanted else {}
 

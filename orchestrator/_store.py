@@ -318,8 +318,10 @@ class Store(ABC):
     # --- reads -------------------------------------------------------------------------------
 
     @abstractmethod
-    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
-        """The workflow's events with `seq > after_seq`, in `seq` order."""
+    async def events(
+        self, workflow: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[EventRecord]:
+        """The workflow's events with `seq > after_seq`, in `seq` order (the first `limit`)."""
 
     @abstractmethod
     async def last_seq(self, workflow: str) -> int:

@@ -178,8 +178,11 @@ class MemoryStore(Store):
     ) -> int:
         raise NotImplementedError("the journal never compacts")
 
-    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
-        return self.log.get(workflow, [])[after_seq:]
+    async def events(
+        self, workflow: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[EventRecord]:
+        log = self.log.get(workflow, [])
+        return log[after_seq : None if limit is None else after_seq + limit]
 
     async def last_seq(self, workflow: str) -> int:
         return len(self.log.get(workflow, []))

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import tempfile
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -27,9 +28,11 @@ from orchestrator import Engine, EventRecord, Registry, Store, TaskContext, Virt
 from orchestrator._journal import read_log
 from orchestrator._replay import rebuild
 from orchestrator.service import Service, Tenant, hash_token
+from orchestrator.service import _app as service_app
 from orchestrator.service._app import _view
 from orchestrator.service._config import ServiceSettings
 from orchestrator.service._door import Door
+from orchestrator.service._feeds import PAGE
 
 ACME = Tenant("acme", hash_token("acme-token"), max_running=100, rate_per_s=1000, burst=1000)
 A = {"Authorization": "Bearer acme-token"}
@@ -67,7 +70,11 @@ def _secret(ctx: TaskContext) -> str:
     return "a module's own"
 
 
-REGISTRY = Registry(work, hold, hold_more, noop, _secret, imports=False)
+def megabyte(ctx: TaskContext) -> str:
+    return "x" * 1_000_000
+
+
+REGISTRY = Registry(work, hold, hold_more, noop, megabyte, _secret, imports=False)
 HELD = {
     "name": "held",
     "tasks": [
@@ -84,11 +91,15 @@ class CountingStore(SQLStore):
         super().__init__(path)
         self.reads: dict[str, int] = {}
         self.after: list[int] = []
+        self.limits: list[int | None] = []
 
-    async def events(self, workflow: str, after_seq: int = 0) -> list[EventRecord]:
+    async def events(
+        self, workflow: str, after_seq: int = 0, limit: int | None = None
+    ) -> list[EventRecord]:
         self.reads[workflow] = self.reads.get(workflow, 0) + 1
         self.after.append(after_seq)
-        return await super().events(workflow, after_seq)
+        self.limits.append(limit)
+        return await super().events(workflow, after_seq, limit)
 
 
 @dataclass
@@ -461,6 +472,85 @@ def test_a_workflows_view_is_read_from_its_log_once_and_is_the_rebuilt_one(
             async with served.http.get(f"{url}/{held}", headers=A) as r:
                 view = await r.json()
             assert view == await rebuilt(store, held) and view["counts"] == {"done": 3}
+
+    asyncio.run(main())
+
+
+def test_a_long_log_is_replayed_in_bounded_pages_every_event_in_order(tmp_path: Path) -> None:
+    """The stream of a finished 600-task workflow (1,200-odd events) sends every event once,
+    in order, and reads the log PAGE records at a time: a long replay never holds the loop
+    for the whole log."""
+
+    async def main() -> None:
+        store = CountingStore(tmp_path / "store.db")
+        async with serving(store, ServiceSettings()) as served:
+            url = served.base + "/v1/workflows"
+            async with served.http.post(url, json=wide(600), headers=A) as r:
+                run_id = (await r.json())["id"]
+            async with served.http.get(f"{url}/{run_id}/result?wait=60", headers=A) as r:
+                assert (await r.json())["status"] == "succeeded"
+            last = await store.last_seq(run_id)
+            store.after.clear()
+            store.limits.clear()
+            ids = []
+            async with served.http.get(f"{url}/{run_id}/events", headers=A) as r:
+                assert r.status == 200
+                async for raw in r.content:
+                    if raw.startswith(b"id: "):
+                        ids.append(int(raw.removeprefix(b"id: ")))
+            assert ids == list(range(1, last + 1))
+            assert last > 2 * PAGE
+            assert store.limits == [PAGE] * (last // PAGE + 1), store.limits
+            assert store.after == [PAGE * i for i in range(last // PAGE + 1)]
+
+    asyncio.run(main())
+
+
+def test_a_large_result_is_encoded_off_the_loop_and_weighs_by_its_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workflow with 8 MB of results: its result's JSON is made in a worker thread (the
+    loop serves others meanwhile), and each read of it weighs 1 + 8 tokens, so a tenant with
+    a burst of 30 is refused at its fifth read, not its thirtieth; a small result still
+    weighs 1 and is encoded in place."""
+    clock = VirtualClock()
+    threads: list[str] = []
+    encode = service_app._encode
+
+    def watched(model: Any) -> str:
+        threads.append(threading.current_thread().name)
+        return encode(model)
+
+    monkeypatch.setattr(service_app, "_encode", watched)
+    big = {"name": "big", "tasks": [{"id": f"m{i}", "function": "megabyte"} for i in range(8)]}
+
+    async def main() -> None:
+        async with serving(sqlite(tmp_path), ServiceSettings(), clock=clock) as served:
+            tenant = Tenant("big", hash_token("big-token"), 10, rate_per_s=1, burst=30)
+            served.service._tenants[tenant.token_sha256] = tenant
+            headers = {"Authorization": "Bearer big-token"}
+            url = served.base + "/v1/workflows"
+            async with served.http.post(url, json=big, headers=headers) as r:
+                run_id = (await r.json())["id"]
+            refused = None
+            for n in range(30):
+                async with served.http.get(f"{url}/{run_id}/result?wait=60", headers=headers) as r:
+                    if r.status == 429:
+                        refused = n, (await r.json())["error"]
+                        break
+                    answer = await r.json()
+                    assert answer["status"] == "succeeded"
+                    assert answer["results"] == {f"m{i}": "x" * 1_000_000 for i in range(8)}
+            # 29 tokens after the submission; each read takes 1, then 8 once read
+            assert refused is not None and refused[0] == 4, refused
+            assert threads and all(t != threading.main_thread().name for t in threads), threads
+            # a small result: one token, encoded on the loop
+            threads.clear()
+            async with served.http.post(url, json=wide(1), headers=A) as r:
+                small = (await r.json())["id"]
+            async with served.http.get(f"{url}/{small}/result?wait=60", headers=A) as r:
+                assert (await r.json())["status"] == "succeeded"
+            assert threads == []
 
     asyncio.run(main())
 

@@ -658,3 +658,45 @@ def test_a_hostile_schema_gets_a_small_answer_not_a_crash(
     assert status == 200, answer
     [call] = answer["choices"][0]["message"]["tool_calls"]
     assert len(call["function"]["arguments"]) < 200_000
+
+
+def post_raw(clock: VirtualClock, path: str, raw: bytes) -> tuple[int, dict[str, Any]]:
+    async def body(url: str, sim: SimServer) -> tuple[int, dict[str, Any]]:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{url}{path}", data=raw) as response,
+        ):
+            return response.status, await response.json(content_type=None)
+
+    result: tuple[int, dict[str, Any]] = run(clock, body)
+    return result
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_lone_surrogate_is_a_400_naming_the_field(clock: VirtualClock, path: str) -> None:
+    """`"\\udcff"` is valid JSON but not Unicode text: a 400 in OpenAI's format, not a 500."""
+    if path == "/v1/chat/completions":
+        raw = b'{"messages": [{"role": "user", "content": "hi \\udcff"}], "max_tokens": 4}'
+        field = "messages.0.content"
+    else:
+        raw = b'{"prompt": "hi \\udcff", "max_tokens": 4}'
+        field = "prompt"
+    status, answer = post_raw(clock, path, raw)
+    assert status == 400, answer
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert answer["error"]["param"] == field
+    assert "lone surrogate" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("depth", [100_000, 1_000])
+def test_a_body_nested_too_deep_is_a_400(clock: VirtualClock, depth: int) -> None:
+    """Too deep for Python's parser (100,000) or for the server's limit: a 400 that says so."""
+    nested = b"[" * depth + b"]" * depth
+    raw = b'{"messages": [{"role": "user", "content": "hi"}], "x": ' + nested + b"}"
+    status, answer = post_raw(clock, "/v1/chat/completions", raw)
+    assert status == 400, answer
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert "nested" in answer["error"]["message"]
+    status, answer = post_raw(clock, "/v1/chat/completions", nested)
+    assert status == 400, answer
+    assert "nested" in answer["error"]["message"]

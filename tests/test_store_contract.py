@@ -67,6 +67,8 @@ def test_events_read_back_in_order_with_gap_free_seq(make_store: StoreFactory) -
             await store.append(StoreBatch(events=[ev("a", 3, '{"x":1}')]))
             assert [e.seq for e in await store.events("a")] == [1, 2, 3]
             assert [e.seq for e in await store.events("a", after_seq=2)] == [3]
+            assert [e.seq for e in await store.events("a", 0, limit=2)] == [1, 2]
+            assert [e.seq for e in await store.events("a", 1, limit=5)] == [2, 3]
             assert (await store.events("a"))[2].data == '{"x":1}'
             assert await store.last_seq("a") == 3
             assert await store.last_seq("nobody") == 0

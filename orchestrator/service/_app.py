@@ -62,7 +62,7 @@ from ._spec import (
     WorkflowView,
     problems_of,
 )
-from ._views import Images
+from ._views import THREAD_BYTES, Images
 
 _log = logging.getLogger("plait.serve")
 
@@ -77,6 +77,8 @@ MAX_KNOWN_KEYS = 100_000
 """Idempotency keys kept in memory (some 200 bytes each); older ones are read from the store."""
 MAX_PAGE = 500
 TASKS_PER_TOKEN = 1_000
+BYTES_PER_TOKEN = 1_000_000
+"""A result's weight in the rate limit: 1 more token per MB of results."""
 """Reading a workflow (its view or result) weighs one request more per this many tasks."""
 ROWS_PER_TOKEN = 100
 """A list weighs one request more per this many rows asked for (`limit`)."""
@@ -386,10 +388,11 @@ class Service:
         except UnicodeEncodeError:  # bytes that are not UTF-8 (read as lone surrogates)
             return None
 
-    def _charge(self, tenant: Tenant, image: RunImage) -> None:
-        """A workflow's view weighs a request more per TASKS_PER_TOKEN of its tasks: taken
-        once it is read (the next requests wait for it)."""
-        extra = len(image.tasks) // TASKS_PER_TOKEN
+    def _charge(self, tenant: Tenant, image: RunImage, result_bytes: int = 0) -> None:
+        """A workflow's view weighs a request more per TASKS_PER_TOKEN of its tasks, and its
+        result per BYTES_PER_TOKEN of results: taken once it is read (the next requests wait
+        for it)."""
+        extra = len(image.tasks) // TASKS_PER_TOKEN + result_bytes // BYTES_PER_TOKEN
         bucket = self._buckets.get(tenant.name)
         if extra and bucket is not None:
             bucket.charge(extra)
@@ -444,7 +447,7 @@ class Service:
         view = await self._result_of(run_id)
         if not view.finished:  # not running here, nor finished: it waits for a later start
             return await self._accepted(run_id, replayed)
-        return _json(view)
+        return await self._result_json(view)
 
     async def _accepted(self, run_id: str, replayed: bool) -> web.Response:
         """202 with where to follow the workflow; a replayed submission says so (and 200)."""
@@ -752,7 +755,14 @@ class Service:
         if wait > 0:
             await self._finished_within(row.id, wait)
         async with _readable(row.id):
-            return _json(await self._result_of(row.id, tenant))
+            return await self._result_json(await self._result_of(row.id, tenant))
+
+    async def _result_json(self, view: ResultView) -> web.Response:
+        """The result as JSON; large results (hundreds of MB) are encoded in a worker thread,
+        so the loop serves other requests meanwhile."""
+        if self.images.result_bytes(view.id) <= THREAD_BYTES:
+            return _json(view)
+        return _json_text(await asyncio.to_thread(_encode, view))
 
     async def _finished_within(self, run_id: str, seconds: float) -> bool:
         """Wait up to `seconds` for the run to finish; False if it is still running. A run
@@ -789,7 +799,7 @@ class Service:
         assert row is not None
         image = await self._image(run_id)
         if tenant is not None:
-            self._charge(tenant, image)
+            self._charge(tenant, image, self.images.result_bytes(run_id))
         finished = image.status is not None
         failures = {
             t.id: t.error or t.reason or t.state
@@ -993,7 +1003,7 @@ class Service:
             # every event that will come, so the stream ends once they are sent, also when
             # it was resumed after the last of them.
             ended = self.engine.handle(feed.run_id) is None
-            for frame in await feed.frames(after):
+            async for frame in feed.replay(after):
                 await response.write(frame.data)
                 written, after = loop.time(), frame.seq
                 if frame.last:
@@ -1365,12 +1375,18 @@ def _view(row: WorkflowRow, image: RunImage | None) -> WorkflowView:
 def _json(
     model: pydantic.BaseModel, status: int = 200, headers: Mapping[str, str] | None = None
 ) -> web.Response:
-    return web.Response(
-        text=model.model_dump_json(),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
+    return _json_text(model.model_dump_json(), status, headers)
+
+
+def _json_text(
+    text: str, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.Response(text=text, status=status, content_type="application/json", headers=headers)
+
+
+def _encode(model: pydantic.BaseModel) -> str:
+    """A large view's JSON (called in a worker thread)."""
+    return model.model_dump_json()
 
 
 def _error(

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from .._engine import Engine
 from .._errors import PlaitError
 from .._journal import Journal, read_records, restore
-from .._store import Store
+from .._store import EventRecord, Store
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,21 +26,53 @@ class Frame:
     """The workflow's `workflow_finished`: nothing follows it."""
 
 
+PAGE = 200
+"""Records a read takes from the store at most: a long log (a 10,000-task workflow's is
+tens of thousands of events, megabytes) is read, encoded and sent a page at a time, with
+the event loop free between pages."""
+_THREAD_BYTES = 256 * 1024
+"""A page holding more than this (large results) is encoded in a worker thread."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Read:
     heard: int
     """Bus events heard when the read began: it has every one of them."""
     after: int
     frames: tuple[Frame, ...]
+    whole: bool
+    """The read reached the end of the log (a page that was not full)."""
+
+    def serves(self, after: int) -> bool:
+        """Whether this read has what follows `after` (all of it, or its next page)."""
+        if self.after > after:
+            return False
+        return self.whole or (bool(self.frames) and after < self.frames[-1].seq)
 
     def since(self, after: int) -> list[Frame]:
         return [f for f in self.frames if f.seq > after]
 
 
+def _encode(records: list[EventRecord], payloads: dict[str, bytes]) -> tuple[Frame, ...]:
+    return tuple(
+        Frame(
+            r.seq,
+            (
+                f"id: {r.seq}\nevent: {r.kind}\ndata: "
+                + json.dumps(restore(r, payloads), separators=(",", ":"))
+                + "\n\n"
+            ).encode(),
+            r.kind == "workflow_finished",
+        )
+        for r in records
+    )
+
+
 class Feed:
     """One workflow's log as its streams read it. A stream asks for the frames after its
     position; a read that began after every event the stream knows of was heard serves it
-    (the one in flight, or the last), so N streams at one position cost one read."""
+    (the one in flight, or the last), so N streams at one position cost one read. A read
+    takes at most PAGE records: `replay` goes on page by page."""
 
     def __init__(self, run_id: str, store: Store, journal: Journal | None) -> None:
         self.run_id, self.store, self.journal = run_id, store, journal
@@ -50,23 +83,37 @@ class Feed:
         self._last: _Read | None = None
         self._flight: tuple[int, int, asyncio.Future[_Read | None]] | None = None
 
-    async def frames(self, after: int) -> list[Frame]:
-        """The log's frames after `after`, as committed once every event heard so far is."""
+    async def replay(self, after: int) -> AsyncIterator[Frame]:
+        """Every frame after `after`, as committed once every event heard so far is: a page
+        at a time, yielding the loop between pages."""
+        while True:
+            frames, whole = await self.frames(after)
+            for frame in frames:
+                yield frame
+            if whole or not frames:
+                return
+            after = frames[-1].seq
+            await asyncio.sleep(0)
+
+    async def frames(self, after: int) -> tuple[list[Frame], bool]:
+        """The next page of the log's frames after `after`, and whether it reaches the end
+        of the log, as committed once every event heard so far is."""
         while True:
             while not self.news.empty():
                 self.news.get_nowait()
                 self._heard += 1
             heard = self._heard
             last = self._last
-            if last is not None and last.heard >= heard and last.after <= after:
-                return last.since(after)
+            if last is not None and last.heard >= heard and last.serves(after):
+                return last.since(after), last.whole
             flight = self._flight
             if flight is not None and flight[0] >= heard and flight[1] <= after:
                 done = await asyncio.shield(flight[2])
-                if done is None:
-                    continue  # that reader went away or failed: read for ourselves
-                return done.since(after)
-            return (await self._read(heard, after)).since(after)
+                if done is None or not done.serves(after):
+                    continue  # that reader went away, failed or read too little: read again
+                return done.since(after), done.whole
+            read = await self._read(heard, after)
+            return read.since(after), read.whole
 
     async def _read(self, heard: int, after: int) -> _Read:
         future: asyncio.Future[_Read | None] = asyncio.get_running_loop().create_future()
@@ -77,20 +124,13 @@ class Feed:
                 # there will be (the runs stop, and the stream ends after what it has).
                 with contextlib.suppress(PlaitError):
                     await self.journal.durable()
-            records, payloads = await read_records(self.store, self.run_id, after)
-            frames = tuple(
-                Frame(
-                    r.seq,
-                    (
-                        f"id: {r.seq}\nevent: {r.kind}\ndata: "
-                        + json.dumps(restore(r, payloads), separators=(",", ":"))
-                        + "\n\n"
-                    ).encode(),
-                    r.kind == "workflow_finished",
-                )
-                for r in records
-            )
-            read = _Read(heard, after, frames)
+            records, payloads = await read_records(self.store, self.run_id, after, PAGE)
+            size = sum(len(r.data) for r in records) + sum(map(len, payloads.values()))
+            if size > _THREAD_BYTES:
+                frames = await asyncio.to_thread(_encode, records, payloads)
+            else:
+                frames = _encode(records, payloads)
+            read = _Read(heard, after, frames, len(records) < PAGE)
         except BaseException:
             future.set_result(None)
             raise

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from .._events import EVENT_ADAPTER, Event
 from .._journal import read_records, restore
 from .._replay import RunImage, rebuild
-from .._store import Store
+from .._store import EventRecord, Store
 
 MAX_KEPT_TASKS = 200_000
 """Tasks in all the images kept at once (the least recently read are dropped first)..."""
 MAX_KEPT = 1_000
 """... and images."""
+THREAD_BYTES = 256 * 1024
+"""Stored bytes past which events are decoded, and a view encoded, in a worker thread."""
 
 
 @dataclass(slots=True)
@@ -25,6 +27,8 @@ class _Kept:
     image: RunImage | None = None
     seq: int = 0
     size: int = 0
+    results: int = 0
+    """Bytes of the stored `task_succeeded` events (their results) folded in."""
     shown: tuple[int, dict[str, int], str] | None = None
     """The view's counts and tasks (JSON) at `seq`."""
     parts: dict[str, str] = field(default_factory=dict)
@@ -53,21 +57,26 @@ class Images:
                 if kept.seq and records and records[0].seq != kept.seq + 1:
                     # compacted meanwhile (a gap): fold the log as it is now, whole
                     kept.image, kept.seq, kept.stale = None, 0, None
+                    kept.results = 0
                     records, payloads = await read_records(self.store, run_id, 0)
-                events = [
-                    EVENT_ADAPTER.validate_python(restore(r, payloads))
-                    if r.refs
-                    else EVENT_ADAPTER.validate_json(r.data)
-                    for r in records
-                ]
+                size = sum(len(r.data) for r in records) + sum(map(len, payloads.values()))
+                if size > THREAD_BYTES:  # large results: decoded off the loop
+                    events = await asyncio.to_thread(_decode, records, payloads)
+                else:
+                    events = _decode(records, payloads)
                 if events or kept.image is None:
                     try:
                         kept.image = rebuild(events, kept.image)
                     except BaseException:
                         kept.image, kept.seq = None, 0  # maybe folded in part: read it anew
-                        kept.stale = None
+                        kept.stale, kept.results = None, 0
                         raise
                     kept.seq = records[-1].seq if records else kept.seq
+                    kept.results += sum(
+                        len(r.data) + sum(len(payloads.get(d, b"")) for d in r.refs.values())
+                        for r in records
+                        if r.kind == "task_succeeded"
+                    )
                     for event in events:
                         touched = _touched(event)
                         if touched is None or kept.stale is None:
@@ -95,6 +104,12 @@ class Images:
         kept.shown, kept.stale = (kept.seq, counts, text), set()
         return image, counts, text
 
+    def result_bytes(self, run_id: str) -> int:
+        """Bytes of the results stored for the workflow, as of its image last read (0 when
+        none is kept)."""
+        kept = self._kept.get(run_id)
+        return 0 if kept is None else kept.results
+
     def forget(self, run_id: str) -> None:
         """The workflow is gone from the store (retention deleted it)."""
         kept = self._kept.pop(run_id, None)
@@ -105,6 +120,15 @@ class Images:
         while len(self._kept) > 1 and (self._tasks > MAX_KEPT_TASKS or len(self._kept) > MAX_KEPT):
             _, dropped = self._kept.popitem(last=False)
             self._tasks -= dropped.size
+
+
+def _decode(records: list[EventRecord], payloads: dict[str, bytes]) -> list[Event]:
+    return [
+        EVENT_ADAPTER.validate_python(restore(r, payloads))
+        if r.refs
+        else EVENT_ADAPTER.validate_json(r.data)
+        for r in records
+    ]
 
 
 def render(
