@@ -702,3 +702,40 @@ def test_count_limits_answer_422_and_the_docs_say_what_the_service_does(tmp_path
     limits = " ".join(docs.split("\nLimits (")[1].split("\n\n")[0].split())
     assert "(`422`, naming `tasks`)" in limits and "a workflow name of 100 characters" in limits
     assert limits.count("`413`") == 1 and "`max_body_bytes` (4 MiB; `413`)" in limits
+
+
+def test_a_tenants_waiting_requests_are_capped_and_the_next_is_answered_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A `?wait=` holds a connection: past `max_streams` of them a tenant's next wait is
+    answered at once (the run still running), so its waits cannot fill the connection cap."""
+    global OPENED
+
+    async def main() -> None:
+        global OPENED
+        OPENED = asyncio.Event()
+        async with serving(sqlite(tmp_path), ServiceSettings()) as served:
+            served.service._tenants[ACME.token_sha256] = dataclasses.replace(ACME, max_streams=2)
+            async with served.http.post(served.base + "/v1/workflows", json=HELD, headers=A) as r:
+                run_id = (await r.json())["id"]
+            url = served.base + f"/v1/workflows/{run_id}/result?wait=60"
+
+            async def result() -> dict[str, Any]:
+                async with served.http.get(url, headers=A) as r:
+                    assert r.status == 200
+                    body: dict[str, Any] = await r.json()
+                    return body
+
+            held = [asyncio.create_task(result()) for _ in range(2)]
+            while served.service._waits.get("acme", 0) < 2:
+                await asyncio.sleep(0)
+            async with asyncio.timeout(30):  # a guard: without the cap this waits for OPENED
+                third = await result()
+            assert third["finished"] is False and third["status"] == "running"
+            OPENED.set()
+            assert [view["finished"] for view in await asyncio.gather(*held)] == [True, True]
+            assert "acme" not in served.service._waits
+
+    with caplog.at_level(logging.INFO, logger="plait.serve"):
+        asyncio.run(main())
+    assert len(lines(caplog, "waiting requests (?wait=), its max_streams")) == 1

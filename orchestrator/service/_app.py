@@ -203,6 +203,8 @@ class Service:
         self._known = _Known(MAX_KNOWN_KEYS)
         """(tenant, key) -> (workflow id, request digest) of recent accepted keyed requests."""
         self._streams: set[asyncio.Queue[Any]] = set()
+        self._waits: dict[str, int] = {}
+        """Requests of each tenant waiting now (`?wait=`)."""
         self._decided: dict[str, dict[str, Decision]] = {}
         """Decisions taken through the API, by workflow: a retried request finds its own."""
         self.accepting = True
@@ -442,7 +444,7 @@ class Service:
         body = await _body(request)
         spec = _parse(SingleTask, body).as_workflow()
         run_id, replayed = await self._accept(request, tenant, spec, body)
-        if wait <= 0 or not await self._finished_within(run_id, wait):
+        if wait <= 0 or not await self._finished_within(run_id, wait, tenant):
             return await self._accepted(run_id, replayed)
         view = await self._result_of(run_id)
         if not view.finished:  # not running here, nor finished: it waits for a later start
@@ -753,7 +755,7 @@ class Service:
         wait = self._wait(request)
         row = await self._owned(request, tenant)
         if wait > 0:
-            await self._finished_within(row.id, wait)
+            await self._finished_within(row.id, wait, tenant)
         async with _readable(row.id):
             return await self._result_json(await self._result_of(row.id, tenant))
 
@@ -764,10 +766,32 @@ class Service:
             return _json(view)
         return _json_text(await asyncio.to_thread(_encode, view))
 
-    async def _finished_within(self, run_id: str, seconds: float) -> bool:
-        """Wait up to `seconds` for the run to finish; False if it is still running. A run
-        of this engine is awaited; with several engines, one that runs elsewhere (or was
-        taken over from this one) is followed in the store."""
+    async def _finished_within(self, run_id: str, seconds: float, tenant: Tenant) -> bool:
+        """Wait up to `seconds` for the run to finish; False if it is still running (or the
+        tenant holds `max_streams` waits already: a wait holds a connection, so one tenant's
+        waits cannot fill the connection cap; the answer comes at once instead)."""
+        held = self._waits.get(tenant.name, 0)
+        if held >= tenant.max_streams:
+            self.notes.note(
+                "waits",
+                logging.INFO,
+                "tenant %r holds %d waiting requests (?wait=), its max_streams: "
+                "more are answered at once",
+                tenant.name,
+                held,
+            )
+            return False
+        self._waits[tenant.name] = held + 1
+        try:
+            return await self._follow(run_id, seconds)
+        finally:
+            self._waits[tenant.name] -= 1
+            if not self._waits[tenant.name]:
+                del self._waits[tenant.name]
+
+    async def _follow(self, run_id: str, seconds: float) -> bool:
+        """A run of this engine is awaited; with several engines, one that runs elsewhere
+        (or was taken over from this one) is followed in the store."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
         handle = self.engine.handle(run_id)

@@ -150,7 +150,8 @@ class TenantSettings(ConfigSection):
     max_batches: int = Field(default=4, ge=1)
     """Batch jobs of this tenant running at once; more are refused with 429."""
     max_streams: int = Field(default=32, ge=1)
-    """Event streams of this tenant open at once; more are refused with 429."""
+    """Event streams of this tenant open at once; more are refused with 429. As many of its
+    requests may wait (`?wait=`) at once; past that a wait is answered at once."""
 
     @model_validator(mode="after")
     def _one_token(self) -> TenantSettings:
