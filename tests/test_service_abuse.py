@@ -705,7 +705,7 @@ def test_count_limits_answer_422_and_the_docs_say_what_the_service_does(tmp_path
 
 
 def test_a_tenants_waiting_requests_are_capped_and_the_next_is_answered_at_once(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A `?wait=` holds a connection: past `max_streams` of them a tenant's next wait is
     answered at once (the run still running), so its waits cannot fill the connection cap."""
@@ -726,9 +726,17 @@ def test_a_tenants_waiting_requests_are_capped_and_the_next_is_answered_at_once(
                     body: dict[str, Any] = await r.json()
                     return body
 
+            both = asyncio.Event()
+            follow = served.service._follow
+
+            async def counted(run_id: str, seconds: float) -> bool:
+                if served.service._waits.get("acme") == 2:
+                    both.set()
+                return await follow(run_id, seconds)
+
+            monkeypatch.setattr(served.service, "_follow", counted)
             held = [asyncio.create_task(result()) for _ in range(2)]
-            while served.service._waits.get("acme", 0) < 2:
-                await asyncio.sleep(0)
+            await both.wait()
             async with asyncio.timeout(30):  # a guard: without the cap this waits for OPENED
                 third = await result()
             assert third["finished"] is False and third["status"] == "running"
