@@ -26,7 +26,8 @@ P:N` adds rows for other settings.
 Reported: the queries' deadline attainment, and the batch's throughput relative to the batch
 alone (the fastest of the modes running it alone; each mode's own alone run too); an
 estimate of the most batch share any schedule could keep while meeting the target share of
-deadlines (`Ceiling`; docs/admission.md, "How far a lane can go"); and the share a lane
+deadlines (`Ceiling`; docs/decisions/admission-figures.md, "How far a lane can go"); and the
+share a lane
 that takes no batch work leaves the batch (`Ceiling.whole_lane`: the queries alone on one
 replica, the batch on the others until they end).
 
@@ -267,8 +268,8 @@ class Window:
 @dataclass(frozen=True, slots=True)
 class Ceiling:
     """An estimate of the most batch share a schedule could keep while meeting the target
-    share of deadlines, on the simulator's cost model (docs/admission.md, "How far a
-    lane can go"). The batch ends at M only if the servers' time up to M holds the batch's
+    share of deadlines, on the simulator's cost model (docs/decisions/admission-figures.md,
+    "How far a lane can go"). The batch ends at M only if the servers' time up to M holds the batch's
     own busy time, the tokens of every query that must end by M (deadline by M, not one of
     those let miss), and, since every step has a fixed cost, the steps those queries need
     beyond the batch's own. It counts only the steps of queries whose windows do not
@@ -627,7 +628,7 @@ def report_part1(
         )
 
     print(
-        f"ceiling (an estimate, docs/admission.md): the queries' own tokens take "
+        f"ceiling (an estimate, docs/decisions/admission-figures.md): the queries' own tokens take "
         f"{bound.query_work_s:.1f} replica-s beside the batch's {bound.batch_busy_s:.1f}: "
         f"at most {shown(tokens)}; with the fixed cost of the steps that meeting "
         f"{TARGET_ATTAINMENT} of the deadlines needs, at most {shown(with_steps)} (target "
