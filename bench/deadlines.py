@@ -269,12 +269,11 @@ class Window:
 class Ceiling:
     """An estimate of the most batch share a schedule could keep while meeting the target
     share of deadlines, on the simulator's cost model (docs/decisions/admission-figures.md,
-    "How far a lane can go"). The batch ends at M only if the servers' time up to M holds the batch's
-    own busy time, the tokens of every query that must end by M (deadline by M, not one of
-    those let miss), and, since every step has a fixed cost, the steps those queries need
-    beyond the batch's own. It counts only the steps of queries whose windows do not
-    overlap (leaning high) and each query's tokens as the mean query's (either way): an
-    estimate, not a bound."""
+    "How far a lane can go"). The batch ends at M only if the servers' time up to M holds the
+    batch's own busy time, the tokens of every query that must end by M (deadline by M, not one of
+    those let miss), and, since every step has a fixed cost, the steps those queries need beyond the
+    batch's own. It counts only the steps of queries whose windows do not overlap (leaning high) and
+    each query's tokens as the mean query's (either way): an estimate, not a bound."""
 
     reference: float
     replicas: int
