@@ -350,6 +350,14 @@ def test_streams_of_one_workflow_share_one_read_per_new_event(tmp_path: Path) ->
     asyncio.run(main())
 
 
+async def held_with_two_streams(served: Served) -> str:
+    """ACME allowed two streams (and two waits), and the id of a HELD workflow it submitted."""
+    served.service._tenants[ACME.token_sha256] = dataclasses.replace(ACME, max_streams=2)
+    async with served.http.post(served.base + "/v1/workflows", json=HELD, headers=A) as r:
+        run_id: str = (await r.json())["id"]
+    return run_id
+
+
 def test_a_tenant_over_its_streams_gets_429_and_others_go_on(tmp_path: Path) -> None:
     global OPENED
 
@@ -357,9 +365,7 @@ def test_a_tenant_over_its_streams_gets_429_and_others_go_on(tmp_path: Path) -> 
         global OPENED
         OPENED = asyncio.Event()
         async with serving(sqlite(tmp_path), ServiceSettings()) as served:
-            served.service._tenants[ACME.token_sha256] = dataclasses.replace(ACME, max_streams=2)
-            async with served.http.post(served.base + "/v1/workflows", json=HELD, headers=A) as r:
-                run_id = (await r.json())["id"]
+            run_id = await held_with_two_streams(served)
             url = served.base + f"/v1/workflows/{run_id}/events"
             got: list[list[str]] = [[], []]
             started = [asyncio.Event(), asyncio.Event()]
@@ -715,9 +721,7 @@ def test_a_tenants_waiting_requests_are_capped_and_the_next_is_answered_at_once(
         global OPENED
         OPENED = asyncio.Event()
         async with serving(sqlite(tmp_path), ServiceSettings()) as served:
-            served.service._tenants[ACME.token_sha256] = dataclasses.replace(ACME, max_streams=2)
-            async with served.http.post(served.base + "/v1/workflows", json=HELD, headers=A) as r:
-                run_id = (await r.json())["id"]
+            run_id = await held_with_two_streams(served)
             url = served.base + f"/v1/workflows/{run_id}/result?wait=60"
 
             async def result() -> dict[str, Any]:
