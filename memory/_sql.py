@@ -53,7 +53,6 @@ from orchestrator import (
     EventRecord,
     LeaseLostError,
     SlotRow,
-    Store,
     StoreBatch,
     StoreError,
     StoreSize,
@@ -66,6 +65,7 @@ from orchestrator import (
     compactable,
     unstorable,
 )
+from orchestrator._store import CancelStore, KeyStore, LeaseStore, RetainingStore
 
 from . import _schema as t
 
@@ -111,9 +111,13 @@ def store_url(target: str) -> str:
     return f"{_DRIVERS.get(scheme.lower(), scheme)}://{rest}"
 
 
-class SQLStore(Store):
+class SQLStore(RetainingStore, LeaseStore, CancelStore, KeyStore):
     """The SQL store; see the module docstring. `target` is a URL or a SQLite file path; a
-    PostgreSQL URL may name the schema to use as `?schema=NAME` (as `schema=` does)."""
+    PostgreSQL URL may name the schema to use as `?schema=NAME` (as `schema=` does).
+
+    The event log and every feature a store may declare: retention (`RetainingStore`),
+    leases (`LeaseStore`), cancel requests (`CancelStore`) and idempotency keys
+    (`KeyStore`), on SQLite and PostgreSQL alike."""
 
     def __init__(
         self,

@@ -3,9 +3,9 @@
 Each engine in a cluster has an id (its *owner* name in the store). A run it starts is leased
 to it in the same transaction that first writes the run; a heartbeat extends the leases of
 all its runs every `lease_s / 4`. An engine that dies stops renewing; once a run's lease has
-run out, another engine claims it (`Store.claim`: a row lock taken with `SKIP LOCKED`, so
-engines claiming at once split the work instead of waiting on each other) and resumes it from
-its log: finished tasks keep their results, recorded LLM calls are not paid for again.
+run out, another engine claims it (`LeaseStore.claim`: a row lock taken with `SKIP LOCKED`,
+so engines claiming at once split the work instead of waiting on each other) and resumes it
+from its log: finished tasks keep their results, recorded LLM calls are not paid for again.
 
 Exactly once: every batch an engine writes is fenced (`StoreBatch.owner`): it is written only
 if the engine still holds the lease of every workflow it touches. An engine that stalled past
@@ -36,7 +36,7 @@ from ._events import Event, TaskCancelled, WorkflowFinished
 from ._journal import event_json, read_log
 from ._registry import Registry
 from ._replay import rebuild
-from ._store import EventRecord, Store, StoreBatch, StoreError
+from ._store import CancelStore, EventRecord, LeaseStore, StoreBatch, StoreError
 
 _log = logging.getLogger("plait.cluster")
 REFUSED_LEASES = 10
@@ -110,12 +110,15 @@ class LeaseStats:
 class Leases:
     """The engine's side of a cluster: heartbeat, take-over, and letting go. Run `run()` as a
     task of the engine; the engine tells it how many more runs it can take (`room`) and how
-    to resume runs (`resume`), and it tells the engine which runs to let go (`let_go`)."""
+    to resume runs (`resume`), and it tells the engine which runs to let go (`let_go`).
+    `store` leases the runs; `cancel_store` (the same store, as a `CancelStore`) carries
+    the cancels asked of runs held elsewhere."""
 
     def __init__(
         self,
         cluster: Cluster,
-        store: Store,
+        store: LeaseStore,
+        cancel_store: CancelStore,
         clock: Clock,
         *,
         room: Callable[[], int],
@@ -127,6 +130,7 @@ class Leases:
         self.cluster = cluster
         self.owner = cluster.owner()
         self.store = store
+        self.cancel_store = cancel_store
         self._clock = clock
         self._room = room
         self._resume = resume
@@ -204,11 +208,11 @@ class Leases:
                 pass
 
     async def _asked(self) -> dict[str, str]:
-        """The runs this engine holds whose cancel was asked (`Store.ask_cancel`), with the
-        reason; nothing if the store does not answer within a heartbeat's interval."""
+        """The runs this engine holds whose cancel was asked (`CancelStore.ask_cancel`), with
+        the reason; nothing if the store does not answer within a heartbeat's interval."""
         try:
             async with asyncio.timeout(self.interval):
-                return dict(await self.store.cancels(self.owner))
+                return dict(await self.cancel_store.cancels(self.owner))
         except (StoreError, TimeoutError) as exc:
             _log.warning(
                 "engine %s could not read the cancels asked of it: %s",
@@ -219,7 +223,7 @@ class Leases:
 
     async def cancel_asked(self) -> None:
         """Cancel the runs this engine holds whose cancel another engine was asked for
-        (`Store.ask_cancel`: the notification that brings it sooner may have been lost)."""
+        (`CancelStore.ask_cancel`: the notification that brings it sooner may be lost)."""
         assert self._cancel is not None
         for workflow, reason in (await self._asked()).items():
             try:

@@ -19,7 +19,7 @@ from ._clock import Clock
 from ._events import EVENT_ADAPTER, Event, WorkflowFinished, WorkflowStatus
 from ._journal import Journal
 from ._resume import StoredCalls
-from ._retention import Retention, Sweeper
+from ._retention import Sweeper
 from ._run import Run, RunResult
 from ._store import LeaseLostError, Store, StoreError, WorkflowRow
 from ._task import TaskRun
@@ -46,7 +46,7 @@ class Durability:
         wake: Callable[[], None],
         *,
         patience_s: float,
-        retention: Retention | None,
+        sweeper: Sweeper | None = None,
         owner: str | None = None,
         lease_s: float = 0.0,
         on_lost: Callable[[Sequence[str]], None] | None = None,
@@ -63,7 +63,8 @@ class Durability:
             on_refused=self._refused,
         )
         self.memo = StoredCalls(store, self.journal)
-        self.sweeper = None if retention is None else Sweeper(store, retention, clock)
+        self.sweeper = sweeper
+        """Applies the engine's retention, if it has one (started and stopped here)."""
         self.error: StoreError | None = None
         """The store failed for good: every run must stop, and nothing more is accepted."""
         self.suspended = False

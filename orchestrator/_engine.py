@@ -82,7 +82,7 @@ from ._scheduler import (
     slack_of,
 )
 from ._slots import SharedLimits, SlotBroker
-from ._store import Store, StoreError
+from ._store import CancelStore, LeaseStore, RetainingStore, Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable, recording_problem
 from ._text import first_unstorable, key_text, storable, text_problem
 from ._workflow import Workflow
@@ -329,16 +329,22 @@ class Engine:
                 "too, or leave retention out"
             )
         self.retention = retention
+        self._retaining: RetainingStore | None = None
+        """The store as the `RetainingStore` that `retention` needs (found here, once)."""
+        if retention is not None and store is not None:
+            self._retaining = RetainingStore.require(store, "Engine(retention=...)")
         if cluster is not None and store is None:
             raise UsageError(
                 "Engine(cluster=...) shares a store's runs between engines: pass "
                 "store=SQLStore(...) (PostgreSQL for engines on several machines) too"
             )
         self.cluster = cluster
-        if cluster is not None and store is not None and type(store).claim is Store.claim:
-            raise UsageError(
-                f"Engine(cluster=...) needs a store that leases its runs to engines "
-                f"({type(store).__name__} does not): memory.SQLStore on PostgreSQL"
+        self._shared: tuple[LeaseStore, CancelStore] | None = None
+        """The store as the `LeaseStore` and `CancelStore` that `cluster` needs."""
+        if cluster is not None and store is not None:
+            self._shared = (
+                LeaseStore.require(store, "Engine(cluster=...)"),
+                CancelStore.require(store, "Engine(cluster=...)"),
             )
         if slots is None and cluster is not None and cluster.share_limits:
             if not isinstance(store, SlotBroker):
@@ -408,10 +414,10 @@ class Engine:
                     "database driver's thread or socket), which virtual time would jump over "
                     "to its timeouts; use clock=SystemClock(), or no store for simulations"
                 )
-            if self.cluster is not None:
+            if self.cluster is not None and self._shared is not None:
                 self.leases = Leases(
                     self.cluster,
-                    self.store,
+                    *self._shared,
                     self._clock,
                     room=lambda: self.max_workflows - len(self._runs),
                     resume=self._resume_claimed,
@@ -425,7 +431,11 @@ class Engine:
                 self._runs,
                 self.wake,
                 patience_s=self.store_patience,
-                retention=self.retention,
+                sweeper=(
+                    None
+                    if self.retention is None or self._retaining is None
+                    else Sweeper(self._retaining, self.retention, self._clock)
+                ),
                 owner=None if self.leases is None else self.leases.owner,
                 lease_s=0.0 if self.cluster is None else self.cluster.lease_s,
                 on_lost=None if self.leases is None else self.leases.lost,

@@ -24,13 +24,13 @@ from typing import Any
 
 from ._clock import Clock
 from ._errors import UsageError, error_text
-from ._store import Store
+from ._store import RetainingStore
 
 log = logging.getLogger("plait.retention")
 
 _COMPACT_CHUNK = 100
-"""Workflows per `Store.compact` call of a sweep: the sweeper checks for `stop()` between
-calls, so closing the engine waits for one chunk at most, not a whole backlog."""
+"""Workflows per `RetainingStore.compact` call of a sweep: the sweeper checks for `stop()`
+between calls, so closing the engine waits for one chunk at most, not a whole backlog."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,7 +80,7 @@ class SweepReport:
 
 
 async def sweep_once(
-    store: Store,
+    store: RetainingStore,
     retention: Retention,
     now: float,
     *,
@@ -119,7 +119,7 @@ class Sweeper:
     `stop()`. Run `run()` as a task of the owner's TaskGroup; it never raises a sweep's
     failure (it logs it and tries again at the next period)."""
 
-    def __init__(self, store: Store, retention: Retention, clock: Clock) -> None:
+    def __init__(self, store: RetainingStore, retention: Retention, clock: Clock) -> None:
         self.store = store
         self.retention = retention
         self.clock = clock

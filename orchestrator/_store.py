@@ -1,18 +1,26 @@
-"""The store protocol: what the engine needs from a durable event log.
+"""The store protocols: the event log the engine needs, and one ABC per optional feature.
 
 A store keeps four things: one row per workflow (its current status, for listing and for
 finding what to resume), the workflow's events in order (`seq` counts from 1 without gaps
 within each workflow), content-addressed payloads (large event fields, stored once under the
 sha256 of their bytes) and recorded LLM call results (so a resumed run does not pay twice).
+`Store` is that log: enough to record runs, read them back and resume them.
+
+A feature beyond the log is an ABC of its own that a store subclasses to declare it, found
+with `isinstance` once, where the feature is asked for (`LeaseStore.require(store, by)`):
+`RetainingStore` compacts and deletes finished runs (`Engine(retention=...)`);
+`LeaseStore` leases runs to engines and `CancelStore` carries cancel requests to the engine
+holding a run (both for `Engine(cluster=...)`); `KeyStore` keeps idempotency keys every
+engine sees (the service over a cluster).
 
 Retention shrinks finished workflows only: `compact` drops the events a finished run's
 rebuild can do without, so a compacted log has gaps in its `seq` (its events keep their
 numbers); `retain` and `delete` drop whole workflows. A workflow that is still pending or
 running keeps every event, without gaps, and appends continue it.
 
-`memory` implements it with SQLAlchemy (SQLite, PostgreSQL); the engine only sees `Store`.
-Every write goes through `append`, one transaction per batch, so a batch is all there or
-not there at all: the journal (`_journal.py`) groups many events into one batch.
+`memory` implements them all with SQLAlchemy (SQLite, PostgreSQL); the engine only sees the
+protocols. Every write goes through `append`, one transaction per batch, so a batch is all
+there or not there at all: the journal (`_journal.py`) groups many events into one batch.
 """
 
 from __future__ import annotations
@@ -22,9 +30,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import NamedTuple, Self
+from typing import ClassVar, NamedTuple, Self
 
-from ._errors import RunError
+from ._errors import RunError, UsageError
 from ._events import WorkflowStatus
 
 FINISHED_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
@@ -113,8 +121,8 @@ def unstorable(text: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """A workflow an engine claimed (`Store.claim`): `previous` is the engine whose lease ran
-    out, None for a workflow nobody held."""
+    """A workflow an engine claimed (`LeaseStore.claim`): `previous` is the engine whose lease
+    ran out, None for a workflow nobody held."""
 
     workflow: str
     previous: str | None
@@ -135,7 +143,7 @@ class WorkflowRow:
     tenant: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     compacted: bool = False
-    """Set by `Store.compact`, read back from the store; an appended row never changes it."""
+    """Set by `RetainingStore.compact` and read back; an appended row never changes it."""
     owner: str | None = None
     """The engine holding the run's lease, with several engines on the store (read back;
     an appended row never changes it: `StoreBatch.owner` does)."""
@@ -232,12 +240,37 @@ class StoreSize:
 
 
 class Store(ABC):
-    """A durable event log. Open it with `async with store:` (or `open()`/`close()`).
+    """A durable event log: what the engine needs to record runs, read them back and resume
+    them. Open it with `async with store:` (or `open()`/`close()`).
 
     Implementations serialise their own writes: any number of tasks may call `append`
     concurrently, and it never fails because another writer holds a lock (it waits).
-    Failures are `StoreError`s naming the store and what to do.
+    Failures are `StoreError`s naming the store and what to do. What a store can do beyond
+    the log it declares by subclassing a feature's ABC too (`RetainingStore`, `LeaseStore`,
+    `CancelStore`, `KeyStore`); whoever needs a feature asks for it with `require`.
     """
+
+    _does: ClassVar[str] = "keeps an event log"
+    """What a store of this class can do, as the error for a store that cannot says."""
+
+    @classmethod
+    def require(cls, store: Store, by: str) -> Self:
+        """`store` as a store of this class (it declares the feature by subclassing it),
+        else a `UsageError` saying that `by` needs the feature, which methods it takes and
+        the fix. Called once, where the feature is asked for, never per call."""
+        if isinstance(store, cls):
+            return store
+        name = type(store).__name__
+        methods = ", ".join(
+            method
+            for method, value in vars(cls).items()
+            if getattr(value, "__isabstractmethod__", False)
+        )
+        raise UsageError(
+            f"{by} needs a store that {cls._does} ({name} does not): use memory.SQLStore, or "
+            f"declare the feature on {name} by subclassing orchestrator.ext.{cls.__name__} "
+            f"(a Store itself) and implementing {methods}"
+        )
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -277,43 +310,6 @@ class Store(ABC):
         )
         await self.append(StoreBatch(payloads={digest: result}, calls=(call,)))
         return digest
-
-    @abstractmethod
-    async def delete(self, workflows: Sequence[str]) -> int:
-        """Delete these workflows with their events and call records; return how many rows of
-        workflows were deleted. Their payloads stay until `collect_garbage()`."""
-
-    @abstractmethod
-    async def retain(
-        self, *, finished_before: float | None = None, keep_last: int | None = None
-    ) -> int:
-        """Delete finished workflows that finished before `finished_before` (epoch seconds),
-        and all but the `keep_last` most recently finished; return how many were deleted.
-        Unfinished workflows are never touched."""
-
-    @abstractmethod
-    async def compact(
-        self,
-        workflows: Sequence[str] | None = None,
-        *,
-        finished_before: float | None = None,
-        limit: int | None = None,
-    ) -> int:
-        """Compact finished workflows that are not compacted yet: those named (all when None)
-        that finished before `finished_before` (epoch seconds), at most `limit` of them, the
-        earliest finished first; return how many were compacted.
-
-        A compacted workflow keeps the events that rebuild it (`orchestrator.compactable`
-        says which go: the transitional task_ready, task_started, task_retrying and
-        call_retrying that later events overwrite), so `rebuild()` of its log gives the same
-        tasks, states, attempts, results, errors and edges; its `seq` has gaps from then on.
-        Its LLM call records go too (only an unfinished run is resumed), and it is marked
-        `compacted`. Unfinished workflows are never touched. Payloads that nothing
-        references any more stay until `collect_garbage()`."""
-
-    @abstractmethod
-    async def collect_garbage(self) -> int:
-        """Delete payloads that no event and no call record references; return how many."""
 
     # --- reads -------------------------------------------------------------------------------
 
@@ -356,25 +352,107 @@ class Store(ABC):
     async def find_call(self, program: str, request_hash: str) -> bytes | None:
         """The recorded result of this call in this program, or None."""
 
+
+class RetainingStore(Store):
+    """A store that shrinks: it compacts finished workflows, deletes them, and says how much
+    it holds. Needed by `Engine(retention=...)`."""
+
+    _does = "compacts and deletes finished runs"
+
+    @abstractmethod
+    async def delete(self, workflows: Sequence[str]) -> int:
+        """Delete these workflows with their events and call records; return how many rows of
+        workflows were deleted. Their payloads stay until `collect_garbage()`."""
+
+    @abstractmethod
+    async def retain(
+        self, *, finished_before: float | None = None, keep_last: int | None = None
+    ) -> int:
+        """Delete finished workflows that finished before `finished_before` (epoch seconds),
+        and all but the `keep_last` most recently finished; return how many were deleted.
+        Unfinished workflows are never touched."""
+
+    @abstractmethod
+    async def compact(
+        self,
+        workflows: Sequence[str] | None = None,
+        *,
+        finished_before: float | None = None,
+        limit: int | None = None,
+    ) -> int:
+        """Compact finished workflows that are not compacted yet: those named (all when None)
+        that finished before `finished_before` (epoch seconds), at most `limit` of them, the
+        earliest finished first; return how many were compacted.
+
+        A compacted workflow keeps the events that rebuild it (`orchestrator.compactable`
+        says which go: the transitional task_ready, task_started, task_retrying and
+        call_retrying that later events overwrite), so `rebuild()` of its log gives the same
+        tasks, states, attempts, results, errors and edges; its `seq` has gaps from then on.
+        Its LLM call records go too (only an unfinished run is resumed), and it is marked
+        `compacted`. Unfinished workflows are never touched. Payloads that nothing
+        references any more stay until `collect_garbage()`."""
+
+    @abstractmethod
+    async def collect_garbage(self) -> int:
+        """Delete payloads that no event and no call record references; return how many."""
+
     @abstractmethod
     async def size(self) -> StoreSize:
         """Row counts and stored bytes."""
 
-    # --- leases (several engines on one store) -------------------------------------------------
 
+class LeaseStore(Store):
+    """A store that leases its runs to engines, so that several engines share it: each
+    unfinished workflow is held by one engine at a time (`WorkflowRow.owner`), and a batch
+    written with `StoreBatch.owner` is fenced by the lease. Needed by `Engine(cluster=...)`."""
+
+    _does = "leases its runs to engines"
+
+    @abstractmethod
     async def claim(self, owner: str, lease_s: float, limit: int) -> list[Claimed]:
         """Lease to `owner`, for `lease_s` seconds, up to `limit` unfinished workflows that
         nobody holds or whose lease has run out, oldest first; rows another engine is
         claiming at the same moment are skipped, not waited for. Returns what it took."""
-        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
 
+    @abstractmethod
     async def renew(
         self, owner: str, lease_s: float, workflows: Sequence[str] | None = None
     ) -> int:
         """Extend the leases of the unfinished workflows `owner` holds (those named, or all)
         to `lease_s` seconds from now; return how many."""
-        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
 
+    @abstractmethod
+    async def release(self, owner: str, workflows: Sequence[str] | None = None) -> int:
+        """Give up `owner`'s leases (of these workflows, or all): another engine may claim
+        them at once instead of waiting for them to run out. Returns how many."""
+
+
+class CancelStore(Store):
+    """A store that carries a cancel request for a run to the engine that holds it (or
+    claims it next), so that any engine's API can cancel any run. Needed by
+    `Engine(cluster=...)`."""
+
+    _does = "carries cancel requests to the engine holding a run"
+
+    @abstractmethod
+    async def ask_cancel(self, workflow: str, reason: str) -> bool:
+        """Mark unfinished `workflow` to be cancelled by the engine that holds it, or claims
+        it next (`cancels`); False if it is not unfinished."""
+
+    @abstractmethod
+    async def cancels(self, owner: str) -> list[tuple[str, str]]:
+        """The unfinished workflows `owner` holds that were marked by `ask_cancel`, each with
+        the reason given."""
+
+
+class KeyStore(Store):
+    """A store that keeps idempotency keys every engine on it sees, so that a request sent
+    again to another engine finds the workflow the first one started. Needed by the
+    service over `Engine(cluster=...)`."""
+
+    _does = "keeps idempotency keys that every engine sees"
+
+    @abstractmethod
     async def reserve_key(
         self, tenant: str, key: str, digest: str, *, stale_s: float
     ) -> tuple[bool, str, str | None]:
@@ -382,27 +460,11 @@ class Store(ABC):
         digest, None) if this caller has it now (a new key, or one taken `stale_s` ago by a
         request that never named its workflow); else (False, the first request's digest, its
         workflow id, None while that request is still starting it)."""
-        raise StoreError(f"{type(self).__name__} does not keep idempotency keys")
 
+    @abstractmethod
     async def name_key(self, tenant: str, key: str, workflow: str | None) -> None:
         """The workflow a reserved key's request started; None: it started none (refused),
         and the key is free again."""
-        raise StoreError(f"{type(self).__name__} does not keep idempotency keys")
-
-    async def release(self, owner: str, workflows: Sequence[str] | None = None) -> int:
-        """Give up `owner`'s leases (of these workflows, or all): another engine may claim
-        them at once instead of waiting for them to run out. Returns how many."""
-        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
-
-    async def ask_cancel(self, workflow: str, reason: str) -> bool:
-        """Mark unfinished `workflow` to be cancelled by the engine that holds it, or claims
-        it next (`cancels`); False if it is not unfinished."""
-        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
-
-    async def cancels(self, owner: str) -> list[tuple[str, str]]:
-        """The unfinished workflows `owner` holds that were marked by `ask_cancel`, each with
-        the reason given."""
-        raise StoreError(f"{type(self).__name__} cannot share its workflows between engines")
 
 
 def payload_digest(data: bytes) -> str:

@@ -106,7 +106,8 @@ def make_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store
 
 
 class MemoryStore(Store):
-    """A real in-memory `Store` (tests of the journal and the engine): keeps everything in
+    """A real in-memory `Store` (tests of the journal and the engine): the event log alone,
+    no feature beyond it (no retention, leases, cancel requests or keys); keeps everything in
     dicts; `hold()` makes the next commits wait for `release()`; `fail_with` fails the next
     commits, `fail_after=N` every commit after the first N (a disk that fills);
     `committed` is set by each commit that went through."""
@@ -155,28 +156,6 @@ class MemoryStore(Store):
             self.calls.setdefault((call.program, call.request_hash), call.digest)
         self.batches.append(batch)
         self.committed.set()
-
-    async def delete(self, workflows: Sequence[str]) -> int:
-        for w in workflows:
-            self.log.pop(w, None)
-        return sum(self.rows.pop(w, None) is not None for w in workflows)
-
-    async def retain(
-        self, *, finished_before: float | None = None, keep_last: int | None = None
-    ) -> int:
-        raise NotImplementedError("the journal never deletes")
-
-    async def collect_garbage(self) -> int:
-        raise NotImplementedError("the journal never collects")
-
-    async def compact(
-        self,
-        workflows: Sequence[str] | None = None,
-        *,
-        finished_before: float | None = None,
-        limit: int | None = None,
-    ) -> int:
-        raise NotImplementedError("the journal never compacts")
 
     async def events(
         self, workflow: str, after_seq: int = 0, limit: int | None = None

@@ -456,7 +456,7 @@ def test_an_event_that_cannot_be_encoded_is_stored_escaped_and_the_engine_goes_o
 
     async def main() -> None:
         store = MemoryStore()
-        durable = Durability(store, VirtualClock(), {}, lambda: None, patience_s=1, retention=None)
+        durable = Durability(store, VirtualClock(), {}, lambda: None, patience_s=1)
         async with asyncio.TaskGroup() as tg:
             durable.start(tg)
             event = TaskSucceeded(
@@ -479,9 +479,7 @@ def test_an_event_nested_too_deeply_is_stored_so_the_log_reads_back(
 
     async def main() -> None:
         async with make_store() as store:
-            durable = Durability(
-                store, VirtualClock(), {}, lambda: None, patience_s=1, retention=None
-            )
+            durable = Durability(store, VirtualClock(), {}, lambda: None, patience_s=1)
             async with asyncio.TaskGroup() as tg:
                 durable.start(tg)
                 result = nested.fn(depth)

@@ -315,6 +315,7 @@ def test_a_cancel_that_fails_does_not_stop_the_heartbeat(make_store: StoreFactor
             leases = Leases(
                 Cluster(lease_s=5, engine_id="a", take_over=False),
                 store,
+                store,
                 SystemClock(),
                 room=lambda: 0,
                 resume=resume,

@@ -21,6 +21,7 @@ from conftest import MemoryStore, StoreFactory, run
 
 from agents import Agent
 from executors import FunctionLLM, SimServer
+from memory import SQLStore
 from orchestrator import (
     Engine,
     Hints,
@@ -436,10 +437,11 @@ def test_finished_batch_folders_are_removed_after_retention(tmp_path: Path) -> N
         return {p.name for p in tmp_path.iterdir()}
 
     async def main() -> None:
-        # The engine is not entered: only finished batches here, none is run.
+        # The engine is not entered: only finished batches here, none is run (and its
+        # store, one that can retain as retention= needs, is never opened).
         engine = Engine(
             backends={"default": FunctionLLM(Replies())},
-            store=MemoryStore(),
+            store=SQLStore(tmp_path / "unopened.db"),
             retention=Retention(delete_after=hour, every=60.0),
         )
         batches = Batches(engine, tmp_path, max_rows=10, clock=clock)

@@ -32,7 +32,14 @@ from .._notify import Notifier
 from .._registry import Registry
 from .._replay import RunImage
 from .._resume import Decision, waiting_for_decision
-from .._store import LeaseLostError, Store, StoreError, WorkflowExistsError, WorkflowRow
+from .._store import (
+    KeyStore,
+    LeaseLostError,
+    Store,
+    StoreError,
+    WorkflowExistsError,
+    WorkflowRow,
+)
 from .._text import join_path, storable, text_problem
 from .._workflow import Workflow
 from ._batches import BatchError, Batches
@@ -193,6 +200,12 @@ class Service:
             raise UsageError("the service needs an engine with a store: Engine(store=...)")
         self.engine = engine
         self.store: Store = engine.store
+        self._shared_keys: KeyStore | None = None
+        """With several engines: the store, which keeps idempotency keys all of them see."""
+        if engine.cluster is not None:
+            self._shared_keys = KeyStore.require(
+                engine.store, "the service over Engine(cluster=...)"
+            )
         self.registry = registry
         self.settings = settings or ServiceSettings()
         self.clock = clock or SystemClock()
@@ -491,8 +504,8 @@ class Service:
         self._keys[slot] = (digest, pending)
         try:
             earlier = await self._earlier(tenant, key, digest)
-            if earlier is None and self.engine.leases is not None:
-                earlier = await self._shared_key(tenant, spec, key, digest)
+            if earlier is None and self._shared_keys is not None:
+                earlier = await self._shared_key(self._shared_keys, tenant, spec, key, digest)
                 run_id = earlier or self._known[tenant.name, key][0]
             else:
                 run_id = earlier or await self._start(tenant, spec, key, digest)
@@ -529,12 +542,11 @@ class Service:
         return run_id
 
     async def _shared_key(
-        self, tenant: Tenant, spec: WorkflowSpec, key: str, digest: str
+        self, store: KeyStore, tenant: Tenant, spec: WorkflowSpec, key: str, digest: str
     ) -> str | None:
         """With several engines: the key is taken in the store, where every engine sees it.
         The workflow an earlier request made (from any engine), or None once this request
         has started its own."""
-        store = self.store
         mine, first, workflow = await store.reserve_key(
             tenant.name, key, digest, stale_s=_KEY_STALE_S
         )
@@ -845,13 +857,12 @@ class Service:
         if handle is None:
             if row.status in _FINISHED:
                 raise ApiError(409, f"workflow {row.id!r} has finished already ({row.status})")
-            if self.engine.leases is not None:
+            leases = self.engine.leases
+            if leases is not None:
                 # Another engine runs it, or will once it takes it over: the mark in the
                 # store reaches the engine holding it at its next heartbeat; the notifier,
                 # if any, sooner.
-                store = self.engine.store
-                assert store is not None
-                if not await store.ask_cancel(row.id, "cancelled through the API"):
+                if not await leases.cancel_store.ask_cancel(row.id, "cancelled through the API"):
                     raise ApiError(409, f"workflow {row.id!r} has finished already")
                 if self.notifier is not None:
                     with contextlib.suppress(StoreError):
