@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
+import os
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
@@ -35,6 +37,7 @@ from ._bus import EventBus
 from ._calls import LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._cluster import Cluster, Leases, engine_name
+from ._config import Config
 from ._context import TaskContext
 from ._durable import Durability, fail
 from ._errors import (
@@ -58,6 +61,7 @@ from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._knee import DEFAULT_HEADROOM, Headroom, KneeStats
 from ._llm import LLMBackend, Usage, capabilities
+from ._open import engine_from_config
 from ._registry import Registry
 from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
@@ -325,6 +329,24 @@ class Engine:
         self._lease_task: asyncio.Task[None] | None = None
         self.durable: Durability | None = None
         """The store's side of the engine while it runs with one (journal, memo, sweeper)."""
+
+    @classmethod
+    def from_config(
+        cls,
+        source: str | os.PathLike[str] | Mapping[str, Any] | Config,
+        *,
+        store: str | Store | None = None,
+        clock: Clock | None = None,
+    ) -> contextlib.AbstractAsyncContextManager[Engine]:
+        """An engine built from a config file (`.toml`, `.yaml`; or its contents as a dict,
+        or a loaded `Config`): its backends, limits, policy and deadline gate, with the
+        backends opened for as long as the engine runs. `store`: a SQLite path or database
+        URL to open (or an opened `Store`) to make every run durable.
+
+            async with Engine.from_config("plait.toml") as engine:
+                result = await engine.run(workflow)
+        """
+        return engine_from_config(source, store=store, clock=clock)
 
     @property
     def journal(self) -> Journal | None:
