@@ -139,7 +139,7 @@ class LLMCalls:
         call_retry: CallRetry,
         breaker: Breaker | None,
         knees: Mapping[str, KneeController] | None = None,
-        urgent: Callable[[Program, ProgramView, float], bool] | None = None,
+        urgent: Callable[[Program, float, ProgramView], bool] | None = None,
     ) -> None:
         self.backends: dict[str, LLMBackend] = dict(backends)
         self.urgent = urgent
@@ -292,7 +292,7 @@ class LLMCalls:
             urgency=urgency(self.policy, view, now),
             priority_class=program.priority_class,
             deadline_s=None if deadline is None else deadline - now,
-            urgent=None if self.urgent is None else self.urgent(program, view, now),
+            urgent=None if self.urgent is None else self.urgent(program, now, view),
             slack_s=None
             if view.guessed or not self.policy.needs_remaining
             else slack_of(view, now),

@@ -36,10 +36,10 @@ from ._engine import Engine
 from ._errors import PlaitError, UsageError, error_text
 from ._events import Event
 from ._gate import DEFAULT_GATE
+from ._open import open_backends, open_store
 from ._registry import RebuildError, Registry
 from ._resume import Decision, ResumePlan
 from ._scheduler import POLICIES
-from ._store import Store
 from ._task import describe
 from ._workflow import Workflow
 
@@ -339,11 +339,7 @@ async def _engine_for(
     limits = limits_of(backends, config, max_in_flight, max_waiting)
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(lifespan_of(module))
-        for backend in backends.values():
-            # Backends that run something of their own (a simulated server, a connection
-            # pool) are async context managers; they live as long as the run.
-            if isinstance(backend, contextlib.AbstractAsyncContextManager):
-                await stack.enter_async_context(backend)
+        await open_backends(stack, backends)
         opened = None if store is None else await stack.enter_async_context(open_store(store))
         engine = Engine(
             backends=backends,
@@ -377,21 +373,6 @@ def lifespan_of(module: ModuleType) -> contextlib.AbstractAsyncContextManager[An
             "with @contextlib.asynccontextmanager (an async generator that yields once)"
         )
     return manager
-
-
-def open_store(target: str) -> Store:
-    """The store at `target` (a SQLite path or a database URL), unopened. Stores come from
-    the package that implements them (`memory`), found by entry point so that the core
-    does not import it."""
-    found = entry_points(group="plait.stores", name="sql")
-    if not found:
-        raise UsageError(
-            "no store implementation is installed (the `memory` package registers one); "
-            "reinstall plait: pip install -e ."
-        )
-    factory = next(iter(found)).load()
-    store: Store = factory(target)
-    return store
 
 
 RUN_HELP = """\

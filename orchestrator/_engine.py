@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import functools
+import os
 import secrets
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Generator, Mapping, Sequence
@@ -32,9 +34,10 @@ from tenacity import (
 
 from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
 from ._bus import EventBus
-from ._calls import LLMCalls, Program
+from ._calls import LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._cluster import Cluster, Leases, engine_name
+from ._config import Config
 from ._context import TaskContext
 from ._durable import Durability, fail
 from ._errors import (
@@ -53,38 +56,24 @@ from ._events import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from ._gate import DEFAULT_GATE, DeadlineGate, GateStats, RunGate
+from ._gate import DEFAULT_GATE, DeadlineGate, GateStats
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
-from ._knee import (
-    DEFAULT_HEADROOM,
-    Headroom,
-    KneeController,
-    KneeStats,
-    reserve_cap,
-    slack_rich,
-)
+from ._knee import DEFAULT_HEADROOM, Headroom, KneeStats
 from ._llm import LLMBackend, Usage, capabilities
+from ._open import engine_from_config
 from ._registry import Registry
 from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
 from ._resume import Decision, ResumePlan, decision_for, plan_resume
 from ._retention import Retention, Sweeper
-from ._run import Durations, Late, Run, RunResult, RunServices, RunTimes, task_kind
-from ._scheduler import (
-    CLASS_RANK,
-    Policy,
-    PriorityClass,
-    ProgramView,
-    alone_slack_of,
-    get_policy,
-    program_key,
-    slack_of,
-)
+from ._run import Late, Run, RunResult, RunServices, task_kind
+from ._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key
 from ._slots import SharedLimits, SlotBroker
 from ._store import CancelStore, LeaseStore, RetainingStore, Store, StoreError
 from ._task import TaskRun, check_seconds, check_serializable, recording_problem
 from ._text import first_unstorable, key_text, storable, text_problem
+from ._urgency import Hopeless, Shed, UrgencyController
 from ._workflow import Workflow
 
 
@@ -248,35 +237,23 @@ class Engine:
         for name in backends:
             merged.setdefault(name, Limits())
         merged.update(limits or {})
-        static = self._static_key if self.policy.static else None
-        self.admission = Admission(merged, static_key=static, held=self._held_back, gated=_gated)
         if gate is not None and not isinstance(gate, DeadlineGate):
             raise UsageError(f"Engine(gate=...) takes a DeadlineGate or None, got {gate!r}")
-        self.gate = None if gate is None else RunGate(gate)
-        """The deadline gate's state (docs/admission.md)."""
-        self.headroom = headroom
         # A fixed `Limits.batch_in_flight` holds work back even with headroom=None.
-        self.knees = {
-            name: KneeController(
-                name, merged[name].max_in_flight, headroom or DEFAULT_HEADROOM,
-                merged[name].batch_in_flight,
-            )
-            for name, backend in backends.items()
-            if merged[name].batch_in_flight is not None
-            or (headroom is not None and not capabilities(backend).isolates_urgent)
-        }  # fmt: skip
-        # A backend that keeps urgent work apart itself (a router's lanes) gets no knee, but
-        # slack-rich work still leaves the reserve free there: an urgent call that comes
-        # while batch calls fill the engine's limit starts at once, not when one of them ends.
-        self._reserve_caps = {
-            name: reserve_cap(merged[name].max_in_flight, headroom)
-            for name, backend in backends.items()
-            if headroom is not None and name not in self.knees
-            and capabilities(backend).isolates_urgent
-        }  # fmt: skip
-        self._watched: set[Run] = set()
-        """Runs that may be urgent (interactive, or with a deadline): scanned per round."""
-        self._urgent = False
+        self.urgency = UrgencyController(
+            {name: (merged[name].max_in_flight, merged[name].batch_in_flight) for name in backends},
+            frozenset(n for n, b in backends.items() if capabilities(b).isolates_urgent),
+            headroom=headroom,
+            gate=gate,
+            default_estimate=default_estimate,
+        )
+        """Decides admission (the gate, the knees, what tasks and runs take); the engine
+        applies its plans."""
+        urgency = self.urgency
+        static = self._static_key if self.policy.static else None
+        self.admission = Admission(
+            merged, static_key=static, held=self._held_back, gated=urgency.holds
+        )
         self.bus = EventBus()
         self.calls = LLMCalls(
             backends,
@@ -289,17 +266,11 @@ class Engine:
             keep_alive=keep_alive,
             call_retry=call_retry,
             breaker=breaker,
-            knees=self.knees,
-            urgent=lambda program, view, now: not self._slack_rich(program, now, view),
+            knees=urgency.knees,
+            urgent=urgency.urgent,
         )
         self.max_workflows = max_workflows
         self.default_estimate = default_estimate
-        self.durations = Durations(default_estimate)
-        """What each kind of task has taken lately: the `slack` policy's estimates of what a
-        run has left (and so which deadlines are hopeless) for tasks without `estimate=`."""
-        self.run_times = RunTimes()
-        """What recent runs with a deadline took, per workflow name: a `late="cancel"` run
-        whose deadline is shorter than most of them took is shed at once."""
         if threads < 1:
             raise UsageError(f"Engine(threads={threads}) must be at least 1")
         self.threads = threads
@@ -365,6 +336,24 @@ class Engine:
         self.durable: Durability | None = None
         """The store's side of the engine while it runs with one (journal, memo, sweeper)."""
 
+    @classmethod
+    def from_config(
+        cls,
+        source: str | os.PathLike[str] | Mapping[str, Any] | Config,
+        *,
+        store: str | Store | None = None,
+        clock: Clock | None = None,
+    ) -> contextlib.AbstractAsyncContextManager[Engine]:
+        """An engine built from a config file (`.toml`, `.yaml`; or its contents as a dict,
+        or a loaded `Config`): its backends, limits, policy and deadline gate, with the
+        backends opened for as long as the engine runs. `store`: a SQLite path or database
+        URL to open (or an opened `Store`) to make every run durable.
+
+            async with Engine.from_config("plait.toml") as engine:
+                result = await engine.run(workflow)
+        """
+        return engine_from_config(source, store=store, clock=clock)
+
     @property
     def journal(self) -> Journal | None:
         """The store's journal while the engine runs with a store (`await
@@ -405,7 +394,7 @@ class Engine:
             next_seq=self.next_seq,
             changed=self._changed,
             default_estimate=self.default_estimate,
-            durations=self.durations,
+            durations=self.urgency.durations,
         )
         if self.store is not None:
             if isinstance(self._clock, VirtualClock):
@@ -457,7 +446,8 @@ class Engine:
             self._lease_task = tg.create_task(self.leases.run(), name="plait-leases")
         if self._broker is not None and self._llm_limits:
             clock = self._clock
-            self.admission.urgent = lambda run: not self._slack_rich(run, clock.monotonic())
+            urgency = self.urgency
+            self.admission.urgent = lambda run: urgency.urgent(run, clock.monotonic())
             cluster = self.cluster
             self.shared = SharedLimits(
                 self._broker,
@@ -555,29 +545,27 @@ class Engine:
                 self._applying = False
 
     def _admit(self) -> None:
+        urgency = self.urgency
+        if urgency.gate is not None:
+            # every round, also with nothing waiting: it refits on time
+            released = urgency.release(self.clock.monotonic())
+            for shed in released.shed:
+                self._shed(shed)
+            for run in released.opened:
+                self.admission.reopen(run)
         admission = self.admission
-        if self.gate is not None:
-            self._open_gate()  # every round, also with nothing waiting: it refits on time
         if not admission.pending:
             return
         now = self.clock.monotonic()
+        plan = urgency.decide(now)
+        for notice in plan.hopeless:
+            self._tell_hopeless(notice)
         caps = rich = None
-        urgent = self._look_at_deadlines(now) if self._watched else False
-        if self.knees or self._reserve_caps:
-            if self.knees and urgent != self._urgent:  # a reserve cap is the same either way
-                self._urgent = urgent
+        if urgency.holds_back:
+            if plan.changed:
                 admission.look_again()
-            knees, reserve_caps = self.knees, self._reserve_caps
-
-            def caps(resource: str) -> tuple[int, int | None] | None:
-                knee = knees.get(resource)
-                if knee is None:
-                    alone = reserve_caps.get(resource)
-                    return None if alone is None else (alone, None)
-                capped = knee.headroom.urgent_share is not None
-                return knee.cap(urgent), knee.urgent_cap() if capped else None
-
-            rich = functools.partial(self._slack_rich, now=now)
+            caps = functools.partial(urgency.caps, urgent=plan.urgent)
+            rich = functools.partial(urgency.slack_rich, now=now)
         key = functools.partial(self._key, now=now)
         for run, item in admission.admit(key, caps, rich):
             if isinstance(item, Ticket):
@@ -587,71 +575,24 @@ class Engine:
             else:
                 self._start(run, cast(TaskRun, item))
 
-    def _open_gate(self) -> None:
-        """Let runs with a deadline in as the gate allows; a waiting run found hopeless is
-        shed if it was submitted with `late="cancel"` (it has cost nothing yet)."""
-        assert self.gate is not None
-        now = self.clock.monotonic()
-        opened, hopeless = self.gate.release(now)
-        for run, took in hopeless:
-            assert isinstance(run, Run) and run.deadline is not None
-            if run.late == "cancel":
-                # Given up: it is hopeless at the present load. (A run that finishes anyway
-                # is only moved behind by the gate; hopeless is for what is out of reach
-                # even alone, which admission judges once it runs.)
-                self._hopeless(run, took, now)
-                self.cancel_if_running(
-                    run.id,
-                    f"shed: waiting to start, its deadline ({run.deadline - now:.1f} s from "
-                    f"now) is shorter than what runs take at this load ({took:.1f} s)",
-                )
-        for run in opened:
-            self.admission.reopen(cast(Run, run))
+    def _shed(self, shed: Shed) -> None:
+        """Cancel a run the controller gave up on, telling first that it is hopeless."""
+        if shed.notice is not None:
+            self._tell_hopeless(shed.notice)
+        self.cancel_if_running(shed.run.id, shed.reason)
+
+    def _tell_hopeless(self, notice: Hopeless) -> None:
+        run = notice.run
+        assert run.deadline is not None
+        self.bus.emit(
+            run.id,
+            DeadlineHopeless(
+                workflow=run.id, deadline=run.deadline, remaining=notice.needs_s, at=notice.at
+            ),
+        )
 
     def _key(self, run: Run, now: float) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(now), now)
-
-    def _slack_rich(self, run: Program, now: float, view: ProgramView | None = None) -> bool:
-        """`view`: the run's, at `now`, where the caller has it already."""
-        if run.deadline is None:
-            return run.priority_class != "interactive"
-        if view is None:
-            view = run.view(now)
-        headroom = self.headroom or DEFAULT_HEADROOM
-        slack, alone = slack_of(view, now), alone_slack_of(view, now)
-        assert slack is not None and alone is not None  # it has a deadline
-        if alone < 0:
-            return True  # hopeless: it must not crowd out those that can still be met
-        # late only at this load: urgent (slack 0), not hopeless
-        return slack_rich(run.priority_class, max(0.0, slack), view.remaining, headroom)
-
-    def _look_at_deadlines(self, now: float) -> bool:
-        """Whether urgent work is around (a run that is not slack-rich); tells each run that
-        has just become hopeless (its remaining critical path, even at the least its tasks
-        have taken, is longer than the time left)."""
-        urgent = False
-        for run in self._watched:
-            if run.complete:
-                continue
-            if run.deadline is not None and run.hopeless_at is None:
-                view = run.view(now)
-                alone = alone_slack_of(view, now)
-                if alone is not None and alone < 0:
-                    self._hopeless(run, run.deadline - now - alone, now)
-            if not urgent and not self._slack_rich(run, now):
-                urgent = True
-        return urgent
-
-    def _hopeless(self, run: Run, remaining: float, now: float) -> None:
-        """Tell, once, that `run` cannot meet its deadline: it needs `remaining` seconds."""
-        if run.hopeless_at is not None:
-            return
-        assert run.deadline is not None
-        run.hopeless_at = now
-        self.bus.emit(
-            run.id,
-            DeadlineHopeless(workflow=run.id, deadline=run.deadline, remaining=remaining, at=now),
-        )
 
     def _static_key(self, run: Run) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(0.0), 0.0)
@@ -673,7 +614,7 @@ class Engine:
         if outcome.state == "done" and not replayed:
             # A task answered from a record took no time: it says nothing of its kind.
             kind = task_kind(run.priority_class, record.task.action.label)
-            self.durations.observe(kind, outcome.elapsed)
+            self.urgency.task_ended(kind, outcome.elapsed)
         if not outcome.llm_calls:
             task = record.task
             self.calls.task_ended(
@@ -922,17 +863,9 @@ class Engine:
         """A `late="cancel"` run: cancelled when its deadline passes, and at once if most
         recent runs of its workflow's name took longer than the whole deadline."""
         run.late = "cancel"
-        if self.gate is not None and self.gate.learned:
-            return  # the gate sheds it while it waits, by what a run takes at this load
-        took = self.run_times.typical(run.workflow.name)
-        if took is None or took <= deadline:
-            return
-        self._hopeless(run, took, self.clock.monotonic())
-        self.cancel_if_running(
-            run.id,
-            f"shed: its deadline ({deadline:.1f} s) is shorter than what most recent runs of "
-            f"{run.workflow.name!r} took ({took:.1f} s)",
-        )
+        shed = self.urgency.submitted_late_cancel(run, deadline, self.clock.monotonic())
+        if shed is not None:
+            self._shed(shed)
 
     def _check_accepting(self) -> None:
         if self.durable is not None and self.durable.error is not None:
@@ -1224,20 +1157,15 @@ class Engine:
     def _add_run(self, run: Run) -> None:
         self._runs[run.id] = run
         self._tenant_runs[run.tenant] += 1
-        if run.deadline is not None or run.priority_class == "interactive":
-            self._watched.add(run)
+        if self.urgency.arrived(run, self.clock.monotonic()):
             self.admission.look_again()  # urgent work may have arrived: caps may change
-        if self.gate is not None and run.deadline is not None:
-            self.gate.arrive(run, self.clock.monotonic())
 
     def _drop_run(self, run: Run) -> None:
-        if self.gate is not None and run.deadline is not None:
-            self.gate.withdraw(run, self.clock.monotonic())
+        watched = self.urgency.left(run, self.clock.monotonic())
         if self._runs.get(run.id) is run:
             del self._runs[run.id]
             self._tenant_runs[run.tenant] -= 1
-        if run in self._watched:
-            self._watched.discard(run)
+        if watched:
             self.admission.look_again()
 
     def _find(self, workflow: Workflow | str) -> Run:
@@ -1261,14 +1189,10 @@ class Engine:
     def _finish(self, run: Run) -> None:
         """The run's last task is final: tell everyone, and let go of the workflow. A
         durable run's result is handed back once its last event is committed."""
-        result = run.result()
-        if run.deadline is not None and result.ok:
-            self.run_times.observe(run.workflow.name, result.finished_at - result.started_at)
-        if self.gate is not None and run.deadline is not None:
-            # A run cancelled at its deadline took at least that long: leaving it out would
-            # teach the gate that runs are quicker than they are.
-            now = self.clock.monotonic()
-            self.gate.ended(run, now, result.ok or (run.late == "cancel" and now >= run.deadline))
+        result = run.result(hopeless_at=self.urgency.hopeless_at(run))
+        self.urgency.run_ended(
+            run, result.finished_at - result.started_at, result.ok, self.clock.monotonic()
+        )
         if run.deadline_timer is not None:
             run.deadline_timer.cancel()
             run.deadline_timer = None
@@ -1305,9 +1229,9 @@ class Engine:
             len(self._runs),
             self._finished,
             tuple(self.admission.stats()),
-            tuple(knee.stats() for knee in self.knees.values()),
-            None if self.gate is None else self.gate.stats(),
-            tuple(self._reserve_caps.items()),
+            self.urgency.knee_stats(),
+            self.urgency.gate_stats(),
+            tuple(self.urgency.reserve_caps.items()),
         )
 
 
@@ -1316,11 +1240,6 @@ def new_workflow_id(name: str) -> str:
     collide among the billions of runs a store may see (a store refuses a new run whose id
     it holds already, `WorkflowExistsError`)."""
     return f"{name}-{secrets.token_hex(12)}"
-
-
-def _gated(run: Run) -> bool:
-    """Whether the deadline gate holds `run` (nothing of it may start yet)."""
-    return run.held
 
 
 def _check_recordable(workflow: Workflow) -> None:

@@ -131,7 +131,6 @@ class Gated(Protocol):
     deadline: float | None
     started_at: float
     complete: bool
-    held: bool
 
     @property
     def late(self) -> str: ...
@@ -193,7 +192,6 @@ class RunGate:
         assert run.deadline is not None
         self._budgets.append(run.deadline - run.started_at)
         self._new_budgets += 1
-        run.held = True
         entry = self._queued[id(run)] = _Entry(run, self._round)
         heapq.heappush(self._waiting, (run.deadline, next(self._order), entry))
 
@@ -246,7 +244,6 @@ class RunGate:
             entry.area_at_open = self._area
             self._late_open += entry.late
             self._open[id(run)] = entry
-            run.held = False
             opened.append(run)
         return opened, hopeless
 
@@ -275,7 +272,10 @@ class RunGate:
             # every waiting run has one entry in the heaps; the rest are withdrawn runs'
             if len(self._waiting) + len(self._late) > 2 * len(self._queued) + _COMPACT:
                 self._compact()
-        run.held = False
+
+    def holds(self, run: Gated) -> bool:
+        """Whether `run` waits at the gate (nothing of it may start yet)."""
+        return id(run) in self._queued
 
     def _compact(self) -> None:
         """Drop the heap entries of withdrawn runs, so that runs cancelled while they waited

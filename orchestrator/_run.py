@@ -10,7 +10,6 @@ what it needs (clock, policy, admission queues, the event bus) is handed to it
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -45,6 +44,7 @@ from ._events import (
     WorkflowFinished,
     WorkflowStatus,
 )
+from ._learned import Durations
 from ._llm import Usage
 from ._replay import TaskImage
 from ._scheduler import Policy, PriorityClass, ProgramView, remaining_critical_paths
@@ -118,48 +118,6 @@ _Verdict = tuple[TaskState, BaseException | None, str | None]
 """The final state a task takes instead of running, with its error or reason."""
 
 
-class Durations:
-    """How long each kind of task (`task_kind`: its action's label, in runs of one priority
-    class) has taken lately, from admission to its end: an exponential mean over the
-    finished ones, so that under load (longer queues and steps at the servers) the estimate
-    grows with what the tasks really take. Used for a task without an estimate of its own;
-    `default` until one of its kind has finished.
-
-    The class is part of the kind because the same task takes different times in each: an
-    interactive run's call goes to a router's urgent lane with short steps while a batch
-    run's waits on saturated replicas. Learned together, the batch's many calls made the
-    queries of bench/deadlines.py look 3-10x longer than they were (13-54 s left of runs
-    that took 5 s).
-
-    Also the least each kind has taken (`least`): what it needs with the least load seen,
-    which tells a deadline that cannot be met even alone from one that is only late at the
-    present load."""
-
-    __slots__ = ("_least", "_mean", "default", "weight")
-
-    def __init__(self, default: float, weight: float = 0.2) -> None:
-        self.default = default
-        self.weight = weight
-        self._mean: dict[str, float] = {}
-        self._least: dict[str, float] = {}
-
-    def observe(self, kind: str, seconds: float) -> None:
-        mean = self._mean.get(kind)
-        self._mean[kind] = seconds if mean is None else mean + self.weight * (seconds - mean)
-        least = self._least.get(kind)
-        self._least[kind] = seconds if least is None else min(least, seconds)
-
-    def estimate(self, kind: str) -> float:
-        return self._mean.get(kind, self.default)
-
-    def least(self, kind: str) -> float:
-        return self._least.get(kind, self.default)
-
-    def knows(self, kind: str) -> bool:
-        """A task of this kind has finished: `estimate` is learned, not the default."""
-        return kind in self._mean
-
-
 def task_kind(priority_class: str, label: str) -> str:
     """What `Durations` learns a task's time under: its label within its run's class."""
     return f"{priority_class}: {label}"
@@ -167,34 +125,6 @@ def task_kind(priority_class: str, label: str) -> str:
 
 Late = Literal["finish", "cancel"]
 """What happens to a run that misses its deadline (`Engine.submit(late=...)`)."""
-
-
-class RunTimes:
-    """What recent runs with a deadline took from submission to their end, per workflow
-    name: the last `keep` of each. `typical` answers the `share` quantile of them once
-    `min_seen` were seen (None before): what a run submitted now will likely take under the
-    present load, since the queues and steps its predecessors met are in their times."""
-
-    __slots__ = ("_seen", "keep", "min_seen", "share")
-
-    def __init__(self, keep: int = 20, min_seen: int = 5, share: float = 0.9) -> None:
-        self.keep = keep
-        self.min_seen = min_seen
-        self.share = share
-        self._seen: dict[str, deque[float]] = {}
-
-    def observe(self, name: str, seconds: float) -> None:
-        seen = self._seen.get(name)
-        if seen is None:
-            seen = self._seen[name] = deque(maxlen=self.keep)
-        seen.append(seconds)
-
-    def typical(self, name: str) -> float | None:
-        seen = self._seen.get(name)
-        if seen is None or len(seen) < self.min_seen:
-            return None
-        ordered = sorted(seen)
-        return ordered[min(len(ordered) - 1, int(self.share * len(ordered)))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,13 +180,13 @@ class Run:
         """Every task is final and none is running: the run can be finished."""
         self._remaining: tuple[float, float, bool] | None = None
         """The remaining critical path, lately and at the least (`_critical_paths`)."""
-        self.hopeless_at: float | None = None
-        """Set once admission finds the deadline out of reach (see `DeadlineHopeless`)."""
         self.late: Late = "finish"
         """"cancel": cancelled when the deadline passes (`Engine.submit(late=...)`)."""
         self.deadline_timer: asyncio.TimerHandle | None = None
-        self.held = False
-        """The deadline gate holds it: nothing of it starts yet (`orchestrator._gate`)."""
+
+    @property
+    def workflow_name(self) -> str:
+        return self.workflow.name
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, program={self.program})"
@@ -675,7 +605,9 @@ class Run:
         self.complete = True
         self.services.changed(self)
 
-    def result(self) -> RunResult:
+    def result(self, hopeless_at: float | None = None) -> RunResult:
+        """The run's result as it stands; `hopeless_at`: when admission found its deadline
+        out of reach (None: it did not)."""
         results: dict[str, Any] = {}
         skipped: dict[str, str] = {}
         cancelled: dict[str, str] = {}
@@ -707,7 +639,7 @@ class Run:
             llm_calls=self.llm_calls,
             usage=self.usage,
             deadline=self.deadline,
-            hopeless_at=self.hopeless_at,
+            hopeless_at=hopeless_at,
         )
 
     def finished_event(self, result: RunResult) -> WorkflowFinished:

@@ -173,7 +173,9 @@ def test_the_batch_engines_deadline_gate_comes_from_the_config(
     async def recording(job, **kw):  # type: ignore[no-untyped-def]
         async def watch(job) -> None:  # type: ignore[no-untyped-def]
             assert job.engine is not None
-            seen.append(None if job.engine.gate is None else job.engine.gate.settings)
+            seen.append(
+                None if job.engine.urgency.gate is None else job.engine.urgency.gate.settings
+            )
 
         return await real(job, **{**kw, "watch": watch})
 

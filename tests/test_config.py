@@ -831,7 +831,7 @@ def test_the_deadline_gate_is_set_or_turned_off_from_the_file(tmp_path: Path) ->
             async with _engine_for(
                 module, clock, "slack", progress, load_config(path), None, None, None
             ) as engine:
-                seen.append(None if engine.gate is None else engine.gate.settings)
+                seen.append(None if engine.urgency.gate is None else engine.urgency.gate.settings)
         return seen
 
     assert clock.run(gates()) == [wanted, None, DEFAULT_GATE]

@@ -31,7 +31,6 @@ class _Run:
     started_at: float = 0.0
     late: str = "finish"
     complete: bool = False
-    held: bool = False
 
 
 def _teach(gate: RunGate, a: float, b: float, levels: range, now: float = 0.0) -> float:
@@ -67,7 +66,7 @@ def test_nothing_waits_until_enough_runs_have_ended() -> None:
         gate.arrive(run, 100.0)
     opened, hopeless = gate.release(100.0)
     assert len(opened) == 30 and hopeless == []
-    assert not any(run.held for run in runs)
+    assert not any(gate.holds(run) for run in runs)
 
 
 def test_by_default_the_gate_learns_from_five_runs() -> None:
@@ -139,14 +138,14 @@ def test_waiting_runs_start_earliest_deadline_first_as_runs_end() -> None:
     for run in (late, soon, middle):
         gate.arrive(run, now)
     assert gate.release(now) == ([], [])  # full: all three wait
-    assert late.held and soon.held and middle.held
+    assert gate.holds(late) and gate.holds(soon) and gate.holds(middle)
     order = []
     for run in first[:3]:
         gate.ended(run, now + 1.0, ok=True)
         opened, _ = gate.release(now + 1.0)
         order.extend(opened)
     assert order == [soon, middle, late]
-    assert not soon.held
+    assert not gate.holds(soon)
 
 
 def test_a_waiting_run_that_cannot_make_it_is_shed_or_moved_behind() -> None:
@@ -167,7 +166,7 @@ def test_a_waiting_run_that_cannot_make_it_is_shed_or_moved_behind() -> None:
     assert hopeless == [(hopeless_cancel, 3.0), (hopeless_finish, 3.0)]
     # no run judged late is in flight, so this one starts at once (`late_in_flight=1`)
     assert opened == [hopeless_finish, feasible]
-    assert hopeless_cancel.held  # the engine cancels it; the gate never lets it in
+    assert gate.holds(hopeless_cancel)  # the engine cancels it; the gate never lets it in
     assert gate.stats().shed == 2
 
 
@@ -285,7 +284,7 @@ def _overload(gate: DeadlineGate | None) -> tuple[int, int, int, _SharedServer, 
         async with Engine(
             clock=clock, policy="slack", gate=gate, limits={"local": Limits(1_000)}
         ) as engine:
-            state = engine.gate
+            state = engine.urgency.gate
             if state is not None:
                 server.cap = state.cap
             handles = []
@@ -374,7 +373,7 @@ def test_one_run_judged_late_is_kept_going_while_others_wait() -> None:
         order.extend(opened)  # type: ignore[arg-type]
         running.extend(opened)  # type: ignore[arg-type]
     assert order == [late[0], *stream[:5]]  # the first at once; the second waits for it
-    assert late[1].held and gate.stats().shed == 2
+    assert gate.holds(late[1]) and gate.stats().shed == 2
     gate.withdraw(late[0], now + 2.0)  # the late run in flight ends
     running.remove(late[0])
     assert gate.release(now + 2.0)[0] == [late[1]]
@@ -397,7 +396,7 @@ def test_runs_judged_late_start_only_into_spare_room() -> None:
         running.extend(opened)  # type: ignore[arg-type]
         if len(running) >= 2 and not started[2:]:
             # the feasible two started first; the late ones wait for room
-            assert all(run.held for run in late)
+            assert all(gate.holds(run) for run in late)
     assert started[:2] == feasible
     # 6 of the first 8 ended and nothing else waits: room under 2 in flight only
     assert len(running) == 2 and started[2:] == []
@@ -421,7 +420,7 @@ def test_a_run_judged_late_gives_way_to_one_that_can_still_make_it() -> None:
     gate.arrive(feasible, now)
     opened, hopeless = gate.release(now)
     assert opened == [feasible] and [run for run, _ in hopeless] == [late]
-    assert late.held
+    assert gate.holds(late)
 
 
 def test_runs_judged_late_start_when_nothing_is_in_flight_however_small_the_room() -> None:
@@ -433,7 +432,7 @@ def test_runs_judged_late_start_when_nothing_is_in_flight_however_small_the_room
     for run in running:
         gate.withdraw(run, now)
     opened, _ = gate.release(now)
-    assert opened == [late] and not late.held
+    assert opened == [late] and not gate.holds(late)
 
 
 def test_with_no_cap_a_run_judged_late_still_starts() -> None:

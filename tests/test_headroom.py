@@ -32,7 +32,8 @@ from orchestrator import (
 )
 from orchestrator._admission import Admission
 from orchestrator._knee import slack_rich
-from orchestrator._run import Durations, RunTimes, task_kind
+from orchestrator._learned import Durations, RunTimes
+from orchestrator._run import task_kind
 from orchestrator._scheduler import alone_slack_of, slack_of
 
 A, B = 0.005, 0.0001
@@ -581,14 +582,18 @@ def test_a_task_answered_from_a_record_teaches_no_duration() -> None:
             wf.add("ask", agent.ask("hi"))
             label = task_kind("batch", wf.task("ask").action.label)  # engine.run's class
             await engine.run(wf)
-            sent = engine.durations.least(label), engine.durations.estimate(label)
+            sent = engine.urgency.durations.least(label), engine.urgency.durations.estimate(label)
             started = clock.monotonic()
             again = Workflow("w")
             again.add("ask", agent.ask("hi"))
             await engine.run(again)
             assert len(llm.calls) == 1  # the second was answered from the record
             assert clock.monotonic() == started  # at once
-            return (*sent, engine.durations.least(label), engine.durations.estimate(label))
+            return (
+                *sent,
+                engine.urgency.durations.least(label),
+                engine.urgency.durations.estimate(label),
+            )
 
     least, mean, least_after, mean_after = clock.run(main())
     assert least == mean == 2.0

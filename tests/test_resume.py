@@ -382,8 +382,11 @@ def test_a_result_recalled_by_its_idempotency_key_teaches_no_duration(
         async with Engine(backends={"default": llm}, store=store) as engine:
             report = await engine.resume(REGISTRY)
             result = await report.runs[0]
-            learned = engine.durations.least(label), engine.durations.estimate(label)
-            default = engine.durations.default
+            learned = (
+                engine.urgency.durations.least(label),
+                engine.urgency.durations.estimate(label),
+            )
+            default = engine.urgency.durations.default
         assert result.status == "succeeded", result.failures
         assert result["charge"] == "charged order-kv caches"
         assert Gate.keys == ["order-kv caches"]  # not run again: recalled

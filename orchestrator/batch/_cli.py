@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .._admission import Limits
-from .._cli import load_module, open_store
+from .._cli import load_module
 from .._clock import Clock, SystemClock
 from .._config import Config, load_config
 from .._errors import UsageError, error_text
 from .._gate import DEFAULT_GATE
 from .._llm import DEFAULT_BACKEND, LLMBackend
+from .._open import open_store
 from .._registry import Registry
 from ._api import BACKEND_WAIT_S, BATCH_BREAKER, run_batch
 from ._job import BatchJob, BatchProgress, Factory

@@ -26,6 +26,7 @@ from .._engine import Engine
 from .._errors import UsageError
 from .._events import Event
 from .._notify import Notifier
+from .._open import open_backends, open_store
 from ._app import Service
 from ._batches import batch_runs
 from ._config import ServeConfig, load_registry
@@ -40,8 +41,6 @@ async def serve(
     ready: asyncio.Event | None = None,
 ) -> None:
     """Run the service until `stop` is set (default: SIGTERM or SIGINT)."""
-    from .._cli import open_store  # the CLI's store finder; imported here, not at the top
-
     registry = load_registry(config)
     clock = SystemClock()
     stop = stop or _on_signals()
@@ -53,9 +52,7 @@ async def serve(
             notifier = await stack.enter_async_context(_notifier(settings.notify, config.store))
             if notifier is not None:
                 _join_peers(backends, notifier)
-        for backend in backends.values():
-            if isinstance(backend, contextlib.AbstractAsyncContextManager):
-                await stack.enter_async_context(backend)
+        await open_backends(stack, backends)
         store = await stack.enter_async_context(open_store(config.store))
         if settings.ray_address is not None:
             await stack.enter_async_context(_ray(settings.ray_address))
