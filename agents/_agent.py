@@ -14,19 +14,13 @@ from typing import Any
 
 import pydantic
 
-from orchestrator import (
+from orchestrator import Hints, LLMBackend, LLMRequest, Message, Registry, TaskContext, UsageError
+from orchestrator.ext import (
     DEFAULT_BACKEND,
     ActionSpec,
-    Hints,
-    LLMBackend,
     LLMCall,
-    LLMRequest,
-    Message,
     OutputSchema,
-    Registry,
     Sampling,
-    TaskContext,
-    UsageError,
     WorkflowEditor,
     registered_name,
 )

@@ -28,19 +28,16 @@ import pydantic
 from pydantic_core import PydanticSerializationError, to_json
 
 from orchestrator import (
-    DEFAULT_FUNCTION_RESOURCE,
-    ActionSpec,
     LLMRequest,
     LLMResponse,
     Message,
-    OutputSchema,
     RunError,
     TaskContext,
     Template,
     ToolCall,
     UsageError,
-    registered_name,
 )
+from orchestrator.ext import DEFAULT_FUNCTION_RESOURCE, ActionSpec, OutputSchema, registered_name
 
 from ._tools import TOOL_ERROR, Tool, ToolArgumentsError, ToolUse, problems
 

@@ -47,7 +47,8 @@ from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from orchestrator import (
+from orchestrator import StoreError, StoreVersionError
+from orchestrator.ext import (
     CallRecord,
     Claimed,
     EventRecord,
@@ -55,9 +56,7 @@ from orchestrator import (
     SlotRow,
     Store,
     StoreBatch,
-    StoreError,
     StoreSize,
-    StoreVersionError,
     TextNotStorableError,
     WorkflowExistsError,
     WorkflowRow,

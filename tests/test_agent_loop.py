@@ -15,7 +15,6 @@ from conftest import StoreFactory
 from agents import TOOL_ERROR, Agent, Limits, Tool, tool
 from executors import FunctionLLM, SimServer
 from orchestrator import (
-    ActionSpec,
     Engine,
     KeepAlive,
     LLMRequest,
@@ -28,6 +27,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
+from orchestrator.ext import ActionSpec
 
 Script = Callable[[LLMRequest], LLMResponse | str]
 
