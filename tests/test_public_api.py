@@ -58,7 +58,7 @@ EXPECTED = {
         "RouterLink", "Served",
     },
     "agents": {
-        "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "Limits", "Prompt",
+        "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "LoopLimits", "Prompt",
         "StructuredAsk", "Tool", "ToolAction", "ToolArgumentsError", "ToolUse", "llm_bid", "tool",
         # the blackboard
         "Answer", "Answered", "Awarded", "Board", "BoardEvent", "BoardStats", "BoardStore",
