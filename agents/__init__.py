@@ -21,7 +21,7 @@ from ._board_model import (
     award,
 )
 from ._board_store import BoardStore, MemoryBoardStore
-from ._loop import AgentStopped, ConversationLog, Limits, Prompt
+from ._loop import AgentStopped, ConversationLog, LoopLimits, Prompt
 from ._mail import (
     DEFAULT_TENANT,
     Address,
@@ -42,7 +42,7 @@ __all__ = [
     "AgentStopped",
     "Bid",
     "ConversationLog",
-    "Limits",
+    "LoopLimits",
     "Prompt",
     "StructuredAsk",
     "Tool",

@@ -14,19 +14,13 @@ from typing import Any
 
 import pydantic
 
-from orchestrator import (
+from orchestrator import Hints, LLMBackend, LLMRequest, Message, Registry, TaskContext, UsageError
+from orchestrator.ext import (
     DEFAULT_BACKEND,
     ActionSpec,
-    Hints,
-    LLMBackend,
     LLMCall,
-    LLMRequest,
-    Message,
     OutputSchema,
-    Registry,
     Sampling,
-    TaskContext,
-    UsageError,
     WorkflowEditor,
     registered_name,
 )
@@ -35,8 +29,8 @@ from ._board_model import tags
 from ._loop import (
     Answer,
     ConversationLog,
-    Limits,
     Loop,
+    LoopLimits,
     Prompt,
     Turn,
     prompt_args,
@@ -161,14 +155,14 @@ class Agent:
         *,
         after: Iterable[str] = (),
         output: type[pydantic.BaseModel] | None = None,
-        limits: Limits | None = None,
+        limits: LoopLimits | None = None,
     ) -> str:
         """Add this agent's tool loop to `workflow` (before or during its run), answering
         `prompt`. Task `task_id` gets the answer (text, or an `output` object); its turns
         are `task_id.turnN` and its tool calls `task_id.turnN.I.TOOL`. Returns `task_id`."""
         _check_output(self.name, output)
         after = list(after)
-        loop = Loop(self, task_id, prompt, output, limits or Limits())
+        loop = Loop(self, task_id, prompt, output, limits or LoopLimits())
         workflow.add(f"{task_id}.turn1", Turn(loop), after=after)
         workflow.add(task_id, Answer(loop), after=[f"{task_id}.turn1"])
         return task_id

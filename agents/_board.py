@@ -37,7 +37,8 @@ from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import Clock, Notifier, StoreError, TaskContext, UsageError, running_clock
+from orchestrator import Clock, StoreError, TaskContext, UsageError
+from orchestrator.ext import Notifier, running_clock
 
 from ._board_model import (
     Answer,

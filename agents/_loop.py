@@ -28,19 +28,16 @@ import pydantic
 from pydantic_core import PydanticSerializationError, to_json
 
 from orchestrator import (
-    DEFAULT_FUNCTION_RESOURCE,
-    ActionSpec,
     LLMRequest,
     LLMResponse,
     Message,
-    OutputSchema,
     RunError,
     TaskContext,
     Template,
     ToolCall,
     UsageError,
-    registered_name,
 )
+from orchestrator.ext import DEFAULT_FUNCTION_RESOURCE, ActionSpec, OutputSchema, registered_name
 
 from ._tools import TOOL_ERROR, Tool, ToolArgumentsError, ToolUse, problems
 
@@ -57,7 +54,7 @@ class AgentStopped(RunError):
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class LoopLimits:
     """Bounds on one agent loop. `max_turns`: LLM turns (each reply that calls tools is one);
     `max_tokens`: prompt plus completion tokens over all its calls (None: unbounded);
     `output_retries`: how often an answer that does not fit the output schema is asked
@@ -70,11 +67,11 @@ class Limits:
     def __post_init__(self) -> None:
         if self.max_turns < 1 or self.output_retries < 0:
             raise UsageError(
-                f"Limits(max_turns={self.max_turns}, output_retries={self.output_retries}): "
+                f"LoopLimits(max_turns={self.max_turns}, output_retries={self.output_retries}): "
                 "max_turns must be at least 1 and output_retries not negative"
             )
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise UsageError(f"Limits(max_tokens={self.max_tokens}) must be at least 1 or None")
+            raise UsageError(f"LoopLimits(max_tokens={self.max_tokens}) must be at least 1 or None")
 
 
 @runtime_checkable
@@ -156,7 +153,7 @@ class Loop:
     prompt: Prompt | None
     """None in a later turn rebuilt from the log: the first turn's result holds the prompt."""
     output: type[pydantic.BaseModel] | None = None
-    limits: Limits = field(default_factory=Limits)
+    limits: LoopLimits = field(default_factory=LoopLimits)
 
     def args(self, *, prompt: bool = True) -> dict[str, Any]:
         args: dict[str, Any] = {"answer": self.answer}
@@ -194,7 +191,7 @@ def loop_from(agent: LoopAgent, args: Mapping[str, Any], function: Callable[...,
     prompt = prompt_from_args(args, function) if recorded else None  # a later turn's
     output = function(args["output"], "output model") if "output" in args else None
     max_turns, max_tokens, retries = args["limits"]
-    return Loop(agent, args["answer"], prompt, output, Limits(max_turns, max_tokens, retries))
+    return Loop(agent, args["answer"], prompt, output, LoopLimits(max_turns, max_tokens, retries))
 
 
 # --- the steps -------------------------------------------------------------------------------
@@ -287,7 +284,7 @@ class Turn:
         if self.number >= loop.limits.max_turns:
             raise AgentStopped(
                 agent.name,
-                f"still calling tools after {self.number} turns (Limits.max_turns="
+                f"still calling tools after {self.number} turns (LoopLimits.max_turns="
                 f"{loop.limits.max_turns}); raise max_turns or ask for fewer steps",
             )
         _check_budget(loop, tokens)
@@ -510,7 +507,7 @@ def _check_budget(loop: Loop, tokens: int) -> None:
     if cap is not None and tokens >= cap:
         raise AgentStopped(
             loop.agent.name,
-            f"used {tokens} tokens, the loop's budget is {cap} (Limits.max_tokens); raise it "
+            f"used {tokens} tokens, the loop's budget is {cap} (LoopLimits.max_tokens); raise it "
             "or ask for less",
         )
 

@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import Clock, Notifier, StoreError, TaskContext, UsageError, running_clock
+from orchestrator import Clock, StoreError, TaskContext, UsageError
+from orchestrator.ext import Notifier, running_clock
 
 from ._mailstore import Box, InProcessMailStore, MailStore, StoredMessage, TopicKey
 

@@ -16,15 +16,13 @@ from typing import Any
 
 import pydantic
 
-from orchestrator import (
+from orchestrator import Registry, TaskContext, UsageError
+from orchestrator.ext import (
     DEFAULT_TOOL_RESOURCE,
     ActionSpec,
     RebuildError,
-    Registry,
     Runner,
-    TaskContext,
     ToolSpec,
-    UsageError,
     registered_name,
 )
 

@@ -42,10 +42,10 @@ from orchestrator import (
     LLMBackend,
     LLMRequest,
     LLMResponse,
-    LocalSlots,
     RunHandle,
     VirtualClock,
 )
+from orchestrator._slots import LocalSlots
 from workloads import Program
 
 PER_REPLICA_IN_FLIGHT = 256

@@ -24,7 +24,8 @@ from _crash_work import REGISTRY_ENTRIES, build
 
 from executors import OpenAIBackend
 from memory import SQLStore
-from orchestrator import Engine, Limits, Registry, RunHandle, StoreBatch
+from orchestrator import Engine, Limits, Registry, RunHandle
+from orchestrator.ext import StoreBatch
 
 EXIT_FAILED = 3
 """The child ran to its end but some workflow did not succeed."""

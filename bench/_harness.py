@@ -24,7 +24,6 @@ from executors._simengine import SimRequest
 from orchestrator import (
     Clock,
     Engine,
-    FailureIsolating,
     Hints,
     KeepAlive,
     Limits,
@@ -35,6 +34,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
+from orchestrator.ext import FailureIsolating
 from workloads import LLMStep, Program, Step, ToolStep, TraceStep
 
 

@@ -504,8 +504,9 @@ def audit(events: Sequence[dict[str, Any]]) -> LogAudit:
 
 async def check(store: Any, names: Sequence[str], expected: Any) -> dict[str, Any]:
     """Every name run exactly once, succeeded, with the expected results and a whole log."""
-    from orchestrator import EVENT_ADAPTER, UsageError, read_events
+    from orchestrator import EVENT_ADAPTER, UsageError
     from orchestrator._replay import rebuild
+    from orchestrator.ext import read_events
 
     rows = await store.workflows(limit=len(names) * 10 + 100)
     by_name: dict[str, list[Any]] = defaultdict(list)

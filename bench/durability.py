@@ -183,7 +183,7 @@ LOOP_RESULT_BYTES = 1024
 async def _loop_bytes(turns: int) -> int:
     """Event and payload bytes one agent loop of `turns` turns stores on SQLite: each turn
     but the last calls a tool that returns LOOP_RESULT_BYTES of text."""
-    from agents import Agent, Limits, tool
+    from agents import Agent, LoopLimits, tool
     from executors import FunctionLLM
     from memory import SQLStore
     from orchestrator import Engine, LLMRequest, LLMResponse, ToolCall, Usage, Workflow
@@ -209,7 +209,7 @@ async def _loop_bytes(turns: int) -> int:
         async with SQLStore(Path(tmp) / "plait.db") as store:
             async with Engine(backends={"default": FunctionLLM(reply)}, store=store) as engine:
                 wf = Workflow("loop")
-                agent.solve(wf, "answer", "Read the book.", limits=Limits(max_turns=turns))
+                agent.solve(wf, "answer", "Read the book.", limits=LoopLimits(max_turns=turns))
                 result = await engine.run(wf)
             if result.status != "succeeded":
                 raise RuntimeError(f"the {turns}-turn loop failed: {result.failures}")

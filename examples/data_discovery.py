@@ -24,15 +24,8 @@ from typing import Any
 
 from agents import Agent, Board, Helper, Post
 from executors import FunctionLLM
-from orchestrator import (
-    Clock,
-    Hints,
-    LLMBackend,
-    LLMRequest,
-    TaskContext,
-    Workflow,
-    running_clock,
-)
+from orchestrator import Clock, Hints, LLMBackend, LLMRequest, TaskContext, Workflow
+from orchestrator.ext import running_clock
 
 CLOCK = "virtual"
 CONFIG = "plait.toml"

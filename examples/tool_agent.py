@@ -23,7 +23,7 @@ import random
 
 import pydantic
 
-from agents import Agent, Limits, tool
+from agents import Agent, LoopLimits, tool
 from executors import FunctionLLM
 from orchestrator import Clock, Hints, LLMBackend, LLMRequest, LLMResponse, ToolCall, Workflow
 
@@ -89,7 +89,7 @@ def workflows() -> list[Workflow]:
     out = []
     for i, question in enumerate(QUESTIONS):
         wf = Workflow(f"analysis-{i}")
-        analyst.solve(wf, "finding", question, output=Finding, limits=Limits(max_turns=4))
+        analyst.solve(wf, "finding", question, output=Finding, limits=LoopLimits(max_turns=4))
         out.append(wf)
     return out
 

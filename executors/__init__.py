@@ -13,7 +13,7 @@
   in one process).
 """
 
-from orchestrator import LoadReport
+from orchestrator.ext import LoadReport
 
 from ._config import backends_from_config
 from ._dialects import DIALECTS

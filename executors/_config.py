@@ -21,14 +21,8 @@ from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, PlainValidator, model_validator
 
-from orchestrator import (
-    BackendKind,
-    Clock,
-    ConfigSection,
-    LLMBackend,
-    UsageError,
-    load_config,
-)
+from orchestrator import Clock, LLMBackend, UsageError, load_config
+from orchestrator.ext import BackendKind, ConfigSection
 
 from ._dialects import DIALECTS
 from ._grouping import PrefixGrouper

@@ -15,7 +15,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from orchestrator import Hints, OutputSchema, UsageError
+from orchestrator import Hints, UsageError
+from orchestrator.ext import OutputSchema
 
 DialectName = Literal["vllm", "vllm-continuum", "sglang", "dynamo", "llamacpp", "openai", "sim"]
 DIALECTS: tuple[DialectName, ...] = (

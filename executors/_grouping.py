@@ -18,13 +18,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from orchestrator import (
-    Hints,
-    LLMBackend,
-    LLMRequest,
-    LLMResponse,
-    WrappedBackend,
-)
+from orchestrator import Hints, LLMBackend, LLMRequest, LLMResponse
+from orchestrator.ext import WrappedBackend
 
 from ._prefix import Tokenize, prompt_hashes
 

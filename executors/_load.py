@@ -12,7 +12,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 
-from orchestrator import LoadReport
+from orchestrator.ext import LoadReport
 
 Samples = Mapping[str, Sequence[tuple[dict[str, str], float]]]
 

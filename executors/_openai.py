@@ -21,21 +21,23 @@ import openai
 
 from orchestrator import (
     BackendError,
-    BackendOverloadedError,
-    BackendRequestError,
-    BackendUnavailableError,
     Clock,
-    HealthChecked,
     Hints,
     LLMRequest,
     LLMResponse,
-    LoadReport,
-    LoadReporting,
     Message,
-    ProgramAware,
     ToolCall,
     Usage,
     UsageError,
+)
+from orchestrator.ext import (
+    BackendOverloadedError,
+    BackendRequestError,
+    BackendUnavailableError,
+    HealthChecked,
+    LoadReport,
+    LoadReporting,
+    ProgramAware,
     WallClockBackend,
     running_clock,
 )

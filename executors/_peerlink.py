@@ -27,7 +27,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator import Notifier, StoreError
+from orchestrator import StoreError
+from orchestrator.ext import Notifier
 
 _log = logging.getLogger("plait.router")
 ROUTER_CHANNEL = "plait_router"

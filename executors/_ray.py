@@ -34,14 +34,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from orchestrator import (
-    DEFAULT_FUNCTION_RESOURCE,
-    FunctionAction,
-    RunError,
-    TaskContext,
-    UsageError,
-    VirtualClock,
-)
+from orchestrator import RunError, TaskContext, UsageError, VirtualClock
+from orchestrator.ext import DEFAULT_FUNCTION_RESOURCE, FunctionAction
 
 INSTALL = "pip install 'plait[ray]'"
 

@@ -25,23 +25,17 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-from orchestrator import (
-    BackendError,
+from orchestrator import BackendError, Clock, Hints, LLMBackend, LLMRequest, LLMResponse, UsageError
+from orchestrator.ext import (
     BackendOverloadedError,
     BackendUnavailableError,
-    Clock,
     FailureIsolating,
     HealthChecked,
-    Hints,
-    LLMBackend,
-    LLMRequest,
-    LLMResponse,
     LoadReport,
     LoadReporting,
     Notifier,
     ProgramAware,
     UrgentIsolating,
-    UsageError,
     WallClockBackend,
     running_clock,
 )

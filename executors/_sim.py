@@ -30,8 +30,8 @@ from orchestrator import (
     Message,
     SystemClock,
     Usage,
-    running_clock,
 )
+from orchestrator.ext import running_clock
 
 from ._simagent import agent_reply
 from ._simengine import SimEngine, SimRequest, StepPlan

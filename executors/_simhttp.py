@@ -38,18 +38,8 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator import (
-    BackendError,
-    Hints,
-    LLMRequest,
-    LLMResponse,
-    Message,
-    OutputSchema,
-    Sampling,
-    ToolCall,
-    ToolSpec,
-    UsageError,
-)
+from orchestrator import BackendError, Hints, LLMRequest, LLMResponse, Message, ToolCall, UsageError
+from orchestrator.ext import OutputSchema, Sampling, ToolSpec
 
 from ._sim import SimServer
 from ._simtext import CHARS_PER_TOKEN

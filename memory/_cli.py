@@ -21,16 +21,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from orchestrator import (
-    EVENT_ADAPTER,
-    RunError,
-    RunImage,
-    TaskImage,
-    UsageError,
-    WorkflowRow,
-    read_events,
-    rebuild,
-)
+from orchestrator import EVENT_ADAPTER, RunError, UsageError
+from orchestrator.ext import RunImage, TaskImage, WorkflowRow, read_events, rebuild
 
 from ._sql import SQLStore
 

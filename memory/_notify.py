@@ -1,4 +1,4 @@
-"""Notifiers between processes (`orchestrator.Notifier`): PostgreSQL LISTEN/NOTIFY, Redis
+"""Notifiers between processes (`orchestrator.ext.Notifier`): PostgreSQL LISTEN/NOTIFY, Redis
 pub/sub. Open with `async with`. A notifier that loses its connection connects again in the
 background and listens again; then it calls every listener with an empty payload ("look
 again"), since what was sent meanwhile was missed."""

@@ -47,16 +47,19 @@ from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
-from orchestrator import (
+from orchestrator import StoreError, StoreVersionError
+from orchestrator.ext import (
     CallRecord,
+    CancelStore,
     Claimed,
     EventRecord,
+    KeyStore,
     LeaseLostError,
+    LeaseStore,
+    RetainingStore,
     SlotRow,
     StoreBatch,
-    StoreError,
     StoreSize,
-    StoreVersionError,
     TextNotStorableError,
     WorkflowExistsError,
     WorkflowRow,
@@ -65,7 +68,6 @@ from orchestrator import (
     compactable,
     unstorable,
 )
-from orchestrator._store import CancelStore, KeyStore, LeaseStore, RetainingStore
 
 from . import _schema as t
 
@@ -704,7 +706,7 @@ class SQLStore(RetainingStore, LeaseStore, CancelStore, KeyStore):
             else:
                 await conn.execute(t.keys.update().where(mine).values(workflow_id=workflow))
 
-    # --- shared limits (orchestrator.SlotBroker) ------------------------------------------------
+    # --- shared limits (orchestrator.ext.SlotBroker) ---------------------------------------
 
     async def share(
         self,
@@ -718,7 +720,7 @@ class SQLStore(RetainingStore, LeaseStore, CancelStore, KeyStore):
         lease_s: float,
     ) -> int:
         """This engine's share of `backend`'s limit among the live engines (the slots
-        table, one transaction; see `orchestrator.SharedLimits`)."""
+        table, one transaction; see `orchestrator._slots.SharedLimits`)."""
         c = t.slots.c
         async with self._write() as conn:
             if self._sqlite:

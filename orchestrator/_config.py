@@ -257,7 +257,7 @@ def backend_kinds() -> dict[str, BackendKind[Any]]:
         if not isinstance(kind, BackendKind):
             raise UsageError(
                 f"entry point {entry.name} = {entry.value!r} (group plait.backends) is not "
-                "an orchestrator.BackendKind; fix the package that registers it"
+                "an orchestrator.ext.BackendKind; fix the package that registers it"
             )
         found[kind.name] = kind
     return found

@@ -37,7 +37,7 @@ from ._bus import EventBus
 from ._calls import LLMCalls
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._cluster import Cluster, Leases, engine_name
-from ._config import Config
+from ._config import Config, load_config
 from ._context import TaskContext
 from ._durable import Durability, fail
 from ._errors import (
@@ -61,7 +61,7 @@ from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._knee import DEFAULT_HEADROOM, Headroom, KneeStats
 from ._llm import LLMBackend, Usage, capabilities
-from ._open import engine_from_config
+from ._open import open_backends, open_store
 from ._registry import Registry
 from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
@@ -352,7 +352,7 @@ class Engine:
             async with Engine.from_config("plait.toml") as engine:
                 result = await engine.run(workflow)
         """
-        return engine_from_config(source, store=store, clock=clock)
+        return _from_config(source, store=store, clock=clock)
 
     @property
     def journal(self) -> Journal | None:
@@ -1233,6 +1233,40 @@ class Engine:
             self.urgency.gate_stats(),
             tuple(self.urgency.reserve_caps.items()),
         )
+
+
+@contextlib.asynccontextmanager
+async def _from_config(
+    source: str | os.PathLike[str] | Mapping[str, Any] | Config,
+    *,
+    store: str | Store | None,
+    clock: Clock | None,
+) -> AsyncIterator[Engine]:
+    """`Engine.from_config`: the config's backends opened, the store opened, the engine
+    running; all closed again, in reverse order, when the block ends."""
+    config = source if isinstance(source, Config) else load_config(source)
+    if clock is None and config.engine.clock == "virtual":
+        raise UsageError(
+            f'{config.source}: [engine] clock = "virtual" needs a clock that drives the '
+            "program: pass Engine.from_config(..., clock=clock) with clock = VirtualClock(), "
+            "and run the program with clock.run(main())"
+        )
+    backends = config.build_backends(clock)
+    async with contextlib.AsyncExitStack() as stack:
+        await open_backends(stack, backends)
+        opened = (
+            await stack.enter_async_context(open_store(store)) if isinstance(store, str) else store
+        )
+        engine = Engine(
+            backends=backends,
+            clock=clock,
+            policy=config.engine.policy,
+            limits=config.limits,
+            store=opened,
+            gate=config.engine.deadline_gate(),
+        )
+        async with engine:
+            yield engine
 
 
 def new_workflow_id(name: str) -> str:

@@ -384,7 +384,7 @@ class RetainingStore(Store):
         that finished before `finished_before` (epoch seconds), at most `limit` of them, the
         earliest finished first; return how many were compacted.
 
-        A compacted workflow keeps the events that rebuild it (`orchestrator.compactable`
+        A compacted workflow keeps the events that rebuild it (`orchestrator.ext.compactable`
         says which go: the transitional task_ready, task_started, task_retrying and
         call_retrying that later events overwrite), so `rebuild()` of its log gives the same
         tasks, states, attempts, results, errors and edges; its `seq` has gaps from then on.

@@ -6,7 +6,8 @@ import os
 from typing import Any
 
 from executors import FunctionLLM
-from orchestrator import BackendRequestError, Clock, Hints, LLMRequest, TaskContext, Workflow
+from orchestrator import Clock, Hints, LLMRequest, TaskContext, Workflow
+from orchestrator.ext import BackendRequestError
 
 
 def _answer(request: LLMRequest, hints: Hints) -> str:

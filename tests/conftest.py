@@ -13,15 +13,8 @@ from typing import Any, TypeVar
 import pytest
 
 from memory import SQLStore
-from orchestrator import (
-    EventRecord,
-    Store,
-    StoreBatch,
-    StoreSize,
-    VirtualClock,
-    WorkflowRow,
-    WorkflowStatus,
-)
+from orchestrator import VirtualClock
+from orchestrator.ext import EventRecord, Store, StoreBatch, StoreSize, WorkflowRow, WorkflowStatus
 
 T = TypeVar("T")
 

@@ -9,16 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator import (
-    EVENT_ADAPTER,
-    Journal,
-    RunImage,
-    Store,
-    WorkflowRow,
-    WorkflowStatus,
-    read_events,
-    rebuild,
-)
+from orchestrator import EVENT_ADAPTER
+from orchestrator._journal import Journal
+from orchestrator.ext import RunImage, Store, WorkflowRow, WorkflowStatus, read_events, rebuild
 
 GOLDEN = Path(__file__).parent / "golden" / "replay_run.jsonl"
 

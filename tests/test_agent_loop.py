@@ -12,10 +12,9 @@ import pydantic
 import pytest
 from conftest import StoreFactory
 
-from agents import TOOL_ERROR, Agent, Limits, Tool, tool
+from agents import TOOL_ERROR, Agent, LoopLimits, Tool, tool
 from executors import FunctionLLM, SimServer
 from orchestrator import (
-    ActionSpec,
     Engine,
     KeepAlive,
     LLMRequest,
@@ -28,6 +27,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
+from orchestrator.ext import ActionSpec
 
 Script = Callable[[LLMRequest], LLMResponse | str]
 
@@ -178,12 +178,12 @@ def test_what_the_model_gets_wrong_goes_back_to_it(clock: VirtualClock) -> None:
 def test_a_model_that_never_stops_is_stopped_with_the_reason(clock: VirtualClock) -> None:
     agent = Agent("looper", "You loop.", tools=(temperature,))
     wf = Workflow("runaway")
-    agent.solve(wf, "answer", "Go", limits=Limits(max_turns=3))
+    agent.solve(wf, "answer", "Go", limits=LoopLimits(max_turns=3))
     result, llm = run(clock, wf, lambda request: calls(("temperature", {"city": "Oslo"})))
     assert result.status == "failed"
     assert result.failures["answer.turn3"].startswith(
         "AgentStopped: agent 'looper' stopped: still calling tools after 3 turns "
-        "(Limits.max_turns=3)"
+        "(LoopLimits.max_turns=3)"
     )
     assert len(llm.calls) == 3
     assert "answer" in result.skipped
@@ -192,7 +192,7 @@ def test_a_model_that_never_stops_is_stopped_with_the_reason(clock: VirtualClock
 def test_a_token_budget_stops_the_loop(clock: VirtualClock) -> None:
     agent = Agent("spender", "You spend.", tools=(temperature,))
     wf = Workflow("budget")
-    agent.solve(wf, "answer", "Go", limits=Limits(max_tokens=40))
+    agent.solve(wf, "answer", "Go", limits=LoopLimits(max_tokens=40))
     # Each call uses 25 tokens: the second turn's reply reaches 50 >= 40.
     result, llm = run(clock, wf, lambda request: calls(("temperature", {"city": "Oslo"})))
     assert result.status == "failed"
@@ -416,7 +416,7 @@ def read_four(request: LLMRequest, hints: object) -> LLMResponse | str:
 async def read_book(engine: Engine) -> Any:
     BOOK.turns = list(EARLIER)
     wf = Workflow("book")
-    reader.solve(wf, "answer", "Read four pages.", limits=Limits(max_turns=5))
+    reader.solve(wf, "answer", "Read four pages.", limits=LoopLimits(max_turns=5))
     return engine.submit(wf)
 
 
@@ -499,7 +499,7 @@ def test_the_store_grows_with_a_loops_turns_not_their_square(make_store: StoreFa
             before = await store.size()
             async with Engine(backends={"default": FunctionLLM(read(turns))}, store=store) as e:
                 wf = Workflow("skim")
-                skimmer.solve(wf, "answer", "Skim the book.", limits=Limits(max_turns=turns))
+                skimmer.solve(wf, "answer", "Skim the book.", limits=LoopLimits(max_turns=turns))
                 result = await e.run(wf)
             assert result.status == "succeeded", result.failures
             assert result["answer"] == f"skimmed {turns - 1} chapters"

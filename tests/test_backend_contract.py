@@ -31,19 +31,20 @@ from executors import (
 from executors._simengine import SimRequest
 from orchestrator import (
     BackendError,
-    Capabilities,
-    FailureIsolating,
-    HealthChecked,
     Hints,
     LLMBackend,
     LLMRequest,
     LLMResponse,
+    Message,
+    VirtualClock,
+)
+from orchestrator._llm import Capabilities, capabilities
+from orchestrator.ext import (
+    FailureIsolating,
+    HealthChecked,
     LoadReport,
     LoadReporting,
-    Message,
     ProgramAware,
-    VirtualClock,
-    capabilities,
 )
 
 MAX_TOKENS = 8

@@ -253,7 +253,7 @@ def test_progress_snapshot_while_running(tmp_path: Path) -> None:
     snapshots = []
 
     async def watch(j: BatchJob) -> None:
-        from orchestrator import running_clock
+        from orchestrator.ext import running_clock
 
         while True:
             await running_clock().sleep(1.0)

@@ -163,7 +163,8 @@ def test_the_batch_engines_deadline_gate_comes_from_the_config(
 ) -> None:
     """`plait batch run --config` builds its engine with the file's `[engine.gate]` (or
     none with `gate = false`), as `plait run` and `plait serve` do."""
-    from orchestrator import DEFAULT_GATE, DeadlineGate
+    from orchestrator import DeadlineGate
+    from orchestrator._gate import DEFAULT_GATE
     from orchestrator.batch import _cli as batch_cli
 
     settings = {"tuned": DeadlineGate(late_in_flight=1, likely=0.8), "default": DEFAULT_GATE}

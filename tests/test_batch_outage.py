@@ -15,19 +15,8 @@ from aiohttp import web
 
 from agents import Agent
 from executors import FunctionLLM, OpenAIBackend, Router, SimHTTP, SimServer
-from orchestrator import (
-    BackendRequestError,
-    BackendUnavailableError,
-    Breaker,
-    CircuitBreaker,
-    Engine,
-    Hints,
-    Limits,
-    LLMRequest,
-    VirtualClock,
-    Workflow,
-    running_clock,
-)
+from orchestrator import Breaker, Engine, Hints, Limits, LLMRequest, VirtualClock, Workflow
+from orchestrator._resilience import CircuitBreaker
 from orchestrator.batch import (
     BATCH_BREAKER,
     BatchJob,
@@ -38,6 +27,7 @@ from orchestrator.batch import (
     sink_for,
 )
 from orchestrator.batch._cli import _line
+from orchestrator.ext import BackendRequestError, BackendUnavailableError, running_clock
 
 ROWS = 300
 AGENT = Agent("a", "You answer.")

@@ -13,13 +13,9 @@ from executors import FunctionLLM
 from orchestrator import (
     EVENT_ADAPTER,
     BackendError,
-    BackendOverloadedError,
-    BackendRequestError,
-    BackendUnavailableError,
     Breaker,
     CallRetry,
     CallRetrying,
-    CircuitBreaker,
     CircuitOpenError,
     Engine,
     Event,
@@ -34,6 +30,8 @@ from orchestrator import (
     Workflow,
     WorkflowFinished,
 )
+from orchestrator._resilience import CircuitBreaker
+from orchestrator.ext import BackendOverloadedError, BackendRequestError, BackendUnavailableError
 
 AGENT = Agent("a", "You answer.")
 NO_JITTER = CallRetry(attempts=4, initial_delay=1.0, max_delay=20.0, jitter=0.0)

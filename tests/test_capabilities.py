@@ -6,17 +6,9 @@ from __future__ import annotations
 import pytest
 
 from executors import FunctionLLM, OpenAIBackend, PrefixGrouper, Router, echo
-from orchestrator import (
-    BackendUnavailableError,
-    Capabilities,
-    Engine,
-    FailureIsolating,
-    LLMRequest,
-    LoadReport,
-    Message,
-    VirtualClock,
-    capabilities,
-)
+from orchestrator import Engine, LLMRequest, Message, VirtualClock
+from orchestrator._llm import Capabilities, capabilities
+from orchestrator.ext import BackendUnavailableError, FailureIsolating, LoadReport
 
 REQUEST = LLMRequest((Message("user", "hello"),), "m", max_tokens=4)
 

@@ -28,7 +28,7 @@ from yarl import URL
 
 import orchestrator.client
 from executors import FunctionLLM, echo
-from orchestrator import Engine, Store, SystemClock, VirtualClock, WorkflowFinished
+from orchestrator import Engine, SystemClock, VirtualClock, WorkflowFinished
 from orchestrator._cli import main
 from orchestrator._clientcli import describe
 from orchestrator.client import (
@@ -40,6 +40,7 @@ from orchestrator.client import (
     WorkflowView,
     _SSEParser,
 )
+from orchestrator.ext import Store
 from orchestrator.service import Service, Tenant, hash_token, load_serve_config
 from orchestrator.service._config import ServiceSettings
 from orchestrator.service._serve import serve

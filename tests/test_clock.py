@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from orchestrator import ClockMismatchError, DeadlockError, SystemClock, VirtualClock
+from orchestrator import DeadlockError, SystemClock, VirtualClock
+from orchestrator._errors import ClockMismatchError
 
 
 def test_virtual_sleep_jumps_to_the_deadline_at_once() -> None:

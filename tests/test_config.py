@@ -808,8 +808,9 @@ def test_the_deadline_gate_is_set_or_turned_off_from_the_file(tmp_path: Path) ->
     `gate = false` turns it off, in the engine `plait run` builds."""
     import types
 
-    from orchestrator import DEFAULT_GATE, DeadlineGate
+    from orchestrator import DeadlineGate
     from orchestrator._cli import Progress, _engine_for
+    from orchestrator._gate import DEFAULT_GATE
 
     sim = '[backends.default]\nkind = "sim"\n'
     tuned = write(tmp_path, "g.toml", sim + "[engine.gate]\nlate_in_flight = 1\nlikely = 0.8\n")

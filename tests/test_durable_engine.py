@@ -13,15 +13,14 @@ from executors import FunctionLLM, echo
 from orchestrator import (
     EVENT_ADAPTER,
     Engine,
-    Store,
     StoreError,
     TaskContext,
     UsageError,
     VirtualClock,
     Workflow,
-    read_events,
 )
 from orchestrator._replay import rebuild
+from orchestrator.ext import Store, read_events
 
 writer = Agent("writer", "You write.")
 

@@ -120,7 +120,8 @@ def test_cli_shows_call_retries(tmp_path: Path) -> None:
     flow = tmp_path / "flaky.py"
     flow.write_text(
         "from agents import Agent\n"
-        "from orchestrator import BackendOverloadedError, LLMResponse, Usage, Workflow\n"
+        "from orchestrator import LLMResponse, Usage, Workflow\n"
+        "from orchestrator.ext import BackendOverloadedError\n"
         "CLOCK = 'virtual'\n"
         "class Flaky:\n"
         "    def __init__(self):\n"

@@ -12,29 +12,25 @@ import pytest
 from agents import Agent
 from executors import FunctionLLM, SimServer
 from orchestrator import (
-    DEFAULT_HEADROOM,
     Engine,
     Event,
     Headroom,
     Hints,
-    KneeController,
     Limits,
     LLMRequest,
     Message,
-    ProgramView,
     RunHandle,
-    Slack,
     TaskContext,
     UsageError,
     VirtualClock,
     Workflow,
-    order_programs,
 )
 from orchestrator._admission import Admission
-from orchestrator._knee import slack_rich
+from orchestrator._knee import DEFAULT_HEADROOM, KneeController, slack_rich
 from orchestrator._learned import Durations, RunTimes
 from orchestrator._run import task_kind
-from orchestrator._scheduler import alone_slack_of, slack_of
+from orchestrator._scheduler import Slack, alone_slack_of, order_programs, slack_of
+from orchestrator.ext import ProgramView
 
 A, B = 0.005, 0.0001
 """Seconds per token = A + B x calls in flight: the synthetic server of these tests."""

@@ -10,7 +10,6 @@ import pytest
 from agents import Agent
 from executors import FunctionLLM
 from orchestrator import (
-    CacheBudget,
     Engine,
     Hints,
     KeepAlive,
@@ -19,12 +18,13 @@ from orchestrator import (
     LLMResponse,
     Message,
     TaskContext,
-    ToolSpec,
     Usage,
     UsageError,
     VirtualClock,
     Workflow,
 )
+from orchestrator._keepalive import CacheBudget
+from orchestrator.ext import ToolSpec
 
 
 def test_a_new_program_waits_while_the_others_fill_the_budget() -> None:

@@ -20,13 +20,11 @@ from conftest import MemoryStore
 
 from orchestrator import (
     EVENT_ADAPTER,
-    ActionSpec,
     CallRetrying,
     DeadlineHopeless,
     DeadlineMissed,
     EdgeRemoved,
     Event,
-    Journal,
     OverloadedError,
     StoreError,
     TaskReplaced,
@@ -34,11 +32,10 @@ from orchestrator import (
     Usage,
     UsageError,
     WorkflowResumed,
-    WorkflowRow,
-    WorkflowStatus,
-    payload_digest,
-    read_events,
 )
+from orchestrator._journal import Journal
+from orchestrator._store import payload_digest
+from orchestrator.ext import ActionSpec, WorkflowRow, WorkflowStatus, read_events
 
 T = TypeVar("T")
 

@@ -11,13 +11,13 @@ from orchestrator import (
     KeepAlive,
     LLMRequest,
     Message,
-    PausePredictor,
     TaskContext,
-    ToolSpec,
     UsageError,
     VirtualClock,
     Workflow,
 )
+from orchestrator._keepalive import PausePredictor
+from orchestrator.ext import ToolSpec
 
 
 def test_prediction_is_a_capped_quantile_of_recent_pauses() -> None:

@@ -11,21 +11,10 @@ from typing import ClassVar
 import pytest
 from conftest import StoreFactory
 
-from orchestrator import (
-    Cluster,
-    Engine,
-    EventRecord,
-    LeaseLostError,
-    Registry,
-    StoreBatch,
-    SystemClock,
-    UsageError,
-    Workflow,
-    WorkflowRow,
-    rebuild,
-)
+from orchestrator import Cluster, Engine, Registry, SystemClock, UsageError, Workflow
 from orchestrator._cluster import Leases
 from orchestrator._events import EVENT_ADAPTER
+from orchestrator.ext import EventRecord, LeaseLostError, StoreBatch, WorkflowRow, rebuild
 
 
 def ev(workflow: str, seq: int, kind: str = "k") -> EventRecord:

@@ -114,7 +114,8 @@ def test_cluster_figures_leases_shared_limits_and_router_peers(make_store: Store
     peer's): its heartbeats, its share and its router's messages are on /metrics; an engine
     outside a cluster shows none of them."""
     from executors import LocalRouterHub, Router
-    from orchestrator import Cluster, LocalSlots, SystemClock
+    from orchestrator import Cluster, SystemClock
+    from orchestrator._slots import LocalSlots
 
     async def main() -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], float], set[str]]:
         hub = LocalRouterHub(0.0)

@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator import (
-    FINAL_STATES,
     Engine,
     Limits,
     PlaitError,
@@ -23,6 +22,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
+from orchestrator._events import FINAL_STATES
 
 Body = Callable[[TaskContext], Awaitable[float]]
 

@@ -17,7 +17,8 @@ from conftest import PG_HOST
 
 from agents import Address, Board, Helper, PostOffice
 from memory import PgNotifier, RedisNotifier, SQLBoardStore, SQLMailStore, SQLStore
-from orchestrator import Notifier, StoreError
+from orchestrator import StoreError
+from orchestrator.ext import Notifier
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 

@@ -22,24 +22,26 @@ from agents import Agent
 from executors import OpenAIBackend
 from orchestrator import (
     BackendError,
-    BackendOverloadedError,
-    BackendRequestError,
-    BackendUnavailableError,
     Engine,
     Hints,
     LLMRequest,
     LLMResponse,
     Message,
-    OutputSchema,
     Retry,
     RunResult,
-    Sampling,
     ToolCall,
-    ToolSpec,
     Usage,
     UsageError,
     VirtualClock,
     Workflow,
+)
+from orchestrator.ext import (
+    BackendOverloadedError,
+    BackendRequestError,
+    BackendUnavailableError,
+    OutputSchema,
+    Sampling,
+    ToolSpec,
 )
 
 STANDARD = {"model", "messages", "temperature", "top_p", "max_tokens", "seed", "stop", "tools"}

@@ -32,19 +32,17 @@ import ray
 from agents import Tool
 from executors import RayCluster, RayError, RayRunner, RayWorkerLostError, ray_task
 from orchestrator import (
-    ActionSpec,
     Engine,
     Event,
-    FunctionAction,
-    RebuildError,
     Registry,
     Retry,
     TaskTimeoutError,
     UsageError,
     VirtualClock,
     Workflow,
-    describe,
 )
+from orchestrator._task import describe
+from orchestrator.ext import ActionSpec, FunctionAction, RebuildError
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

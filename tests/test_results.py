@@ -19,10 +19,10 @@ from orchestrator import (
     TaskContext,
     VirtualClock,
     Workflow,
-    read_events,
     run_sync,
 )
 from orchestrator._errors import error_text
+from orchestrator.ext import read_events
 
 
 def _gen() -> Any:

@@ -24,13 +24,13 @@ from orchestrator import (
     LLMRequest,
     Message,
     Registry,
-    Store,
     TaskContext,
     Template,
     UsageError,
     Workflow,
 )
 from orchestrator._run import task_kind
+from orchestrator.ext import Store
 
 writer = Agent("writer", "You write.")
 
@@ -349,7 +349,7 @@ def test_resume_needs_a_store_and_a_running_engine() -> None:
 
 
 def test_the_registry_names_what_is_missing() -> None:
-    from orchestrator import ActionSpec, RebuildError
+    from orchestrator.ext import ActionSpec, RebuildError
 
     registry = Registry(imports=False)
     with pytest.raises(RebuildError, match="no agent named 'critic'"):

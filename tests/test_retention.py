@@ -18,16 +18,13 @@ from agents import Agent
 from executors import FunctionLLM, echo
 from orchestrator import (
     EVENT_ADAPTER,
-    ActionSpec,
     CallRetrying,
     EdgeAdded,
     EdgeRemoved,
     Engine,
     Event,
     Retention,
-    Store,
     StoreError,
-    Sweeper,
     TaskAdded,
     TaskCancelled,
     TaskContext,
@@ -44,10 +41,9 @@ from orchestrator import (
     WorkflowFinished,
     WorkflowResumed,
     WorkflowStarted,
-    compactable,
-    rebuild,
-    sweep_once,
 )
+from orchestrator._retention import Sweeper, sweep_once
+from orchestrator.ext import ActionSpec, Store, compactable, rebuild
 
 # --- compactable: the pure part -------------------------------------------------------------
 

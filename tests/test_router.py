@@ -14,16 +14,8 @@ from executors import FunctionLLM, SimServer
 from executors._prefix import prompt_hashes
 from executors._router import Router
 from executors._simtext import render
-from orchestrator import (
-    BackendOverloadedError,
-    BackendUnavailableError,
-    Hints,
-    LLMRequest,
-    LLMResponse,
-    Message,
-    UsageError,
-    VirtualClock,
-)
+from orchestrator import Hints, LLMRequest, LLMResponse, Message, UsageError, VirtualClock
+from orchestrator.ext import BackendOverloadedError, BackendUnavailableError
 
 SYSTEM = "You are one of many agents sharing this long system prompt. " * 20
 

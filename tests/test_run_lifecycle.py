@@ -10,14 +10,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from orchestrator import (
-    Engine,
-    Event,
-    TaskContext,
-    VirtualClock,
-    Workflow,
-    WorkflowStateError,
-)
+from orchestrator import Engine, Event, TaskContext, VirtualClock, Workflow
+from orchestrator._errors import WorkflowStateError
 from orchestrator._replay import rebuild
 
 

@@ -16,8 +16,9 @@ from conftest import StoreFactory
 from stored_runs import BIG_RESULT, put_run, stored_image
 
 from memory import SQLStore
-from orchestrator import EVENT_ADAPTER, EventRecord, StoreBatch, WorkflowResumed
+from orchestrator import EVENT_ADAPTER, WorkflowResumed
 from orchestrator._cli import main
+from orchestrator.ext import EventRecord, StoreBatch
 
 T = TypeVar("T")
 Plait = Callable[..., tuple[int, str, str]]

@@ -7,19 +7,19 @@ import math
 import networkx as nx
 import pytest
 
-from orchestrator import (
+from orchestrator import UsageError
+from orchestrator._scheduler import (
     Fcfs,
     Las,
-    ProgramView,
     ReadyTask,
     Slack,
-    UsageError,
     get_policy,
     order,
     order_programs,
     remaining_critical_path,
     urgency,
 )
+from orchestrator.ext import ProgramView
 
 
 def names(views: list[ProgramView]) -> list[int]:

@@ -23,7 +23,8 @@ from conftest import StoreFactory
 
 from agents import Agent, tool
 from executors import FunctionLLM, echo
-from orchestrator import Engine, Registry, Store, TaskContext, VirtualClock
+from orchestrator import Engine, Registry, TaskContext, VirtualClock
+from orchestrator.ext import Store
 from orchestrator.service import (
     AddTasks,
     Service,

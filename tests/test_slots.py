@@ -21,16 +21,14 @@ from orchestrator import (
     Limits,
     LLMRequest,
     LLMResponse,
-    LocalSlots,
     Message,
-    SlotRow,
     TaskContext,
     UsageError,
     VirtualClock,
     Workflow,
-    allot,
 )
-from orchestrator._slots import fill, targets
+from orchestrator._slots import LocalSlots, fill, targets
+from orchestrator.ext import SlotRow, allot
 
 
 def test_fill_is_max_min_fair_and_never_gives_more_than_wanted() -> None:

@@ -22,16 +22,10 @@ from stored_runs import BIG_ERROR, BIG_RESULT, put_run, same_run, stored_image
 
 from memory import SQLStore
 from memory import _schema as schema
-from orchestrator import (
-    EventRecord,
-    Journal,
-    StoreBatch,
-    StoreError,
-    StoreVersionError,
-    WorkflowRow,
-    payload_digest,
-    read_events,
-)
+from orchestrator import StoreError, StoreVersionError
+from orchestrator._journal import Journal
+from orchestrator._store import payload_digest
+from orchestrator.ext import EventRecord, StoreBatch, WorkflowRow, read_events
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
@@ -550,7 +544,7 @@ def test_concurrent_appenders_in_one_process_never_see_locked(make_store: StoreF
 WRITER_SCRIPT = """
 import asyncio, sys
 from memory import SQLStore
-from orchestrator import EventRecord, StoreBatch
+from orchestrator.ext import EventRecord, StoreBatch
 
 async def main():
     async with SQLStore(sys.argv[1]) as store:

@@ -16,7 +16,6 @@ from conftest import MemoryStore
 from executors import FunctionLLM, echo
 from memory import SQLStore
 from orchestrator import (
-    Claimed,
     Cluster,
     Engine,
     LLMRequest,
@@ -27,7 +26,7 @@ from orchestrator import (
     UsageError,
     Workflow,
 )
-from orchestrator._store import CancelStore, KeyStore, LeaseStore, RetainingStore
+from orchestrator.ext import CancelStore, Claimed, KeyStore, LeaseStore, RetainingStore
 from orchestrator.service import Service
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,15 +15,9 @@ from test_service import Api, B, on_stores
 
 from memory import SQLStore
 from memory import _schema as schema
-from orchestrator import (
-    EventRecord,
-    Journal,
-    StoreBatch,
-    StoreError,
-    TextNotStorableError,
-    WorkflowRow,
-    unstorable,
-)
+from orchestrator import StoreError
+from orchestrator._journal import Journal
+from orchestrator.ext import EventRecord, StoreBatch, TextNotStorableError, WorkflowRow, unstorable
 
 
 def row(id: str, tenant: str, **labels: str) -> WorkflowRow:

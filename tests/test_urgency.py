@@ -143,8 +143,10 @@ def _imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
             names.add(node.module)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(
-            "orchestrator."
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.startswith("orchestrator.")
         ):
             names.add(node.module.removeprefix("orchestrator."))
     return names

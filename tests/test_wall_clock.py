@@ -13,8 +13,8 @@ from orchestrator import (
     SystemClock,
     UsageError,
     VirtualClock,
-    WallClockBackend,
 )
+from orchestrator.ext import WallClockBackend
 
 
 class RemoteLLM:

@@ -13,17 +13,15 @@ from conftest import StoreFactory
 from test_service import Api, B, on_stores
 
 from executors import FunctionLLM, echo
-from orchestrator import (
-    Engine,
+from orchestrator import Engine, TaskContext, Workflow
+from orchestrator import _engine as engine_module
+from orchestrator.ext import (
     EventRecord,
     LeaseLostError,
     StoreBatch,
-    TaskContext,
-    Workflow,
     WorkflowExistsError,
     WorkflowRow,
 )
-from orchestrator import _engine as engine_module
 
 
 def ev(workflow: str, seq: int, data: str = "{}") -> EventRecord:

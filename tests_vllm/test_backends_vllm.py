@@ -25,11 +25,11 @@ from orchestrator import (
     LLMRequest,
     LLMResponse,
     Message,
-    OutputSchema,
     TaskContext,
     Usage,
     Workflow,
 )
+from orchestrator.ext import OutputSchema
 
 MODEL = "tiny"
 
