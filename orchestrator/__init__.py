@@ -69,6 +69,7 @@ from ._keepalive import CacheBudget, KeepAlive, PausePredictor
 from ._knee import DEFAULT_HEADROOM, Headroom, KneeController, KneeStats
 from ._llm import (
     Capabilities,
+    CapacityReporting,
     FailureIsolating,
     HealthChecked,
     Hints,
@@ -82,6 +83,7 @@ from ._llm import (
     ProgramAware,
     Role,
     Sampling,
+    ServerCapacity,
     ToolCall,
     ToolSpec,
     UrgentIsolating,
@@ -181,6 +183,7 @@ __all__ = [
     "BackendUnavailableError",
     "CacheBudget",
     "Capabilities",
+    "CapacityReporting",
     "Breaker",
     "CallRetry",
     "CallSite",
@@ -225,6 +228,7 @@ __all__ = [
     "Limits",
     "LoadReport",
     "LoadReporting",
+    "ServerCapacity",
     "Message",
     "OutputSchema",
     "OverloadedError",

@@ -42,6 +42,7 @@ EXPECTED = {
         "Breaker", "CallRetry", "CallRetrying", "CircuitBreaker", "CircuitOpenError",
         "CircuitState",
         "Capabilities", "FailureIsolating", "HealthChecked", "LoadReport", "LoadReporting",
+        "CapacityReporting", "ServerCapacity",
         "ProgramAware", "UrgentIsolating", "WrappedBackend", "capabilities",
         "ActionKind", "ActionSpec", "CallSite", "Describable", "LLMCalls", "TaskOptions",
         "TaskRun", "WorkflowEditor", "describe", "registered_name",
