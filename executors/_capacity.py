@@ -27,3 +27,170 @@ one probe that asks a server. Where each server says it, as checked in its sourc
   blocks.
 - Dynamo's frontend and the OpenAI API say none of this.
 """
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from orchestrator import BackendError, ServerCapacity
+
+from ._load import parse_prometheus
+
+MAX_KV_TOKENS = 10**10
+"""More KV than any server holds (about 1.3 PB at Llama-8B's 128 KiB a token): a larger
+figure is a broken or hostile answer, read as not said."""
+MAX_BLOCK_TOKENS = 1 << 20
+MAX_SEQS = 1 << 20
+
+_CACHE_CONFIG = "vllm:cache_config_info"
+
+Get = Callable[[str], Awaitable[str | None]]
+"""Fetches a URL's body as text: None when the server answered with an error status (it
+does not serve that path); raises `BackendError` when it did not answer at all."""
+Reader = Callable[[str, str], ServerCapacity]
+
+
+def capacity_from_metrics(text: str, source: str = "") -> ServerCapacity:
+    """Read vLLM's `vllm:cache_config_info` from its Prometheus `/metrics` text.
+
+    One sample per engine: KV tokens add up over engines (each data-parallel rank has its
+    own cache), the block is theirs if they agree. An engine's tokens are its
+    `kv_cache_size_tokens` where it says it, else `num_gpu_blocks` x `block_size`.
+    """
+    lines = [line for line in text.splitlines() if line.lstrip().startswith(_CACHE_CONFIG)]
+    engines: dict[str, dict[str, str]] = {}
+    for labels, _ in parse_prometheus("\n".join(lines)).get(_CACHE_CONFIG, []):
+        engines.setdefault(labels.get("engine", ""), labels)  # a repeated engine counts once
+    if not engines:
+        return ServerCapacity()
+    blocks = {_count(e.get("block_size"), MAX_BLOCK_TOKENS) for e in engines.values()}
+    tokens = [_engine_tokens(e) for e in engines.values()]
+    kv = _bounded(sum(t or 0 for t in tokens), MAX_KV_TOKENS) if all(tokens) else None
+    block = blocks.pop() if len(blocks) == 1 else None
+    return _said(ServerCapacity(kv_tokens=kv, block_tokens=block), source)
+
+
+def _engine_tokens(labels: Mapping[str, str]) -> int | None:
+    said = _count(labels.get("kv_cache_size_tokens"), MAX_KV_TOKENS)
+    if said is not None:
+        return said
+    block = _count(labels.get("block_size"), MAX_BLOCK_TOKENS)
+    count = _count(labels.get("num_gpu_blocks"), MAX_KV_TOKENS)
+    return _bounded(block * count, MAX_KV_TOKENS) if block and count else None
+
+
+def capacity_from_sglang(text: str, source: str = "") -> ServerCapacity:
+    """Read SGLang's `/server_info` (or `/get_server_info`) JSON.
+
+    `max_total_num_tokens` is one data-parallel rank's pool: the cache is `dp_size` of them.
+    Sequences: the ranks' `effective_max_running_requests_per_dp` added up, else the
+    `max_running_requests` argument (a total over the ranks)."""
+    info = _json_object(text)
+    if info is None:
+        return ServerCapacity()
+    ranks = _count(info.get("dp_size"), MAX_SEQS) or 1
+    per_rank = _count(info.get("max_total_num_tokens"), MAX_KV_TOKENS)
+    kv = _bounded(per_rank * ranks if per_rank else None, MAX_KV_TOKENS)
+    block = _count(info.get("page_size"), MAX_BLOCK_TOKENS)
+    states = info.get("internal_states")
+    caps = (
+        [_count(s.get("effective_max_running_requests_per_dp"), MAX_SEQS) for s in states]
+        if isinstance(states, list) and states and all(isinstance(s, dict) for s in states)
+        else []
+    )
+    seqs: int | None
+    if caps and all(caps):
+        seqs = _bounded(sum(c for c in caps if c is not None), MAX_SEQS)
+    else:
+        seqs = _count(info.get("max_running_requests"), MAX_SEQS)
+    return _said(ServerCapacity(kv_tokens=kv, block_tokens=block, max_seqs=seqs), source)
+
+
+def capacity_from_llamacpp(text: str, source: str = "") -> ServerCapacity:
+    """Read llama.cpp's `/props` JSON: `total_slots` sequences at once, and a slot's
+    context (`default_generation_settings.n_ctx`) as the KV cache: all of it with the
+    unified cache (`-np auto`, the default), one slot's share otherwise, so never more
+    than the server holds."""
+    props = _json_object(text)
+    if props is None:
+        return ServerCapacity()
+    settings = props.get("default_generation_settings")
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    kv = _count(n_ctx if n_ctx is not None else props.get("n_ctx"), MAX_KV_TOKENS)
+    seqs = _count(props.get("total_slots"), MAX_SEQS)
+    return _said(ServerCapacity(kv_tokens=kv, max_seqs=seqs), source)
+
+
+PROBES: Mapping[str, tuple[tuple[str, Reader], ...]] = {
+    "vllm": (("/metrics", capacity_from_metrics),),
+    "vllm-continuum": (("/metrics", capacity_from_metrics),),
+    "sim": (("/metrics", capacity_from_metrics),),
+    "sglang": (
+        ("/server_info", capacity_from_sglang),
+        ("/get_server_info", capacity_from_sglang),
+    ),
+    "llamacpp": (("/props", capacity_from_llamacpp),),
+}
+"""Where to ask a server of each dialect, in order: the first answer that says anything
+is it. Dynamo's frontend and the OpenAI API say nothing, so they are not asked."""
+
+KEEPS_KV = frozenset({"sglang", "sim", "vllm-continuum"})
+"""Dialects whose servers keep a paused program's KV when plait asks (SGLang sessions, the
+simulator's pins, vllm-continuum's pin after a tool call)."""
+
+
+async def probe_capacity(get: Get, root: str, dialect: str) -> ServerCapacity | None:
+    """Ask the server at `root` (no `/v1`) what it says of its size, where its dialect
+    says it. None when it did not answer at all (down or unreachable: ask again later); a
+    capacity of unknowns when it answered but said nothing, or its dialect says nothing.
+    `keeps_kv` follows the dialect."""
+    said = ServerCapacity()
+    for path, read in PROBES.get(dialect, ()):
+        url = root + path
+        try:
+            text = await get(url)
+        except BackendError:
+            return None
+        if text is None:
+            continue  # not served here (an older or newer server): the next place
+        said = read(text, f"GET {url}")
+        if said.source:
+            break
+    return replace(said, keeps_kv=dialect in KEEPS_KV)
+
+
+def _said(capacity: ServerCapacity, source: str) -> ServerCapacity:
+    """`capacity` with where it was read, if it says anything."""
+    known = (capacity.kv_tokens, capacity.block_tokens, capacity.max_seqs)
+    return replace(capacity, source=source) if any(v is not None for v in known) else capacity
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON (an HTML error page), or absurdly deep
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _count(value: object, most: int) -> int | None:
+    """A whole number from 1 to `most` as a server writes it (a JSON number, or label
+    text such as "16"), else None: "None", NaN, fractions, negatives, bools, absurd sizes."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return _bounded(value, most)
+    if isinstance(value, float):
+        return _bounded(int(value), most) if value.is_integer() else None  # NaN, inf: not
+    if isinstance(value, str):
+        digits = value.strip()
+        if digits.isascii() and digits.isdigit() and len(digits) <= 18:
+            return _bounded(int(digits), most)
+    return None
+
+
+def _bounded(value: int | None, most: int) -> int | None:
+    return value if value is not None and 1 <= value <= most else None
