@@ -25,10 +25,14 @@ DEFAULT_TOOL_RESOURCE = "tools"
 class Limits:
     """Bounds of one resource: calls running at once, and ready tasks allowed to wait.
 
-    `kv_tokens` (LLM backends without a keep-alive control, optional): the KV cache the
-    server has, in tokens. Then a program's first call waits while the programs already on
+    `kv_tokens` (LLM backends without a keep-alive control, optional): the hold-back budget
+    in tokens of KV cache. Then a program's first call waits while the programs already on
     this backend, running or paused within their keep-alive, fill it: admitting it would
-    evict a paused program's cache, which its next call would have to recompute.
+    evict a paused program's cache, which its next call would have to recompute. None: the
+    engine derives it from the server's KV cache where the backend can say it and the
+    server does not keep paused programs' KV itself (`derived_limits`). `max_in_flight`,
+    for a backend given no limits at all, is the server's own sequence limit where it says
+    one.
 
     `batch_in_flight` (LLM backends, optional): an override of the learned throughput knee
     (docs/admission.md): while urgent work is around, slack-rich work (batch, or a deadline
@@ -216,6 +220,12 @@ class Admission:
 
     def in_flight(self, resource: str) -> int:
         return self._resources[resource].in_flight
+
+    def set_limits(self, resource: str, limits: Limits) -> None:
+        """`resource`'s limits from now on (the engine derives some from what its server
+        says, once it has asked: `derived_limits`)."""
+        self._resources[resource].limits = limits
+        self._pending = True
 
     def set_share(self, resource: str, slots: int) -> None:
         """This engine may have `slots` calls in flight on `resource` (a limit shared with

@@ -33,6 +33,7 @@ from tenacity import (
 from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
 from ._bus import EventBus
 from ._calls import LLMCalls, Program
+from ._capacity import derived_limits, read_capacities
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._cluster import Cluster, Leases, engine_name
 from ._context import TaskContext
@@ -64,7 +65,7 @@ from ._knee import (
     reserve_cap,
     slack_rich,
 )
-from ._llm import LLMBackend, Usage, capabilities
+from ._llm import LLMBackend, ServerCapacity, Usage, capabilities
 from ._registry import Registry
 from ._replay import RunImage
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
@@ -248,6 +249,10 @@ class Engine:
         for name in backends:
             merged.setdefault(name, Limits())
         merged.update(limits or {})
+        self._given_limits = dict(limits or {})
+        self.capacities: dict[str, ServerCapacity] = {}
+        """What each backend that can say it said of its server's size when the engine
+        started (`CapacityReporting`), and so of the limits derived from it."""
         static = self._static_key if self.policy.static else None
         self.admission = Admission(merged, static_key=static, held=self._held_back, gated=_gated)
         if gate is not None and not isinstance(gate, DeadlineGate):
@@ -389,6 +394,7 @@ class Engine:
         if self._clock is None:
             self._clock = running_clock()
         self._clock.check_running_loop()
+        await self._read_capacity()
         tg = asyncio.TaskGroup()
         self.calls.start(self._clock, tg, virtual=isinstance(self._clock, VirtualClock))
         self._services = RunServices(
@@ -1009,6 +1015,23 @@ class Engine:
         return RunHandle(self, run)
 
     # --- cluster -----------------------------------------------------------------------------
+
+    async def _read_capacity(self) -> None:
+        """Limits the servers tell (`derived_limits`): a server's KV cache sets the backend's
+        hold-back budget and its sequence limit its `max_in_flight`, where the limits given
+        leave them open. Before any call, so nothing admitted is counted twice."""
+        self.capacities = await read_capacities(self.backends)
+        for name, capacity in self.capacities.items():
+            limits = derived_limits(self._given_limits.get(name), capacity)
+            if limits is None:
+                continue
+            self.admission.set_limits(name, limits)
+            self.calls.set_budget(name, limits.kv_tokens)
+            self._llm_limits[name] = limits.max_in_flight
+            if (knee := self.knees.get(name)) is not None:
+                knee.limit = limits.max_in_flight
+            if name in self._reserve_caps and self.headroom is not None:
+                self._reserve_caps[name] = reserve_cap(limits.max_in_flight, self.headroom)
 
     def _set_share(self, backend: str, slots: int) -> None:
         if slots != self.admission.share(backend):
