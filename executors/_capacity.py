@@ -142,6 +142,35 @@ KEEPS_KV = frozenset({"sglang", "sim", "vllm-continuum"})
 simulator's pins, vllm-continuum's pin after a tool call)."""
 
 
+_SAYS = {
+    "vllm": "KV cache and block",
+    "vllm-continuum": "KV cache and block",
+    "sim": "KV cache and block",
+    "sglang": "KV cache, page and running-request cap (max_in_flight where no limits are set)",
+    "llamacpp": "context and slots (max_in_flight where no limits are set)",
+}
+
+
+def explain_capacity(dialect: str, root: str, kv_cache_tokens: int | None) -> str:
+    """Where a backend of this dialect will learn its server's size, said without asking
+    (`plait config check`): read from the server when the run starts, the configured
+    `kv_cache_tokens`, or unknown."""
+    fallback = f"kv_cache_tokens {kv_cache_tokens:,}" if kv_cache_tokens else None
+    probes = PROBES.get(dialect, ())
+    if probes:
+        where = " or ".join(f"GET {root}{path}" for path, _ in probes)
+        text = f"{_SAYS[dialect]} read from {where} as the run starts"
+        text += f", else {fallback}" if fallback else ", else unknown (no kv_cache_tokens)"
+    elif fallback:
+        text = f"{fallback} ({dialect} servers do not say their own)"
+    else:
+        return f"unknown ({dialect} servers do not say it; set kv_cache_tokens)"
+    if dialect in KEEPS_KV:
+        return text + "; no hold-back: the server keeps paused programs' KV itself"
+    known = "" if fallback else "where it is known, "
+    return text + f"; {known}new programs are held back as paused ones fill it"
+
+
 async def probe_capacity(get: Get, root: str, dialect: str) -> ServerCapacity | None:
     """Ask the server at `root` (no `/v1`) what it says of its size, where its dialect
     says it. None when it did not answer at all (down or unreachable: ask again later); a

@@ -175,10 +175,7 @@ def _no_password(url: str) -> str:
 
 
 def _limits_text(limits: Limits) -> str:
-    text = f"at most {limits.max_in_flight} in flight, {limits.max_waiting} waiting"
-    if limits.kv_tokens is not None:
-        text += f", new programs held back past {limits.kv_tokens} KV tokens"
-    return text
+    return f"at most {limits.max_in_flight} in flight, {limits.max_waiting} waiting"
 
 
 def seconds(text: str) -> float:

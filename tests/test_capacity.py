@@ -20,6 +20,7 @@ from executors._capacity import (
     capacity_from_llamacpp,
     capacity_from_metrics,
     capacity_from_sglang,
+    explain_capacity,
 )
 from orchestrator import ServerCapacity, UsageError, VirtualClock
 
@@ -233,6 +234,45 @@ def test_describe_says_each_figure_and_where_it_came_from() -> None:
         "sequences unknown; the server said none of it"
     )
     assert ServerCapacity().describe().startswith("KV cache unknown (set kv_cache_tokens)")
+
+
+@pytest.mark.parametrize(
+    ("dialect", "kv", "says"),
+    [
+        (
+            "vllm",
+            None,
+            "KV cache and block read from GET http://g:8000/metrics as the run starts, else "
+            "unknown (no kv_cache_tokens); where it is known, new programs are held back as "
+            "paused ones fill it",
+        ),
+        (
+            "llamacpp",
+            4096,
+            "context and slots (max_in_flight where no limits are set) read from GET "
+            "http://g:8000/props as the run starts, else kv_cache_tokens 4,096; new programs "
+            "are held back as paused ones fill it",
+        ),
+        (
+            "sim",
+            None,
+            "KV cache and block read from GET http://g:8000/metrics as the run starts, else "
+            "unknown (no kv_cache_tokens); no hold-back: the server keeps paused programs' KV "
+            "itself",
+        ),
+        ("openai", None, "unknown (openai servers do not say it; set kv_cache_tokens)"),
+        (
+            "dynamo",
+            250_000,
+            "kv_cache_tokens 250,000 (dynamo servers do not say their own); new programs are "
+            "held back as paused ones fill it",
+        ),
+    ],
+)
+def test_the_check_says_where_each_figure_will_come_from(
+    dialect: str, kv: int | None, says: str
+) -> None:
+    assert explain_capacity(dialect, "http://g:8000", kv) == says
 
 
 # --- asking a server over HTTP -----------------------------------------------------------------

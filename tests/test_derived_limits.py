@@ -3,10 +3,19 @@ the engine's hold-back budget and calls in flight where the limits given leave t
 
 from __future__ import annotations
 
+import asyncio
+import io
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from queue import Queue
+
 import pytest
+from aiohttp import web
 
 from agents import Agent
-from executors import FunctionLLM
+from executors import PROFILES, FunctionLLM, SimHTTP, SimServer
 from orchestrator import (
     BackendUnavailableError,
     Engine,
@@ -16,12 +25,14 @@ from orchestrator import (
     LLMRequest,
     LLMResponse,
     ServerCapacity,
+    SystemClock,
     TaskContext,
     Usage,
     VirtualClock,
     Workflow,
 )
 from orchestrator._capacity import HOLD_BACK_SHARE, derived_limits
+from orchestrator._cli import main
 
 VLLM = ServerCapacity(kv_tokens=10_000, block_tokens=16, source="GET /metrics")
 SGLANG = ServerCapacity(kv_tokens=10_000, block_tokens=1, max_seqs=48, keeps_kv=True)
@@ -160,3 +171,70 @@ def test_a_server_that_says_its_sequence_limit_gets_no_more_calls_at_once() -> N
     assert most_in_flight(ServerCapacity(max_seqs=3), {"default": Limits(8)}) == (8, 8)
     # A backend that fails to say: the defaults.
     assert most_in_flight(BackendUnavailableError("down")) == (10, 32)
+
+
+@contextmanager
+def simulator_serving(profile: str) -> Iterator[str]:
+    """A simulated vLLM-like server on a free port, in a thread with its own loop (a run on
+    the system clock talks to it as to a remote server); yields its API root."""
+    started: Queue[tuple[str, Callable[[], None]] | BaseException] = Queue()
+
+    async def serve() -> None:
+        done = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        async with SimServer(profile, clock=SystemClock()) as sim:
+            runner = SimHTTP(sim).runner()
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            port = runner.addresses[0][1]
+            started.put(
+                (f"http://127.0.0.1:{port}/v1", lambda: loop.call_soon_threadsafe(done.set))
+            )
+            try:
+                await done.wait()
+            finally:
+                await runner.cleanup()
+
+    def run() -> None:
+        try:
+            asyncio.run(serve())
+        except BaseException as exc:  # the test hears it rather than a silent thread
+            started.put(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    got = started.get(timeout=30)
+    if isinstance(got, BaseException):
+        raise got
+    url, stop = got
+    try:
+        yield url
+    finally:
+        stop()
+        thread.join(timeout=30)
+
+
+def test_plait_run_reads_the_servers_size_and_says_so(tmp_path: Path) -> None:
+    flow = tmp_path / "flow.py"
+    flow.write_text(
+        "from agents import Agent\n"
+        "from orchestrator import Workflow\n"
+        "def workflows():\n"
+        "    wf = Workflow('w')\n"
+        "    wf.add('a', Agent('a', 'sys').ask('hi', max_tokens=4))\n"
+        "    return wf\n"
+    )
+    profile = PROFILES["cpu-tiny"]
+    with simulator_serving(profile.name) as url:
+        config = tmp_path / "p.toml"
+        config.write_text(
+            f'[backends.default]\nkind = "openai"\nurl = "{url}"\ndialect = "vllm"\n'
+            f'model = "{profile.model}"\n'
+        )
+        out = io.StringIO()
+        assert main(["run", str(flow), "--config", str(config)], out=out) == 0, out.getvalue()
+    root = url.removesuffix("/v1")
+    assert (
+        f"backend 'default': KV cache {profile.kv_tokens:,} tokens, blocks of "
+        f"{profile.block_size}, sequences unknown; read from GET {root}/metrics"
+    ) in out.getvalue()
