@@ -31,7 +31,7 @@ one probe that asks a server. Where each server says it, as checked in its sourc
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -140,6 +140,35 @@ is it. Dynamo's frontend and the OpenAI API say nothing, so they are not asked."
 KEEPS_KV = frozenset({"sglang", "sim", "vllm-continuum"})
 """Dialects whose servers keep a paused program's KV when plait asks (SGLang sessions, the
 simulator's pins, vllm-continuum's pin after a tool call)."""
+
+
+def combined(capacities: Sequence[ServerCapacity]) -> ServerCapacity:
+    """Several servers used as one backend (a router's replicas): their KV caches and
+    sequence limits add up (unknown if any one is), the block is theirs if they agree, and
+    they keep paused programs' KV only if all of them do."""
+    if not capacities:
+        return ServerCapacity()
+    kv = [c.kv_tokens for c in capacities]
+    seqs = [c.max_seqs for c in capacities]
+    blocks = {c.block_tokens for c in capacities}
+    return ServerCapacity(
+        kv_tokens=_bounded(sum(k or 0 for k in kv), MAX_KV_TOKENS) if all(kv) else None,
+        block_tokens=blocks.pop() if len(blocks) == 1 else None,
+        max_seqs=_bounded(sum(n or 0 for n in seqs), MAX_SEQS) if all(seqs) else None,
+        source="; ".join(dict.fromkeys(c.source for c in capacities if c.source)),
+        kv_from_config=any(c.kv_from_config for c in capacities),
+        keeps_kv=all(c.keeps_kv for c in capacities),
+    )
+
+
+def cache_blocks(capacities: Sequence[ServerCapacity], block_tokens: int) -> int | None:
+    """Each replica's KV cache in a router's blocks of `block_tokens` (the smallest
+    replica's, so the router's model of eviction errs towards evicting early); None unless
+    every replica's cache is known."""
+    kv = [c.kv_tokens for c in capacities]
+    if not kv or not all(kv):
+        return None
+    return max(1, min(k or 0 for k in kv) // block_tokens)
 
 
 _SAYS = {

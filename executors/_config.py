@@ -26,11 +26,12 @@ from orchestrator import (
     Clock,
     ConfigSection,
     LLMBackend,
+    ServerCapacity,
     UsageError,
     load_config,
 )
 
-from ._capacity import MAX_KV_TOKENS, explain_capacity
+from ._capacity import MAX_KV_TOKENS, cache_blocks, explain_capacity
 from ._dialects import DIALECTS
 from ._grouping import PrefixGrouper
 from ._openai import OpenAIBackend
@@ -332,14 +333,13 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
 
 
 def _configured_blocks(settings: RouterSettings) -> int | None:
-    """Each member's KV cache in the router's blocks as configured (`kv_cache_tokens`, the
-    smallest member's), for the router's model of the servers' eviction; None unless every
-    member has one."""
-    tokens = [settings.resolved(member).kv_cache_tokens for member in settings.members()]
-    known = [t for t in tokens if t is not None]
-    if len(known) < len(tokens):
-        return None
-    return max(1, min(known) // settings.block_tokens)
+    """Each member's KV cache in the router's blocks as configured (`kv_cache_tokens`), for
+    the router's model of the servers' eviction; None unless every member has one."""
+    configured = [
+        ServerCapacity(kv_tokens=settings.resolved(member).kv_cache_tokens)
+        for member in settings.members()
+    ]
+    return cache_blocks(configured, settings.block_tokens)
 
 
 def _tokenizer(name: str) -> Tokenize:

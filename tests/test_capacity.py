@@ -17,9 +17,11 @@ from aiohttp.test_utils import TestServer
 from executors import FunctionLLM, OpenAIBackend, PrefixGrouper, echo
 from executors._capacity import (
     MAX_KV_TOKENS,
+    cache_blocks,
     capacity_from_llamacpp,
     capacity_from_metrics,
     capacity_from_sglang,
+    combined,
     explain_capacity,
 )
 from orchestrator import ServerCapacity, UsageError, VirtualClock
@@ -430,3 +432,21 @@ def test_a_wrapper_answers_with_what_it_wraps(clock: VirtualClock) -> None:
     through, over_a_fake, asked = clock.run(main())
     assert (through.kv_tokens, through.block_tokens) == (65_536, 128) and asked == ["/metrics"]
     assert over_a_fake == ServerCapacity()
+
+
+def test_replicas_together_add_up_their_caches_and_agree_on_a_block() -> None:
+    a = ServerCapacity(65_536, 128, None, "GET http://a/metrics")
+    b = ServerCapacity(131_072, 128, None, "GET http://b/metrics")
+    assert combined([a, b]) == ServerCapacity(
+        196_608, 128, None, "GET http://a/metrics; GET http://b/metrics"
+    )
+    assert cache_blocks([a, b], 16) == 4096  # the smaller replica's 65,536 tokens
+    # One replica that says nothing: no total and no per-replica size.
+    assert combined([a, ServerCapacity()]).kv_tokens is None
+    assert cache_blocks([a, ServerCapacity()], 16) is None and cache_blocks([], 16) is None
+    # Blocks that differ: none; sequence limits add up; KV kept only if every one keeps it.
+    c = ServerCapacity(1000, 16, 64, "c", keeps_kv=True)
+    d = ServerCapacity(1000, 1, 32, "d", kv_from_config=True, keeps_kv=True)
+    assert combined([c, d]) == ServerCapacity(2000, None, 96, "c; d", True, True)
+    assert not combined([c, a]).keeps_kv and combined([]) == ServerCapacity()
+    assert cache_blocks([ServerCapacity(kv_tokens=10)], 16) == 1  # never below one block
