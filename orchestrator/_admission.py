@@ -30,9 +30,9 @@ class Limits:
     this backend, running or paused within their keep-alive, fill it: admitting it would
     evict a paused program's cache, which its next call would have to recompute. None: the
     engine derives it from the server's KV cache where the backend can say it and the
-    server does not keep paused programs' KV itself (`derived_limits`). `max_in_flight`,
-    for a backend given no limits at all, is the server's own sequence limit where it says
-    one.
+    server does not keep paused programs' KV itself (`derived_limits`); `hold_back=False`
+    turns hold-back off whatever the server says. `max_in_flight`, for a backend given no
+    limits at all, is the server's own sequence limit where it says one.
 
     `batch_in_flight` (LLM backends, optional): an override of the learned throughput knee
     (docs/admission.md): while urgent work is around, slack-rich work (batch, or a deadline
@@ -44,6 +44,7 @@ class Limits:
     max_waiting: int = 100_000
     kv_tokens: int | None = None
     batch_in_flight: int | None = None
+    hold_back: bool = True
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1 or self.max_waiting < 1:
@@ -53,6 +54,11 @@ class Limits:
             )
         if self.kv_tokens is not None and self.kv_tokens < 1:
             raise UsageError(f"Limits(kv_tokens={self.kv_tokens}) must be at least 1 or None")
+        if self.kv_tokens is not None and not self.hold_back:
+            raise UsageError(
+                f"Limits(kv_tokens={self.kv_tokens}, hold_back=False): a hold-back budget with "
+                "hold-back off; give one or the other"
+            )
         if self.batch_in_flight is not None and not (
             1 <= self.batch_in_flight <= self.max_in_flight
         ):

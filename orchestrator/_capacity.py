@@ -21,16 +21,17 @@ def derived_limits(given: Limits | None, capacity: ServerCapacity) -> Limits | N
     """The limits of a backend whose server says `capacity`, or None where they stay as
     they are. `given`: the limits set for the backend, None where none were.
 
-    - `kv_tokens` (hold-back), unless given: `HOLD_BACK_SHARE` of the server's KV cache,
-      for a server that does not keep a paused program's KV when asked (upstream vLLM,
-      llama.cpp, Dynamo: `keeps_kv` false). One that does needs no hold-back.
+    - `kv_tokens` (hold-back), unless given or hold-back is off (`hold_back=False`):
+      `HOLD_BACK_SHARE` of the server's KV cache, for a server that does not keep a paused
+      program's KV when asked (upstream vLLM, llama.cpp, Dynamo: `keeps_kv` false). One
+      that does needs no hold-back.
     - `max_in_flight`, where no limits were given: the sequences the server runs at once
       (SGLang's running-request cap, llama.cpp's slots): more would wait in the server's
       queue, in its order rather than the scheduler's.
     """
     base = given or Limits()
     kv = base.kv_tokens
-    if kv is None and capacity.kv_tokens is not None and not capacity.keeps_kv:
+    if kv is None and base.hold_back and capacity.kv_tokens is not None and not capacity.keeps_kv:
         kv = max(1, int(capacity.kv_tokens * HOLD_BACK_SHARE))
     in_flight = base.max_in_flight
     if given is None and capacity.max_seqs is not None:

@@ -189,12 +189,15 @@ class LimitsSettings(ConfigSection):
     max_in_flight: int = Field(default=_DEFAULT_LIMITS.max_in_flight, ge=1)
     max_waiting: int = Field(default=_DEFAULT_LIMITS.max_waiting, ge=1)
     batch_in_flight: int | None = Field(default=None, ge=1)
+    hold_back: bool = True
+    """False: never hold new programs back for the server's KV cache."""
 
     def to_limits(self) -> Limits:
         return Limits(
             max_in_flight=self.max_in_flight,
             max_waiting=self.max_waiting,
             batch_in_flight=self.batch_in_flight,
+            hold_back=self.hold_back,
         )
 
 

@@ -21,6 +21,7 @@ from executors import OpenAIBackend, PrefixGrouper, Router, SimServer, backends_
 from orchestrator import (
     Config,
     Hints,
+    Limits,
     LLMRequest,
     Message,
     UsageError,
@@ -1019,3 +1020,15 @@ def test_config_check_of_a_serve_config_shows_no_store_password(tmp_path: Path) 
     assert main(["config", "check", str(path)], out=out) == 0
     assert "store postgresql://plait:***@db:5432/runs" in out.getvalue()
     assert "secret" not in out.getvalue()
+
+
+def test_hold_back_is_derived_unless_a_backends_limits_turn_it_off(tmp_path: Path) -> None:
+    text = (
+        '[backends.gpu]\nkind = "openai"\nurl = "http://gpu0:8000/v1"\ndialect = "vllm"\n'
+        "limits = { max_in_flight = 8, hold_back = false }\n"
+    )
+    config = load_config(write(tmp_path, "p.toml", text))
+    assert config.limits["gpu"] == Limits(8, hold_back=False)
+    out = io.StringIO()
+    assert main(["config", "check", str(tmp_path / "p.toml")], out=out) == 0
+    assert "  limits: at most 8 in flight, 100000 waiting, no hold-back\n" in out.getvalue()

@@ -28,6 +28,7 @@ from orchestrator import (
     SystemClock,
     TaskContext,
     Usage,
+    UsageError,
     VirtualClock,
     Workflow,
 )
@@ -50,6 +51,8 @@ LLAMACPP = ServerCapacity(kv_tokens=8192, max_seqs=4)
         (Limits(8), SGLANG, None),
         (None, ServerCapacity(), None),  # said nothing
         (None, ServerCapacity(kv_tokens=1), Limits(kv_tokens=1)),  # never below one token
+        (Limits(hold_back=False), VLLM, None),  # hold-back off, whatever the server says
+        (Limits(8, hold_back=False), LLAMACPP, None),
     ],
 )
 def test_what_a_server_says_fills_the_limits_left_open(
@@ -135,9 +138,16 @@ def test_a_server_that_says_its_cache_holds_new_programs_back() -> None:
     # Room for all three: no wait; and none where the server keeps paused programs' KV.
     assert late_start(ServerCapacity(kv_tokens=10_000)) == pytest.approx(2.0)
     assert late_start(ServerCapacity(kv_tokens=1875, keeps_kv=True)) == pytest.approx(2.0)
-    # A budget given is the budget, whatever the server says.
+    # A budget given is the budget, whatever the server says; and hold-back off is off.
     given = {"default": Limits(16, kv_tokens=10_000)}
     assert late_start(ServerCapacity(kv_tokens=1875), given) == pytest.approx(2.0)
+    off = {"default": Limits(16, hold_back=False)}
+    assert late_start(ServerCapacity(kv_tokens=1875), off) == pytest.approx(2.0)
+
+
+def test_a_budget_with_hold_back_off_is_refused() -> None:
+    with pytest.raises(UsageError, match="give one or the other"):
+        Limits(kv_tokens=1000, hold_back=False)
 
 
 def one_call(name: str) -> Workflow:

@@ -74,10 +74,12 @@ def test_a_late_urgent_call_overtakes_queued_low_urgency_calls(
 
     async def main() -> tuple[float, list[str], Usage]:
         # Every call goes straight to the server: the queue that must honour priorities is
-        # vLLM's, not plait's admission.
+        # vLLM's, not plait's admission (no hold-back, which the engine would otherwise
+        # derive from the server's cache size).
+        limits = {"default": Limits(256, hold_back=False)}
         async with (
             backend(vllm_small_cache) as llm,
-            Engine(backends={"default": llm}, limits={"default": Limits(256)}) as engine,
+            Engine(backends={"default": llm}, limits=limits) as engine,
             httpx.AsyncClient() as http,
         ):
 
