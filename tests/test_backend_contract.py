@@ -32,6 +32,7 @@ from executors._simengine import SimRequest
 from orchestrator import (
     BackendError,
     Capabilities,
+    CapacityReporting,
     FailureIsolating,
     HealthChecked,
     Hints,
@@ -42,6 +43,7 @@ from orchestrator import (
     LoadReporting,
     Message,
     ProgramAware,
+    ServerCapacity,
     VirtualClock,
     capabilities,
 )
@@ -369,6 +371,8 @@ def test_declared_capabilities_hold(clock: VirtualClock, subject: Make) -> None:
                 await backend.check()  # healthy: passes
             if isinstance(backend, LoadReporting):
                 assert isinstance(await backend.load(), LoadReport)
+            if isinstance(backend, CapacityReporting):
+                assert isinstance(await backend.capacity(), ServerCapacity)
             if isinstance(backend, ProgramAware):
                 await backend.program_done("no-such-program")  # harmless
             if isinstance(backend, FailureIsolating):
