@@ -171,6 +171,17 @@ def cache_blocks(capacities: Sequence[ServerCapacity], block_tokens: int) -> int
     return max(1, min(k or 0 for k in kv) // block_tokens)
 
 
+def router_block(capacities: Sequence[ServerCapacity], at_least: int = 16) -> int | None:
+    """A router's prefix block for these replicas: their common KV block, times the least
+    whole number that makes it `at_least` tokens (SGLang's page of one token would hash
+    every token); None unless every replica says the same block."""
+    blocks = {c.block_tokens for c in capacities}
+    if len(blocks) != 1:
+        return None
+    block = blocks.pop()
+    return None if block is None else block * -(-at_least // block)
+
+
 _SAYS = {
     "vllm": "KV cache and block",
     "vllm-continuum": "KV cache and block",

@@ -23,6 +23,7 @@ from executors._capacity import (
     capacity_from_sglang,
     combined,
     explain_capacity,
+    router_block,
 )
 from orchestrator import ServerCapacity, UsageError, VirtualClock
 
@@ -450,3 +451,12 @@ def test_replicas_together_add_up_their_caches_and_agree_on_a_block() -> None:
     assert combined([c, d]) == ServerCapacity(2000, None, 96, "c; d", True, True)
     assert not combined([c, a]).keeps_kv and combined([]) == ServerCapacity()
     assert cache_blocks([ServerCapacity(kv_tokens=10)], 16) == 1  # never below one block
+
+
+def test_a_routers_block_is_the_replicas_block_made_at_least_sixteen_tokens() -> None:
+    def block(*sizes: int | None) -> int | None:
+        return router_block([ServerCapacity(block_tokens=size) for size in sizes])
+
+    assert block(16, 16) == 16 and block(128) == 128 and block(1056) == 1056
+    assert block(1) == 16 and block(5) == 20  # SGLang's one-token pages
+    assert block(16, 32) is None and block(16, None) is None and block() is None
