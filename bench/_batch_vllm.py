@@ -157,7 +157,7 @@ dialect = "vllm"
 model = "{MODEL}"
 timeout_s = 3600
 block_tokens = {BLOCK_TOKENS}
-cache_blocks = {blocks}
+kv_cache_tokens = {blocks * BLOCK_TOKENS}
 
 [backends.default.limits]
 max_in_flight = {64 * len(servers)}

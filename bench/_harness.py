@@ -484,7 +484,11 @@ def plait_runner(
             budget = int(HOLD_BACK_SHARE * total)
         outcomes: list[Outcome] = []
         limits = {
-            "default": Limits(max_in_flight=max_in_flight * len(servers), kv_tokens=budget),
+            # Without `hold_back`, none: not even the one the engine would derive from a
+            # server that says its cache size (an ablation must not have it by the back door).
+            "default": Limits(
+                max_in_flight=max_in_flight * len(servers), kv_tokens=budget, hold_back=hold_back
+            ),
             "tools": Limits(100_000),
         }
         async with Engine(

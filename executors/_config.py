@@ -16,14 +16,15 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, TypedDict, cast
+from typing import Annotated, Any, ClassVar, Literal, TypedDict, cast
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, PlainValidator, model_validator
 
 from orchestrator import Clock, LLMBackend, UsageError, load_config
-from orchestrator.ext import BackendKind, ConfigSection
+from orchestrator.ext import BackendKind, ConfigSection, ServerCapacity
 
+from ._capacity import MAX_KV_TOKENS, cache_blocks, explain_capacity
 from ._dialects import DIALECTS
 from ._grouping import PrefixGrouper
 from ._openai import OpenAIBackend
@@ -97,6 +98,9 @@ class EndpointSettings(ConfigSection):
     """The environment variable that holds the key (read when the backend is built)."""
     timeout_s: float = Field(default=600.0, gt=0)
     slots: int | None = Field(default=None, ge=1)
+    kv_cache_tokens: int | None = Field(default=None, ge=1, le=MAX_KV_TOKENS)
+    """The server's KV cache in tokens, where the server does not say its own (vLLM, SGLang
+    and llama.cpp say it; Dynamo and the OpenAI API do not)."""
 
     @model_validator(mode="after")
     def _one_key(self) -> EndpointSettings:
@@ -115,6 +119,7 @@ class RouterMember(ConfigSection):
     api_key_env: str | None = None
     timeout_s: float | None = Field(default=None, gt=0)
     slots: int | None = Field(default=None, ge=1)
+    kv_cache_tokens: int | None = Field(default=None, ge=1, le=MAX_KV_TOKENS)
 
     @model_validator(mode="after")
     def _one_key(self) -> RouterMember:
@@ -172,6 +177,12 @@ class RouterSettings(LaneSettings):
     endpoint keys given here (dialect, model, ...) apply to every member that leaves them out.
     """
 
+    retired_keys: ClassVar[Mapping[str, str]] = {
+        "cache_blocks": "the router reads each server's KV cache from the server (vLLM, "
+        "SGLang, llama.cpp); where a server does not say it, give kv_cache_tokens, in tokens "
+        "(cache_blocks x block_tokens)"
+    }
+
     urls: list[ApiRoot] | None = None
     endpoints: list[RouterMember] | None = None
     dialect: Dialect = "openai"
@@ -188,9 +199,9 @@ class RouterSettings(LaneSettings):
     health_timeout_s: float = Field(default=5.0, gt=0)
     tokenizer: str | None = None
     """A Hugging Face tokenizer name: hash prompts on its tokens (needs `transformers`)."""
-    cache_blocks: int | None = Field(default=None, ge=1)
-    """Each server's KV cache in `block_tokens` blocks, if known: the router models its
-    eviction (vLLM logs its cache size in tokens at start-up; divide by block_tokens)."""
+    kv_cache_tokens: int | None = Field(default=None, ge=1, le=MAX_KV_TOKENS)
+    """Each member's KV cache in tokens, where its server does not say its own: the router
+    then models each server's eviction."""
     group_prefixes: bool = False
     """Hold calls sharing an uncomputed prefix with one in flight until it is computed (for
     servers that reuse a prefix only once computed; vLLM shares it within a step)."""
@@ -228,6 +239,11 @@ class RouterSettings(LaneSettings):
             api_key_env=member.api_key_env if own_key else self.api_key_env,
             timeout_s=member.timeout_s if member.timeout_s is not None else self.timeout_s,
             slots=member.slots if member.slots is not None else self.slots,
+            kv_cache_tokens=(
+                member.kv_cache_tokens
+                if member.kv_cache_tokens is not None
+                else self.kv_cache_tokens
+            ),
         )
 
 
@@ -272,6 +288,7 @@ def _endpoint(name: str, settings: EndpointSettings) -> OpenAIBackend:
         name=name,
         timeout_s=settings.timeout_s,
         slots=settings.slots,
+        kv_cache_tokens=settings.kv_cache_tokens,
     )
 
 
@@ -294,7 +311,7 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         health_interval_s=settings.health_interval_s or None,
         health_timeout_s=settings.health_timeout_s,
         tokenize=tokenize,
-        cache_blocks=settings.cache_blocks,
+        cache_blocks=_configured_blocks(settings),
         clock=clock,
         **settings.lane_options(),
     )
@@ -306,6 +323,16 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         min_shared_blocks=settings.min_shared_blocks,
         tokenize=tokenize,
     )
+
+
+def _configured_blocks(settings: RouterSettings) -> int | None:
+    """Each member's KV cache in the router's blocks as configured (`kv_cache_tokens`), for
+    the router's model of the servers' eviction; None unless every member has one."""
+    configured = [
+        ServerCapacity(kv_tokens=settings.resolved(member).kv_cache_tokens)
+        for member in settings.members()
+    ]
+    return cache_blocks(configured, settings.block_tokens)
 
 
 def _tokenizer(name: str) -> Tokenize:
@@ -363,9 +390,12 @@ def _key_source(settings: EndpointSettings) -> str:
 def describe_openai(settings: EndpointSettings) -> str:
     model = settings.model or "the request's"
     slots = f", {settings.slots} slots" if settings.slots else ""
+    capacity = explain_capacity(
+        settings.dialect, settings.url.rstrip("/").removesuffix("/v1"), settings.kv_cache_tokens
+    )
     return (
         f"{settings.dialect} endpoint {settings.url}, model {model}, {_key_source(settings)}, "
-        f"timeout {settings.timeout_s:g} s{slots}"
+        f"timeout {settings.timeout_s:g} s{slots}; capacity: {capacity}"
     )
 
 
@@ -416,7 +446,10 @@ def _lanes_text(settings: LaneSettings) -> str:
 
 def describe_sim(settings: SimSettings) -> str:
     profile = PROFILES[settings.profile]
-    text = f"simulated {profile.name} ({profile.model}), seed {settings.seed}"
+    text = (
+        f"simulated {profile.name} ({profile.model}), seed {settings.seed}, the profile's "
+        f"{profile.kv_tokens:,} tokens of KV cache in blocks of {profile.block_size}"
+    )
     if settings.replicas > 1:
         text += f", {settings.replicas} replicas behind a router"
         text += _lanes_text(settings)

@@ -1,6 +1,7 @@
 """An OpenAI-compatible backend: chat or text completions on `openai.AsyncOpenAI`, whole or
 streamed, with plait's hints spelled in the server's dialect, the library's errors translated
-into plait's, and the server's health and load read from `/health` and `/metrics`.
+into plait's, the server's health and load read from `/health` and `/metrics`, and its size
+from where its kind of server says it (`capacity()`).
 
     async with OpenAIBackend("http://127.0.0.1:8000/v1", dialect="vllm", stream=True) as llm:
         async with Engine(backends={"default": llm}) as engine:
@@ -13,7 +14,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Literal
 
@@ -34,14 +35,17 @@ from orchestrator.ext import (
     BackendOverloadedError,
     BackendRequestError,
     BackendUnavailableError,
+    CapacityReporting,
     HealthChecked,
     LoadReport,
     LoadReporting,
     ProgramAware,
+    ServerCapacity,
     WallClockBackend,
     running_clock,
 )
 
+from ._capacity import KEEPS_KV, probe_capacity
 from ._dialects import DIALECTS, encode, merge, structured_output
 from ._load import report_from_header, report_from_metrics
 from ._simtext import render as render_prompt
@@ -56,12 +60,15 @@ _CLIENT_FIELDS = frozenset({"stream", "stream_options", "n"})
 """Body fields this backend owns even when a request does not set them."""
 
 
-class OpenAIBackend(ProgramAware, HealthChecked, LoadReporting, WallClockBackend):
+class OpenAIBackend(
+    ProgramAware, HealthChecked, LoadReporting, CapacityReporting, WallClockBackend
+):
     """One OpenAI-compatible endpoint (vLLM, SGLang, Dynamo, llama.cpp, OpenAI, the simulator).
 
     Its capabilities, declared: it hears that a program is done (`program_done`, to close
-    an SGLang session), can be probed (`check()`) and reports the server's load (`load()`),
-    and needs the system clock unless `local`. It does not isolate failures: one server.
+    an SGLang session), can be probed (`check()`), reports the server's load (`load()`) and
+    size (`capacity()`), and needs the system clock unless `local`. It does not isolate
+    failures: one server.
 
     One HTTP connection pool per backend (the client's), also used for the probes. The client
     does not retry on its own (`max_retries=0`): retries are plait's, so they follow the
@@ -71,7 +78,9 @@ class OpenAIBackend(ProgramAware, HealthChecked, LoadReporting, WallClockBackend
     `api="completions"` sends `/v1/completions` with the messages rendered to one prompt by
     `render` (give it the model's chat template). `stream=True` streams the answer and reads
     the usage from its last chunk; the response then carries `first_token_s`, measured on
-    `clock` (the running loop's by default). `probe_timeout_s` bounds `check()` and `load()`.
+    `clock` (the running loop's by default). `probe_timeout_s` bounds `check()`, `load()` and
+    `capacity()`. `kv_cache_tokens`: the server's KV cache in tokens, for a server that does
+    not say its own (`capacity()`).
     `local=True`: the server runs in this process on the same event loop (tests, an in-process
     `SimHTTP`), so a virtual clock may drive both; otherwise the engine needs the system clock.
     """
@@ -92,11 +101,20 @@ class OpenAIBackend(ProgramAware, HealthChecked, LoadReporting, WallClockBackend
         probe_timeout_s: float = 5.0,
         local: bool = False,
         clock: Clock | None = None,
+        kv_cache_tokens: int | None = None,
     ) -> None:
         if dialect not in DIALECTS:
             raise UsageError(f"unknown dialect {dialect!r}; choose one of {', '.join(DIALECTS)}")
         if api not in APIS:
             raise UsageError(f"unknown api {api!r}; choose one of {', '.join(APIS)}")
+        if kv_cache_tokens is not None and kv_cache_tokens < 1:
+            raise UsageError(
+                f"OpenAIBackend(kv_cache_tokens={kv_cache_tokens}) must be at least 1, or "
+                "None where the server says its own"
+            )
+        self.kv_cache_tokens = kv_cache_tokens
+        self._capacity: ServerCapacity | None = None
+        """What the server said of its size, once it answered."""
         self.api = api
         self.stream = stream
         self.render = render
@@ -243,6 +261,40 @@ class OpenAIBackend(ProgramAware, HealthChecked, LoadReporting, WallClockBackend
                 f"{self.root}/metrics", cast_to=str, options={"timeout": self.probe_timeout_s}
             )
         return report_from_metrics(text)
+
+    async def capacity(self) -> ServerCapacity:
+        """The server's KV cache, KV block and sequences at once, as it says them (vLLM's
+        `/metrics` `vllm:cache_config_info`, SGLang's `/server_info`, llama.cpp's `/props`:
+        `executors._capacity`), asked once it has answered, each ask within
+        `probe_timeout_s`; `kv_cache_tokens` where it does not say its KV cache. Never
+        raises: a server that is down, or a backend not open, says nothing (until asked
+        again)."""
+        said = self._capacity
+        if said is None and self._client is not None:
+            said = self._capacity = await probe_capacity(self._get_text, self.root, self.dialect)
+        if said is None:
+            said = ServerCapacity(keeps_kv=self.dialect in KEEPS_KV)
+        if said.kv_tokens is None and self.kv_cache_tokens is not None:
+            said = replace(said, kv_tokens=self.kv_cache_tokens, kv_from_config=True)
+        return said
+
+    async def _get_text(self, url: str) -> str | None:
+        """`url`'s body; None for a 4xx (not served here); `BackendUnavailableError` for no
+        answer or a 5xx (a server still loading its model)."""
+        client = self._require_client()
+        try:
+            text: str = await client.get(
+                url, cast_to=str, options={"timeout": self.probe_timeout_s}
+            )
+        except openai.APIStatusError as exc:
+            if exc.status_code < 500:
+                return None
+            raise self._status_error(exc) from exc
+        except openai.APIConnectionError as exc:  # timeouts too
+            raise BackendUnavailableError(
+                f"backend {self.name!r} did not answer {url}: {exc}", backend=self.name
+            ) from exc
+        return text
 
     def _body(self, request: LLMRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {

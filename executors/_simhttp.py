@@ -4,7 +4,8 @@
 
 Routes: POST /v1/chat/completions, POST /v1/completions (both also streamed as server-sent
 events with `stream`, the usage in a last chunk with `stream_options.include_usage`),
-GET /v1/models, GET /metrics (Prometheus text with vLLM's metric names), GET /health.
+GET /v1/models (with vLLM's `max_model_len`), GET /metrics (Prometheus text with vLLM's
+metric names, its cache size in `vllm:cache_config_info` as vLLM says it), GET /health.
 A streamed answer starts once the simulated request has finished, so over HTTP its time to
 first token is its whole latency. Hints ride in the body as the
 `sim` dialect spells them: `priority` (lower runs sooner, as in vLLM), `session_id` (the
@@ -629,7 +630,14 @@ class SimHTTP:
         return web.json_response(
             {
                 "object": "list",
-                "data": [{"id": self.model, "object": "model", "owned_by": "plait-sim"}],
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "owned_by": "plait-sim",
+                        "max_model_len": self.server.profile.max_model_len,
+                    }
+                ],
             }
         )
 
@@ -637,7 +645,7 @@ class SimHTTP:
         return web.Response(text="ok")
 
     async def metrics(self, request: web.Request) -> web.Response:
-        stats = self.server.stats()
+        stats, profile = self.server.stats(), self.server.profile
         label = f'{{model_name="{self.model}"}}'
         lines = [
             "# HELP vllm:prefix_cache_queries_total Prompt tokens looked up in the prefix cache.",
@@ -655,5 +663,12 @@ class SimHTTP:
             "# HELP vllm:kv_cache_usage_perc Fraction of KV blocks in use (1 = 100%).",
             "# TYPE vllm:kv_cache_usage_perc gauge",
             f"vllm:kv_cache_usage_perc{label} {stats.kv_cache_usage:.6f}",
+            # vLLM's info gauge of its CacheConfig (labels: its fields as text), so a client
+            # reads the cache size from here as from a real vLLM (`OpenAIBackend.capacity()`).
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+            "# TYPE vllm:cache_config_info gauge",
+            f'vllm:cache_config_info{{block_size="{profile.block_size}",cache_dtype="auto",'
+            f'enable_prefix_caching="True",engine="0",kv_cache_size_tokens="{profile.kv_tokens}",'
+            f'num_cpu_blocks="None",num_gpu_blocks="{profile.num_blocks}"}} 1.0',
         ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")

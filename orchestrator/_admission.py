@@ -25,10 +25,14 @@ DEFAULT_TOOL_RESOURCE = "tools"
 class Limits:
     """Bounds of one resource: calls running at once, and ready tasks allowed to wait.
 
-    `kv_tokens` (LLM backends without a keep-alive control, optional): the KV cache the
-    server has, in tokens. Then a program's first call waits while the programs already on
+    `kv_tokens` (LLM backends without a keep-alive control, optional): the hold-back budget
+    in tokens of KV cache. Then a program's first call waits while the programs already on
     this backend, running or paused within their keep-alive, fill it: admitting it would
-    evict a paused program's cache, which its next call would have to recompute.
+    evict a paused program's cache, which its next call would have to recompute. None: the
+    engine derives it from the server's KV cache where the backend can say it and the
+    server does not keep paused programs' KV itself (`derived_limits`); `hold_back=False`
+    turns hold-back off whatever the server says. `max_in_flight`, for a backend given no
+    limits at all, is the server's own sequence limit where it says one.
 
     `batch_in_flight` (LLM backends, optional): an override of the learned throughput knee
     (docs/admission.md): while urgent work is around, slack-rich work (batch, or a deadline
@@ -40,6 +44,7 @@ class Limits:
     max_waiting: int = 100_000
     kv_tokens: int | None = None
     batch_in_flight: int | None = None
+    hold_back: bool = True
 
     def __post_init__(self) -> None:
         if self.max_in_flight < 1 or self.max_waiting < 1:
@@ -49,6 +54,11 @@ class Limits:
             )
         if self.kv_tokens is not None and self.kv_tokens < 1:
             raise UsageError(f"Limits(kv_tokens={self.kv_tokens}) must be at least 1 or None")
+        if self.kv_tokens is not None and not self.hold_back:
+            raise UsageError(
+                f"Limits(kv_tokens={self.kv_tokens}, hold_back=False): a hold-back budget with "
+                "hold-back off; give one or the other"
+            )
         if self.batch_in_flight is not None and not (
             1 <= self.batch_in_flight <= self.max_in_flight
         ):
@@ -216,6 +226,12 @@ class Admission:
 
     def in_flight(self, resource: str) -> int:
         return self._resources[resource].in_flight
+
+    def set_limits(self, resource: str, limits: Limits) -> None:
+        """`resource`'s limits from now on (the engine derives some from what its server
+        says, once it has asked: `derived_limits`)."""
+        self._resources[resource].limits = limits
+        self._pending = True
 
     def set_share(self, resource: str, slots: int) -> None:
         """This engine may have `slots` calls in flight on `resource` (a limit shared with

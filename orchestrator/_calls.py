@@ -189,6 +189,13 @@ class LLMCalls:
         """(program, task) whose results came (in part) from a record, not from running:
         what such a task took says nothing of what its kind takes (`take_replayed`)."""
 
+    def set_budget(self, backend: str, tokens: int | None) -> None:
+        """`backend`'s hold-back budget from now on (None: no hold-back), before any call."""
+        if tokens is None:
+            self.budgets.pop(backend, None)
+        elif backend not in self.budgets or self.budgets[backend].tokens != tokens:
+            self.budgets[backend] = CacheBudget(tokens)
+
     def mark_replayed(self, program: str, task: str) -> None:
         """The task's result was recalled from a record (`take_replayed` says so once)."""
         self._replayed.add((program, task))

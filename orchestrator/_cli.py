@@ -351,6 +351,10 @@ async def _engine_for(
         )
         async with engine:
             yield engine
+        for name, capacity in engine.capacities.items():
+            figures = (capacity.kv_tokens, capacity.block_tokens, capacity.max_seqs)
+            if any(figure is not None for figure in figures):  # not a wrapper of a fake
+                progress.notes.append(f"backend {name!r}: {capacity.describe()}")
         for name, backend in backends.items():
             describe = getattr(backend, "describe", None)
             if callable(describe):

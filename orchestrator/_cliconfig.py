@@ -92,11 +92,15 @@ def limits_of(
 ) -> dict[str, Limits]:
     """The config's limits, with the command line's bounds laid over every LLM backend's."""
     limits = dict(config.limits) if config is not None else {}
-    given = {"max_in_flight": max_in_flight, "max_waiting": max_waiting}
-    overrides = {field: value for field, value in given.items() if value is not None}
-    if overrides:
-        for name in backends:
-            limits[name] = replace(limits.get(name, Limits()), **overrides)
+    if max_in_flight is None and max_waiting is None:
+        return limits
+    for name in backends:
+        own = limits.get(name, Limits())
+        limits[name] = replace(
+            own,
+            max_in_flight=own.max_in_flight if max_in_flight is None else max_in_flight,
+            max_waiting=own.max_waiting if max_waiting is None else max_waiting,
+        )
     return limits
 
 
@@ -176,9 +180,7 @@ def _no_password(url: str) -> str:
 
 def _limits_text(limits: Limits) -> str:
     text = f"at most {limits.max_in_flight} in flight, {limits.max_waiting} waiting"
-    if limits.kv_tokens is not None:
-        text += f", new programs held back past {limits.kv_tokens} KV tokens"
-    return text
+    return text if limits.hold_back else text + ", no hold-back"
 
 
 def seconds(text: str) -> float:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 import yaml
 from pydantic import (
@@ -39,6 +39,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from ._admission import Limits
+from ._capacity import HOLD_BACK_SHARE
 from ._clock import Clock
 from ._errors import UsageError
 from ._gate import DEFAULT_GATE, DeadlineGate
@@ -57,6 +58,9 @@ class ConfigSection(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
+    retired_keys: ClassVar[Mapping[str, str]] = {}
+    """Keys a table no longer takes, each with what to write instead."""
+
     @model_validator(mode="before")
     @classmethod
     def _known_keys_only(cls, data: Any) -> Any:
@@ -64,14 +68,24 @@ class ConfigSection(BaseModel):
         # and with it every problem of the keys that are known (all in one pass).
         if not isinstance(data, Mapping):
             return data
-        unknown = [key for key in data if key not in cls.model_fields]
-        if not unknown:
+        retired = [key for key in data if key in cls.retired_keys]
+        unknown = [key for key in data if key not in cls.model_fields and key not in retired]
+        if not unknown and not retired:
             return data
-        keys = ", ".join(repr(k) for k in unknown)
-        said = f"unknown key{'s' if len(unknown) > 1 else ''} {keys}; allowed: " + ", ".join(
-            cls.model_fields
-        )
-        errors = [InitErrorDetails(type=_error("value_error", said), loc=(), input=data)]
+        errors = [
+            InitErrorDetails(
+                type=_error("value_error", f"no longer a key: {cls.retired_keys[key]}"),
+                loc=(key,),
+                input=data[key],
+            )
+            for key in retired
+        ]
+        if unknown:
+            keys = ", ".join(repr(k) for k in unknown)
+            said = f"unknown key{'s' if len(unknown) > 1 else ''} {keys}; allowed: " + ", ".join(
+                cls.model_fields
+            )
+            errors.append(InitErrorDetails(type=_error("value_error", said), loc=(), input=data))
         try:
             cls.model_validate({k: v for k, v in data.items() if k in cls.model_fields})
         except ValidationError as exc:
@@ -161,19 +175,29 @@ _DEFAULT_LIMITS = Limits()
 
 
 class LimitsSettings(ConfigSection):
-    """A `limits` table: the bounds of one resource (a backend, `local`, `tools`)."""
+    """A `limits` table: the bounds of one resource (a backend, `local`, `tools`). A
+    backend's hold-back budget is not one of them: the engine derives it from the server's
+    KV cache (`derived_limits`), which the server says or the backend's `kv_cache_tokens`."""
+
+    retired_keys: ClassVar[Mapping[str, str]] = {
+        "kv_tokens": f"the engine holds new programs back at {HOLD_BACK_SHARE:.0%} of the "
+        "server's KV cache, "
+        "read from the server (vLLM, SGLang, llama.cpp); where it does not say it, give the "
+        "backend's kv_cache_tokens (its whole cache, in tokens)"
+    }
 
     max_in_flight: int = Field(default=_DEFAULT_LIMITS.max_in_flight, ge=1)
     max_waiting: int = Field(default=_DEFAULT_LIMITS.max_waiting, ge=1)
-    kv_tokens: int | None = Field(default=None, ge=1)
     batch_in_flight: int | None = Field(default=None, ge=1)
+    hold_back: bool = True
+    """False: never hold new programs back for the server's KV cache."""
 
     def to_limits(self) -> Limits:
         return Limits(
             max_in_flight=self.max_in_flight,
             max_waiting=self.max_waiting,
-            kv_tokens=self.kv_tokens,
             batch_in_flight=self.batch_in_flight,
+            hold_back=self.hold_back,
         )
 
 

@@ -35,6 +35,7 @@ from tenacity import (
 from ._admission import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
 from ._bus import EventBus
 from ._calls import LLMCalls
+from ._capacity import derived_limits, read_capacities
 from ._clock import Clock, SystemClock, VirtualClock, running_clock
 from ._cluster import Cluster, Leases, engine_name
 from ._config import Config, load_config
@@ -60,7 +61,7 @@ from ._gate import DEFAULT_GATE, DeadlineGate, GateStats
 from ._journal import Journal
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._knee import DEFAULT_HEADROOM, Headroom, KneeStats
-from ._llm import LLMBackend, Usage, capabilities
+from ._llm import LLMBackend, ServerCapacity, Usage, capabilities
 from ._open import open_backends, open_store
 from ._registry import Registry
 from ._replay import RunImage
@@ -237,6 +238,10 @@ class Engine:
         for name in backends:
             merged.setdefault(name, Limits())
         merged.update(limits or {})
+        self._given_limits = dict(limits or {})
+        self.capacities: dict[str, ServerCapacity] = {}
+        """What each backend that can say it said of its server's size when the engine
+        started (`CapacityReporting`), and so of the limits derived from it."""
         if gate is not None and not isinstance(gate, DeadlineGate):
             raise UsageError(f"Engine(gate=...) takes a DeadlineGate or None, got {gate!r}")
         # A fixed `Limits.batch_in_flight` holds work back even with headroom=None.
@@ -384,6 +389,7 @@ class Engine:
         if self._clock is None:
             self._clock = running_clock()
         self._clock.check_running_loop()
+        await self._read_capacity()
         tg = asyncio.TaskGroup()
         self.calls.start(self._clock, tg, virtual=isinstance(self._clock, VirtualClock))
         self._services = RunServices(
@@ -952,6 +958,20 @@ class Engine:
         return RunHandle(self, run)
 
     # --- cluster -----------------------------------------------------------------------------
+
+    async def _read_capacity(self) -> None:
+        """Limits the servers tell (`derived_limits`): a server's KV cache sets the backend's
+        hold-back budget and its sequence limit its `max_in_flight`, where the limits given
+        leave them open. Before any call, so nothing admitted is counted twice."""
+        self.capacities = await read_capacities(self.backends)
+        for name, capacity in self.capacities.items():
+            limits = derived_limits(self._given_limits.get(name), capacity)
+            if limits is None:
+                continue
+            self.admission.set_limits(name, limits)
+            self.calls.set_budget(name, limits.kv_tokens)
+            self._llm_limits[name] = limits.max_in_flight
+            self.urgency.set_limit(name, limits.max_in_flight)
 
     def _set_share(self, backend: str, slots: int) -> None:
         if slots != self.admission.share(backend):

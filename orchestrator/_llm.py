@@ -213,6 +213,39 @@ class LoadReport:
         return self.cache_hit_rate
 
 
+@dataclass(frozen=True, slots=True)
+class ServerCapacity:
+    """What a server says of its own size; a field is None where it does not say.
+
+    `kv_tokens`: its KV cache in tokens (all its data-parallel ranks together).
+    `block_tokens`: its KV block in tokens (the prefix cache's granularity). `max_seqs`: the
+    sequences it runs at once. `source`: where the server said it (the request and the
+    field), empty where it said nothing. `kv_from_config`: `kv_tokens` is the backend's
+    configured `kv_cache_tokens`, since the server did not say its own. `keeps_kv`: the
+    server keeps a paused program's KV for as long as plait asks (SGLang sessions, the
+    simulator, vllm-continuum's pin), so nothing need hold new programs back for it.
+    """
+
+    kv_tokens: int | None = None
+    block_tokens: int | None = None
+    max_seqs: int | None = None
+    source: str = ""
+    kv_from_config: bool = False
+    keeps_kv: bool = False
+
+    def describe(self) -> str:
+        """Each figure and where it comes from (for run summaries and logs)."""
+        if self.kv_tokens is None:
+            kv = "KV cache unknown (set kv_cache_tokens)"
+        else:
+            config = " (kv_cache_tokens in the config)" if self.kv_from_config else ""
+            kv = f"KV cache {self.kv_tokens:,} tokens{config}"
+        block = f"blocks of {self.block_tokens}" if self.block_tokens else "block unknown"
+        seqs = f"{self.max_seqs} sequences at once" if self.max_seqs else "sequences unknown"
+        said = f"read from {self.source}" if self.source else "the server said none of it"
+        return f"{kv}, {block}, {seqs}; {said}"
+
+
 # --- capabilities ---------------------------------------------------------------------------
 # An optional feature of a backend is its own small protocol, checked once when the engine
 # starts (`capabilities`), never looked up with getattr per call. A wrapper (a router, a
@@ -239,6 +272,16 @@ class LoadReporting(Protocol):
     """A backend that can say how busy its server is (from the server's own metrics)."""
 
     async def load(self) -> LoadReport: ...
+
+
+@runtime_checkable
+class CapacityReporting(Protocol):
+    """A backend that can say how big its server is (its KV cache, its KV block, the
+    sequences it runs at once), from the server's own answer or, where the server does not
+    say, its configuration. Asked once, when the engine starts; it answers within a short
+    timeout and never raises for a server that is down or says nothing (None fields)."""
+
+    async def capacity(self) -> ServerCapacity: ...
 
 
 @runtime_checkable
@@ -281,6 +324,7 @@ class Capabilities:
     isolates_failures: bool = False
     needs_wall_clock: bool = False
     isolates_urgent: bool = False
+    capacity_reporting: bool = False
 
 
 def capabilities(backend: object) -> Capabilities:
@@ -293,6 +337,7 @@ def capabilities(backend: object) -> Capabilities:
         isolates_failures=isinstance(backend, FailureIsolating) and backend.isolates_failures(),
         needs_wall_clock=isinstance(backend, WallClockBackend) and backend.needs_wall_clock(),
         isolates_urgent=isinstance(backend, UrgentIsolating) and backend.isolates_urgent(),
+        capacity_reporting=isinstance(backend, CapacityReporting),
     )
 
 
@@ -300,6 +345,7 @@ class WrappedBackend(
     ProgramAware,
     HealthChecked,
     LoadReporting,
+    CapacityReporting,
     FailureIsolating,
     UrgentIsolating,
     WallClockBackend,
@@ -352,6 +398,12 @@ class WrappedBackend(
         if isinstance(self.backend, LoadReporting):
             return await self.backend.load()
         return LoadReport()
+
+    async def capacity(self) -> ServerCapacity:
+        """The backend's capacity; one of unknowns if it reports none."""
+        if isinstance(self.backend, CapacityReporting):
+            return await self.backend.capacity()
+        return ServerCapacity()
 
     def inner_description(self) -> str | None:
         describe = getattr(self.backend, "describe", None)

@@ -201,6 +201,13 @@ class UrgencyController:
         """Whether the deadline gate holds `run` (nothing of it may start yet)."""
         return self.gate is not None and self.gate.holds(run)
 
+    def set_limit(self, backend: str, limit: int) -> None:
+        """`backend`'s in-flight limit is now `limit` (read from its server at start)."""
+        if (knee := self.knees.get(backend)) is not None:
+            knee.limit = limit
+        if backend in self.reserve_caps and self.headroom is not None:
+            self.reserve_caps[backend] = reserve_cap(limit, self.headroom)
+
     # --- deciding ----------------------------------------------------------------------------
 
     def submitted_late_cancel(self, run: Live, budget_s: float, now: float) -> Shed | None:

@@ -7,6 +7,7 @@ from ._errors import BackendOverloadedError, BackendRequestError, BackendUnavail
 from ._events import ActionSpec, WorkflowStatus
 from ._journal import read_events
 from ._llm import (
+    CapacityReporting,
     FailureIsolating,
     HealthChecked,
     LoadReport,
@@ -14,6 +15,7 @@ from ._llm import (
     OutputSchema,
     ProgramAware,
     Sampling,
+    ServerCapacity,
     ToolSpec,
     UrgentIsolating,
     WallClockBackend,
@@ -66,6 +68,7 @@ __all__ = [
     "Sampling", "ToolSpec", "OutputSchema",
     "BackendOverloadedError", "BackendRequestError", "BackendUnavailableError",
     "HealthChecked", "LoadReporting", "LoadReport", "ProgramAware", "FailureIsolating",
+    "CapacityReporting", "ServerCapacity",
     "UrgentIsolating", "WallClockBackend", "WrappedBackend",
     # a config file's backend kinds (`kind = "..."`, the `plait.backends` entry points)
     "BackendKind", "ConfigSection",

@@ -40,11 +40,13 @@ from orchestrator import (
 )
 from orchestrator._llm import Capabilities, capabilities
 from orchestrator.ext import (
+    CapacityReporting,
     FailureIsolating,
     HealthChecked,
     LoadReport,
     LoadReporting,
     ProgramAware,
+    ServerCapacity,
 )
 
 MAX_TOKENS = 8
@@ -370,6 +372,8 @@ def test_declared_capabilities_hold(clock: VirtualClock, subject: Make) -> None:
                 await backend.check()  # healthy: passes
             if isinstance(backend, LoadReporting):
                 assert isinstance(await backend.load(), LoadReport)
+            if isinstance(backend, CapacityReporting):
+                assert isinstance(await backend.capacity(), ServerCapacity)
             if isinstance(backend, ProgramAware):
                 await backend.program_done("no-such-program")  # harmless
             if isinstance(backend, FailureIsolating):

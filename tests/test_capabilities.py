@@ -3,6 +3,8 @@ capability and forward each to the backends that declare it, found once by proto
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from executors import FunctionLLM, OpenAIBackend, PrefixGrouper, Router, echo
@@ -47,14 +49,16 @@ def test_wrappers_declare_every_capability_and_answer_as_what_they_wrap() -> Non
     assert capabilities(fake) == Capabilities()
     assert capabilities(Router({"a": fake})) == EVERYTHING
     # A grouper forwards what its backend has; over one without, check() passes and load()
-    # says nothing, and isolates_failures() and needs_wall_clock() answer as the backend.
-    forwarding = Capabilities(program_aware=True, health_checked=True, load_reporting=True)
-    assert capabilities(PrefixGrouper(fake)) == forwarding
-    assert capabilities(PrefixGrouper(Router({"a": fake}))) == EVERYTHING
-    remote = OpenAIBackend("http://gpu:8000/v1")
-    declared = Capabilities(
-        program_aware=True, health_checked=True, load_reporting=True, needs_wall_clock=True
+    # and capacity() say nothing, and isolates_failures() and needs_wall_clock() answer as
+    # the backend.
+    forwarding = Capabilities(
+        program_aware=True, health_checked=True, load_reporting=True, capacity_reporting=True
     )
+    assert capabilities(PrefixGrouper(fake)) == forwarding
+    grouped = capabilities(PrefixGrouper(Router({"a": fake})))
+    assert grouped == replace(EVERYTHING, capacity_reporting=True)
+    remote = OpenAIBackend("http://gpu:8000/v1")
+    declared = replace(forwarding, needs_wall_clock=True)
     assert capabilities(remote) == declared
     assert capabilities(PrefixGrouper(remote)) == declared
     assert capabilities(Router({"a": remote, "b": fake})).needs_wall_clock

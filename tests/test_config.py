@@ -21,6 +21,7 @@ from executors import OpenAIBackend, PrefixGrouper, Router, SimServer, backends_
 from orchestrator import (
     Config,
     Hints,
+    Limits,
     LLMRequest,
     Message,
     UsageError,
@@ -47,7 +48,8 @@ model = "llama"
 api_key_env = "PLAIT_TEST_KEY"
 timeout_s = 30
 slots = 4
-limits = { max_in_flight = 8, max_waiting = 100, kv_tokens = 50000 }
+kv_cache_tokens = 50000
+limits = { max_in_flight = 8, max_waiting = 100 }
 
 [backends.pool]
 kind = "router"
@@ -57,7 +59,7 @@ block_tokens = 32
 max_imbalance = 2.0
 readmit_after_s = 5
 health_interval_s = 0
-cache_blocks = 4096
+kv_cache_tokens = 131072
 group_prefixes = true
 
 [[backends.pool.endpoints]]
@@ -69,6 +71,7 @@ url = "http://gpu2:8000/v1"
 name = "two"
 dialect = "vllm"
 timeout_s = 10
+kv_cache_tokens = 262144
 
 [backends.sim]
 kind = "sim"
@@ -91,7 +94,8 @@ backends:
     api_key_env: PLAIT_TEST_KEY
     timeout_s: 30
     slots: 4
-    limits: {max_in_flight: 8, max_waiting: 100, kv_tokens: 50000}
+    kv_cache_tokens: 50000
+    limits: {max_in_flight: 8, max_waiting: 100}
   pool:
     kind: router
     dialect: sglang
@@ -100,11 +104,12 @@ backends:
     max_imbalance: 2.0
     readmit_after_s: 5
     health_interval_s: 0
-    cache_blocks: 4096
+    kv_cache_tokens: 131072
     group_prefixes: true
     endpoints:
       - {url: "http://gpu1:8000/v1", name: one}
-      - {url: "http://gpu2:8000/v1", name: two, dialect: vllm, timeout_s: 10}
+      - {url: "http://gpu2:8000/v1", name: two, dialect: vllm, timeout_s: 10,
+         kv_cache_tokens: 262144}
   sim: {kind: sim, profile: cpu-tiny, seed: 7, replicas: 3}
 limits:
   tools: {max_in_flight: 2}
@@ -133,7 +138,7 @@ def test_toml_and_yaml_read_to_the_same_config(tmp_path: Path) -> None:
     assert toml.engine.policy == "slack" and toml.engine.clock == "virtual"
     assert [b.kind.name for b in toml.backends.values()] == ["openai", "router", "sim"]
     assert toml.limits["gpu"].max_in_flight == 8 and toml.limits["gpu"].max_waiting == 100
-    assert toml.limits["gpu"].kv_tokens == 50000 and toml.limits["tools"].kv_tokens is None
+    assert toml.backends["gpu"].settings.kv_cache_tokens == 50000  # type: ignore[attr-defined]
     assert toml.limits["tools"].max_in_flight == 2
     assert "pool" not in toml.limits  # no limits given: the engine's defaults apply
 
@@ -238,7 +243,7 @@ def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
         (
             '[backends.gpu]\nkind = "openai"\nurl = "http://x/v1"\ndialekt = "vllm"\n',
             "backends.gpu: unknown key 'dialekt'; allowed: url, dialect, model, api_key, "
-            "api_key_env, timeout_s, slots",
+            "api_key_env, timeout_s, slots, kv_cache_tokens",
         ),
         (
             '[engine]\npolicy = "lifo"\n',
@@ -312,6 +317,28 @@ def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
             '[engine]\ngate = "off"\n',
             "engine.gate: give false (no gate) or a table of its settings, not 'off'",
         ),
+        (
+            '[backends.r]\nkind = "router"\nurls = ["http://a/v1"]\ncache_blocks = 4096\n',
+            "backends.r.cache_blocks: no longer a key: the router reads each server's KV cache "
+            "from the server (vLLM, SGLang, llama.cpp); where a server does not say it, give "
+            "kv_cache_tokens, in tokens (cache_blocks x block_tokens)",
+        ),
+        (
+            '[backends.gpu]\nkind = "openai"\nurl = "http://x/v1"\n'
+            "limits = { kv_tokens = 50000, max_in_fligt = 2 }\n",
+            "backends.gpu.limits.kv_tokens: no longer a key: the engine holds new programs back "
+            "at 80% of the server's KV cache",
+        ),
+        (
+            '[backends.gpu]\nkind = "openai"\nurl = "http://x/v1"\nkv_cache_tokens = 0\n',
+            "backends.gpu.kv_cache_tokens: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            '[backends.r]\nkind = "router"\nendpoints = [{url = "http://a/v1", '
+            "kv_cache_tokens = 100000000000000}]\n",
+            "backends.r.endpoints[0].kv_cache_tokens: Input should be less than or equal to "
+            "10000000000",
+        ),
         ("[backend.s]\n", "unknown key 'backend'; allowed: engine, backends, limits"),
         ("backends = 3\n", "backends: Input should be a valid dictionary (got 3)"),
     ],
@@ -361,13 +388,18 @@ def test_backends_are_built_as_configured(tmp_path: Path, monkeypatch: pytest.Mo
     assert pool.policy.max_imbalance == 2.0
     assert pool.health_interval_s is None  # 0 in the file: no probes
     assert pool.tokenize is None
-    assert pool.policy.blocks_per_replica == 4096
+    assert pool.policy.blocks_per_replica == 4096  # the smaller member's 131,072 tokens / 32
     one, two = pool.backends
     assert isinstance(one, OpenAIBackend) and isinstance(two, OpenAIBackend)
     # What a member leaves out it takes from the router's table.
     assert (one.base_url, one.dialect, one.model) == ("http://gpu1:8000/v1", "sglang", "llama")
     assert (two.base_url, two.dialect, two.model) == ("http://gpu2:8000/v1", "vllm", "llama")
     assert one.name == "pool/one"
+    assert (gpu.kv_cache_tokens, one.kv_cache_tokens, two.kv_cache_tokens) == (
+        50000,
+        131072,
+        262144,
+    )
 
     sims = built["sim"]
     assert isinstance(sims, Router)
@@ -619,8 +651,17 @@ def test_config_check_prints_the_resolved_backends(
     assert text.splitlines()[:2] == [f"{path}: valid", "engine: policy slack, clock virtual"]
     assert (
         "backend 'gpu' (openai): vllm endpoint http://gpu0:8000/v1, model llama, "
-        "key from $PLAIT_TEST_KEY (set), timeout 30 s, 4 slots\n"
-        "  limits: at most 8 in flight, 100 waiting, new programs held back past 50000 KV tokens\n"
+        "key from $PLAIT_TEST_KEY (set), timeout 30 s, 4 slots; capacity: KV cache and block "
+        "read from GET http://gpu0:8000/metrics as the run starts, else kv_cache_tokens 50,000; "
+        "new programs are held back as paused ones fill it\n"
+        "  limits: at most 8 in flight, 100 waiting\n"
+    ) in text
+    assert (
+        "  one: sglang endpoint http://gpu1:8000/v1, model llama, no key, timeout 600 s; "
+        "capacity: KV cache, page and running-request cap (max_in_flight where no limits are "
+        "set) read from GET http://gpu1:8000/server_info or GET "
+        "http://gpu1:8000/get_server_info as the run starts, else kv_cache_tokens 131,072; "
+        "no hold-back: the server keeps paused programs' KV itself\n"
     ) in text
     assert "backend 'pool' (router): router over 2 endpoint(s), blocks of 32 tokens" in text
     assert "  two: vllm endpoint http://gpu2:8000/v1, model llama, no key, timeout 10 s" in text
@@ -980,3 +1021,15 @@ def test_config_check_of_a_serve_config_shows_no_store_password(tmp_path: Path) 
     assert main(["config", "check", str(path)], out=out) == 0
     assert "store postgresql://plait:***@db:5432/runs" in out.getvalue()
     assert "secret" not in out.getvalue()
+
+
+def test_hold_back_is_derived_unless_a_backends_limits_turn_it_off(tmp_path: Path) -> None:
+    text = (
+        '[backends.gpu]\nkind = "openai"\nurl = "http://gpu0:8000/v1"\ndialect = "vllm"\n'
+        "limits = { max_in_flight = 8, hold_back = false }\n"
+    )
+    config = load_config(write(tmp_path, "p.toml", text))
+    assert config.limits["gpu"] == Limits(8, hold_back=False)
+    out = io.StringIO()
+    assert main(["config", "check", str(tmp_path / "p.toml")], out=out) == 0
+    assert "  limits: at most 8 in flight, 100000 waiting, no hold-back\n" in out.getvalue()

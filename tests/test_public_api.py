@@ -35,6 +35,7 @@ EXPECTED = {
         "Sampling", "ToolSpec", "OutputSchema",
         "BackendOverloadedError", "BackendRequestError", "BackendUnavailableError",
         "HealthChecked", "LoadReporting", "LoadReport", "ProgramAware", "FailureIsolating",
+        "CapacityReporting", "ServerCapacity",
         "UrgentIsolating", "WallClockBackend", "WrappedBackend",
         "BackendKind", "ConfigSection",
         "running_clock",

@@ -21,9 +21,15 @@ from aiohttp.test_utils import TestServer
 from test_examples import load
 
 from agents import Agent
-from executors import OpenAIBackend, SimHTTP, SimServer
+from executors import PROFILES, OpenAIBackend, SimHTTP, SimServer
 from executors._simengine import SimRequest
-from orchestrator import Engine, RunResult, VirtualClock, Workflow
+from orchestrator import (
+    Engine,
+    RunResult,
+    VirtualClock,
+    Workflow,
+)
+from orchestrator.ext import LoadReport, ServerCapacity
 
 SYSTEM = "You answer questions about GPUs. " * 30
 
@@ -113,6 +119,43 @@ def test_metrics_speak_vllms_names(clock: VirtualClock) -> None:
     assert values["vllm:num_requests_running"] == 0
     assert values["vllm:num_requests_waiting"] == 0
     assert 0 <= values["vllm:kv_cache_usage_perc"] <= 1
+
+
+@pytest.mark.parametrize("profile", ["h100-llama3-8b", "cpu-tiny"])
+def test_its_cache_size_is_read_from_its_metrics_as_from_vllm(profile: str) -> None:
+    """End to end on a free port: `OpenAIBackend.capacity()` reads the simulated server's
+    `vllm:cache_config_info` as it would a real vLLM's, in either dialect."""
+
+    async def main() -> tuple[list[ServerCapacity], LoadReport, dict[str, Any], str]:
+        async with SimServer(profile) as sim:
+            server = TestServer(SimHTTP(sim).app(), host="127.0.0.1", port=0)
+            await server.start_server()
+            url = str(server.make_url("/v1"))
+            try:
+                said = []
+                for dialect in ("sim", "vllm"):
+                    async with OpenAIBackend(url, dialect=dialect, local=True) as llm:
+                        said.append(await llm.capacity())
+                        load = await llm.load()  # the info gauge leaves the load as it was
+                async with aiohttp.ClientSession() as http, http.get(f"{url}/models") as answer:
+                    models = await answer.json()
+            finally:
+                await server.close()
+        return said, load, models, url
+
+    said, load, models, url = VirtualClock().run(main())
+    p = PROFILES[profile]
+    root = url.removesuffix("/v1")
+    for capacity in said:
+        assert (capacity.kv_tokens, capacity.block_tokens) == (
+            p.num_blocks * p.block_size,
+            p.block_size,
+        )
+        assert capacity.max_seqs is None  # vLLM does not say it: nor does its likeness
+        assert capacity.source == f"GET {root}/metrics" and not capacity.kv_from_config
+    assert [c.keeps_kv for c in said] == [True, False]  # the simulator hears keep-alive
+    assert load == LoadReport(0, 0, 0.0, 0, 0)
+    assert models["data"][0]["max_model_len"] == p.max_model_len
 
 
 def test_bad_requests_get_400_with_the_field_and_the_server_goes_on(clock: VirtualClock) -> None:

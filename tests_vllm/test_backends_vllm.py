@@ -29,7 +29,7 @@ from orchestrator import (
     Usage,
     Workflow,
 )
-from orchestrator.ext import OutputSchema
+from orchestrator.ext import OutputSchema, ServerCapacity
 
 MODEL = "tiny"
 
@@ -73,10 +73,12 @@ def test_a_late_urgent_call_overtakes_queued_low_urgency_calls(
 
     async def main() -> tuple[float, list[str], Usage]:
         # Every call goes straight to the server: the queue that must honour priorities is
-        # vLLM's, not plait's admission.
+        # vLLM's, not plait's admission (no hold-back, which the engine would otherwise
+        # derive from the server's cache size).
+        limits = {"default": Limits(256, hold_back=False)}
         async with (
             backend(vllm_small_cache) as llm,
-            Engine(backends={"default": llm}, limits={"default": Limits(256)}) as engine,
+            Engine(backends={"default": llm}, limits=limits) as engine,
             httpx.AsyncClient() as http,
         ):
 
@@ -382,3 +384,35 @@ def test_a_new_lane_is_cleared_of_batch_calls_on_the_server(vllm_pair: list[VLLM
     assert moved >= 1, report
     assert left == 0, f"the lane's server still holds {left} requests; {report}"
     assert answered[0] == ["q"], report  # every batch call that was there went elsewhere
+
+
+# --- (g) the server's size, read from it ---------------------------------------------------------
+
+
+def test_the_backend_reads_vllms_cache_size_from_its_metrics(
+    vllm_small_cache: VLLMServer,
+) -> None:
+    """`vllm:cache_config_info` on a real vLLM: its KV cache (64 blocks of 128 tokens at
+    0.125 GiB) and block, which the engine turns into a hold-back budget of 80% of it."""
+
+    async def main() -> tuple[ServerCapacity, Engine]:
+        async with backend(vllm_small_cache) as llm:
+            said = await llm.capacity()
+            async with Engine(backends={"default": llm}) as engine:
+                return said, engine
+
+    said, engine = asyncio.run(main())
+    root = vllm_small_cache.url
+    assert said.source == f"GET {root}/metrics", said
+    assert said.block_tokens == BLOCK_TOKENS
+    assert said.kv_tokens == 64 * BLOCK_TOKENS
+    assert said.max_seqs is None and not said.keeps_kv and not said.kv_from_config
+    # What vLLM logged at start-up, where this test started it, says the same.
+    logged = [
+        m
+        for line in vllm_small_cache.log
+        for m in re.findall(r"KV cache size: ([\d,]+) tokens", line)
+    ]
+    assert all(int(m.replace(",", "")) == said.kv_tokens for m in logged), logged
+    assert engine.capacities == {"default": said}
+    assert engine.calls.budgets["default"].tokens == int(said.kv_tokens * 0.8)
