@@ -14,11 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ._errors import OverloadedError, UsageError
-
-DEFAULT_FUNCTION_RESOURCE = "local"
-"""The resource a Python function task is admitted on unless it names another."""
-DEFAULT_TOOL_RESOURCE = "tools"
-"""The resource a tool call is admitted on unless it names another."""
+from ._llm import DEFAULT_FUNCTION_RESOURCE, DEFAULT_TOOL_RESOURCE
 
 
 @dataclass(frozen=True, slots=True)

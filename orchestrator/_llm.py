@@ -19,6 +19,10 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 DEFAULT_BACKEND = "default"
 """The backend an LLM task uses unless it names another."""
+DEFAULT_FUNCTION_RESOURCE = "local"
+"""The resource a Python function task is admitted on unless it names another."""
+DEFAULT_TOOL_RESOURCE = "tools"
+"""The resource a tool call is admitted on unless it names another."""
 
 
 @dataclass(frozen=True, slots=True)

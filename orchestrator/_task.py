@@ -15,10 +15,9 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, runtime_checkable
 
-from ._admission import DEFAULT_FUNCTION_RESOURCE, DEFAULT_TOOL_RESOURCE
 from ._errors import ResultNotSerializableError, UsageError
 from ._events import ActionSpec, TaskOptions, TaskState
-from ._llm import DEFAULT_BACKEND, LLMRequest
+from ._llm import DEFAULT_BACKEND, DEFAULT_FUNCTION_RESOURCE, DEFAULT_TOOL_RESOURCE, LLMRequest
 from ._runner import Runner, runner_spec
 from ._text import MAX_NESTING, first_unstorable, key_text
 
