@@ -45,7 +45,7 @@ from orchestrator import (
     RunHandle,
     VirtualClock,
 )
-from orchestrator._slots import LocalSlots
+from orchestrator.cluster._slots import LocalSlots
 from workloads import Program
 
 PER_REPLICA_IN_FLIGHT = 256

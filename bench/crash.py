@@ -505,7 +505,7 @@ def audit(events: Sequence[dict[str, Any]]) -> LogAudit:
 async def check(store: Any, names: Sequence[str], expected: Any) -> dict[str, Any]:
     """Every name run exactly once, succeeded, with the expected results and a whole log."""
     from orchestrator import EVENT_ADAPTER, UsageError
-    from orchestrator._replay import rebuild
+    from orchestrator.durability._replay import rebuild
     from orchestrator.ext import read_events
 
     rows = await store.workflows(limit=len(names) * 10 + 100)

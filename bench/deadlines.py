@@ -81,8 +81,8 @@ from _harness import (  # noqa: E402
 
 from executors import Router, SimServer, get_profile  # noqa: E402
 from orchestrator import Clock, DeadlineGate, Engine, Headroom, KeepAlive, Limits, LLMBackend  # noqa: E402
-from orchestrator._gate import DEFAULT_GATE, GateStats  # noqa: E402
-from orchestrator._knee import DEFAULT_HEADROOM, KneeStats  # noqa: E402
+from orchestrator.admission._gate import DEFAULT_GATE, GateStats  # noqa: E402
+from orchestrator.admission._knee import DEFAULT_HEADROOM, KneeStats  # noqa: E402
 from workloads import LLMStep, Program, batch_programs, sql_programs  # noqa: E402
 
 PROFILE = "h100-llama3-8b"

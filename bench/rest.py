@@ -116,7 +116,7 @@ def serve_command(config: Path) -> list[str]:
     plait = Path(sys.executable).with_name("plait")
     if plait.exists():
         return [str(plait), "serve", "--config", str(config)]
-    entry = "from orchestrator._cli import _entry; _entry()"
+    entry = "from orchestrator.cli._cli import _entry; _entry()"
     return [sys.executable, "-c", entry, "serve", "--config", str(config)]
 
 

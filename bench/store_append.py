@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from memory import SQLStore
-from orchestrator._journal import Journal
+from orchestrator.durability._journal import Journal
 
 RESULT = {"text": "a short answer " * 8, "usage": {"prompt": 120, "completion": 30}}
 

@@ -720,7 +720,7 @@ class SQLStore(RetainingStore, LeaseStore, CancelStore, KeyStore):
         lease_s: float,
     ) -> int:
         """This engine's share of `backend`'s limit among the live engines (the slots
-        table, one transaction; see `orchestrator._slots.SharedLimits`)."""
+        table, one transaction; see `orchestrator.cluster._slots.SharedLimits`)."""
         c = t.slots.c
         async with self._write() as conn:
             if self._sqlite:

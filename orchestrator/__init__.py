@@ -6,13 +6,23 @@ runners, notifiers, actions and policies need besides (`executors`, `agents` and
 such implementers and import only from these two).
 """
 
-from ._admission import Limits
-from ._clock import Clock, SystemClock, VirtualClock
-from ._cluster import Cluster
-from ._config import Config, load_config
-from ._context import TaskContext
-from ._engine import Engine, EngineStats, ResumeReport, RunHandle
-from ._errors import (
+from .admission._gate import DeadlineGate
+from .admission._knee import Headroom
+from .admission._queue import Limits
+from .cluster._cluster import Cluster
+from .durability._registry import Registry
+from .durability._resume import ResumePlan
+from .durability._retention import Retention
+from .durability._store import StoreError, StoreVersionError
+from .engine._config import Config, load_config
+from .engine._context import TaskContext
+from .engine._engine import Engine, EngineStats, ResumeReport, RunHandle
+from .engine._keepalive import KeepAlive
+from .engine._resilience import Breaker, CallRetry
+from .engine._run import RunResult
+from .engine._sync import run_sync
+from .model._clock import Clock, SystemClock, VirtualClock
+from .model._errors import (
     BackendError,
     CircuitOpenError,
     CycleError,
@@ -29,7 +39,7 @@ from ._errors import (
     UsageError,
     WorkflowFailedError,
 )
-from ._events import (
+from .model._events import (
     EVENT_ADAPTER,
     CallRetrying,
     DeadlineHopeless,
@@ -51,20 +61,10 @@ from ._events import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from ._gate import DeadlineGate
-from ._keepalive import KeepAlive
-from ._knee import Headroom
-from ._llm import Hints, LLMBackend, LLMRequest, LLMResponse, Message, ToolCall, Usage
-from ._registry import Registry
-from ._resilience import Breaker, CallRetry
-from ._resume import ResumePlan
-from ._retention import Retention
-from ._run import RunResult
-from ._store import StoreError, StoreVersionError
-from ._sync import run_sync
-from ._task import Retry, Task
-from ._template import Template
-from ._workflow import Workflow
+from .model._llm import Hints, LLMBackend, LLMRequest, LLMResponse, Message, ToolCall, Usage
+from .model._task import Retry, Task
+from .model._template import Template
+from .model._workflow import Workflow
 
 __all__ = [
     # workflows, the engine, runs and resuming them

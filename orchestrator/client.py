@@ -37,9 +37,9 @@ import aiohttp
 import pydantic
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential
 
-from ._clock import Clock, SystemClock
-from ._errors import PlaitError, UsageError
-from ._events import EVENT_ADAPTER, Event
+from .model._clock import Clock, SystemClock
+from .model._errors import PlaitError, UsageError
+from .model._events import EVENT_ADAPTER, Event
 from .service._spec import (
     Accepted,
     AddTasks,

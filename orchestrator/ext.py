@@ -1,34 +1,13 @@
 """What implementers of LLM backends, stores, runners, notifiers, actions and policies need."""
 
-from ._clock import running_clock
-from ._config import BackendKind, ConfigSection
-from ._context import WorkflowEditor
-from ._errors import BackendOverloadedError, BackendRequestError, BackendUnavailableError
-from ._events import ActionSpec, WorkflowStatus
-from ._journal import read_events
-from ._llm import (
-    CapacityReporting,
-    FailureIsolating,
-    HealthChecked,
-    LoadReport,
-    LoadReporting,
-    OutputSchema,
-    ProgramAware,
-    Sampling,
-    ServerCapacity,
-    ToolSpec,
-    UrgentIsolating,
-    WallClockBackend,
-    WrappedBackend,
-)
-from ._notify import Notifier
-from ._registry import Composite, Rebuildable, RebuildError
-from ._replay import RunImage, TaskImage, rebuild
-from ._retention import compactable
-from ._runner import Runner
-from ._scheduler import Policy, ProgramView
-from ._slots import SlotBroker, SlotRow, allot
-from ._store import (
+from .admission._scheduler import Policy, ProgramView
+from .cluster._notify import Notifier
+from .cluster._slots import SlotBroker, SlotRow, allot
+from .durability._journal import read_events
+from .durability._registry import Composite, Rebuildable, RebuildError
+from .durability._replay import RunImage, TaskImage, rebuild
+from .durability._retention import compactable
+from .durability._store import (
     BatchRefusedError,
     CallRecord,
     CancelStore,
@@ -46,7 +25,28 @@ from ._store import (
     WorkflowRow,
     unstorable,
 )
-from ._task import (
+from .engine._config import BackendKind, ConfigSection
+from .engine._context import WorkflowEditor
+from .model._clock import running_clock
+from .model._errors import BackendOverloadedError, BackendRequestError, BackendUnavailableError
+from .model._events import ActionSpec, WorkflowStatus
+from .model._llm import (
+    CapacityReporting,
+    FailureIsolating,
+    HealthChecked,
+    LoadReport,
+    LoadReporting,
+    OutputSchema,
+    ProgramAware,
+    Sampling,
+    ServerCapacity,
+    ToolSpec,
+    UrgentIsolating,
+    WallClockBackend,
+    WrappedBackend,
+)
+from .model._runner import Runner
+from .model._task import (
     DEFAULT_BACKEND,
     DEFAULT_FUNCTION_RESOURCE,
     DEFAULT_TOOL_RESOURCE,

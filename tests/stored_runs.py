@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import EVENT_ADAPTER
-from orchestrator._journal import Journal
+from orchestrator.durability._journal import Journal
 from orchestrator.ext import RunImage, Store, WorkflowRow, WorkflowStatus, read_events, rebuild
 
 GOLDEN = Path(__file__).parent / "golden" / "replay_run.jsonl"

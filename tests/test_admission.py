@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from orchestrator import Limits, OverloadedError, UsageError
-from orchestrator._admission import Admission
+from orchestrator.admission._queue import Admission
 
 
 @dataclass

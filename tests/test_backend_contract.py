@@ -38,7 +38,6 @@ from orchestrator import (
     Message,
     VirtualClock,
 )
-from orchestrator._llm import Capabilities, capabilities
 from orchestrator.ext import (
     CapacityReporting,
     FailureIsolating,
@@ -48,6 +47,7 @@ from orchestrator.ext import (
     ProgramAware,
     ServerCapacity,
 )
+from orchestrator.model._llm import Capabilities, capabilities
 
 MAX_TOKENS = 8
 HINTS = Hints("contract")

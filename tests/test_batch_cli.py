@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 
 HERE = Path(__file__).resolve().parent
 BACKEND = f"{HERE / 'batch_support.py'}:backends"
@@ -110,7 +110,7 @@ def test_killed_batch_resumes_without_repeating_rows_or_calls(tmp_path: Path) ->
     out = tmp_path / "out.jsonl"
     log = tmp_path / "calls.log"
     command = [
-        sys.executable, "-c", "from orchestrator._cli import main; raise SystemExit(main())",
+        sys.executable, "-c", "from orchestrator.cli._cli import main; raise SystemExit(main())",
         "batch", "run", "--input", str(src),
         "--output", str(out), "--backend", BACKEND, "--max-running", "4", "--progress", "none",
     ]  # fmt: skip
@@ -164,7 +164,7 @@ def test_the_batch_engines_deadline_gate_comes_from_the_config(
     """`plait batch run --config` builds its engine with the file's `[engine.gate]` (or
     none with `gate = false`), as `plait run` and `plait serve` do."""
     from orchestrator import DeadlineGate
-    from orchestrator._gate import DEFAULT_GATE
+    from orchestrator.admission._gate import DEFAULT_GATE
     from orchestrator.batch import _cli as batch_cli
 
     settings = {"tuned": DeadlineGate(late_in_flight=1, likely=0.8), "default": DEFAULT_GATE}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "doc_analytics.py"

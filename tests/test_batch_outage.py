@@ -16,7 +16,6 @@ from aiohttp import web
 from agents import Agent
 from executors import FunctionLLM, OpenAIBackend, Router, SimHTTP, SimServer
 from orchestrator import Breaker, Engine, Hints, Limits, LLMRequest, VirtualClock, Workflow
-from orchestrator._resilience import CircuitBreaker
 from orchestrator.batch import (
     BATCH_BREAKER,
     BatchJob,
@@ -27,6 +26,7 @@ from orchestrator.batch import (
     sink_for,
 )
 from orchestrator.batch._cli import _line
+from orchestrator.engine._resilience import CircuitBreaker
 from orchestrator.ext import BackendRequestError, BackendUnavailableError, running_clock
 
 ROWS = 300

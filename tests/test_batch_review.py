@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator._cli import main
 from orchestrator.batch import read_rows
+from orchestrator.cli._cli import main
 
 HERE = Path(__file__).resolve().parent
 BACKEND = f"{HERE / 'batch_support.py'}:backends"

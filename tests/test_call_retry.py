@@ -30,7 +30,7 @@ from orchestrator import (
     Workflow,
     WorkflowFinished,
 )
-from orchestrator._resilience import CircuitBreaker
+from orchestrator.engine._resilience import CircuitBreaker
 from orchestrator.ext import BackendOverloadedError, BackendRequestError, BackendUnavailableError
 
 AGENT = Agent("a", "You answer.")

@@ -9,8 +9,8 @@ import pytest
 
 from executors import FunctionLLM, OpenAIBackend, PrefixGrouper, Router, echo
 from orchestrator import Engine, LLMRequest, Message, VirtualClock
-from orchestrator._llm import Capabilities, capabilities
 from orchestrator.ext import BackendUnavailableError, FailureIsolating, LoadReport
+from orchestrator.model._llm import Capabilities, capabilities
 
 REQUEST = LLMRequest((Message("user", "hello"),), "m", max_tokens=4)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 from orchestrator.service import hash_token
 
-PLAIT = [sys.executable, "-c", "from orchestrator._cli import main; raise SystemExit(main())"]
+PLAIT = [sys.executable, "-c", "from orchestrator.cli._cli import main; raise SystemExit(main())"]
 
 
 def plait(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "durable_pipeline.py"
-PLAIT = [sys.executable, "-c", "from orchestrator._cli import main; raise SystemExit(main())"]
+PLAIT = [sys.executable, "-c", "from orchestrator.cli._cli import main; raise SystemExit(main())"]
 
 
 def plait(*args: str, crash: bool = False) -> subprocess.CompletedProcess[str]:
@@ -151,7 +151,7 @@ def test_the_research_team_example_runs_and_resumes_from_its_store(
     is rebuilt from the store, keeps what had finished and sends only the writer's call."""
     from executors import FunctionLLM
     from orchestrator import Engine, LLMRequest
-    from orchestrator._cli import check_resumable, load_module, open_store, registry_of
+    from orchestrator.cli._cli import check_resumable, load_module, open_store, registry_of
 
     path = str(ROOT / "examples" / "research_team.py")
     team = load_module(path)

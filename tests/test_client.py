@@ -29,8 +29,8 @@ from yarl import URL
 import orchestrator.client
 from executors import FunctionLLM, echo
 from orchestrator import Engine, SystemClock, VirtualClock, WorkflowFinished
-from orchestrator._cli import main
-from orchestrator._clientcli import describe
+from orchestrator.cli._cli import main
+from orchestrator.cli._clientcli import describe
 from orchestrator.client import (
     Accepted,
     Client,

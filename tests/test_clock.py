@@ -7,7 +7,7 @@ import time
 import pytest
 
 from orchestrator import DeadlockError, SystemClock, VirtualClock
-from orchestrator._errors import ClockMismatchError
+from orchestrator.model._errors import ClockMismatchError
 
 
 def test_virtual_sleep_jumps_to_the_deadline_at_once() -> None:

@@ -28,7 +28,7 @@ from orchestrator import (
     VirtualClock,
     load_config,
 )
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -582,7 +582,7 @@ def _remote_config(tmp_path: Path, engine: str = "") -> Path:
 
 
 def test_a_modules_virtual_clock_gives_way_to_a_configs_network_backend(tmp_path: Path) -> None:
-    from orchestrator._cliconfig import clock_of
+    from orchestrator.cli._cliconfig import clock_of
 
     module = type("M", (), {"CLOCK": "virtual"})
     config = load_config(_remote_config(tmp_path))
@@ -850,8 +850,8 @@ def test_the_deadline_gate_is_set_or_turned_off_from_the_file(tmp_path: Path) ->
     import types
 
     from orchestrator import DeadlineGate
-    from orchestrator._cli import Progress, _engine_for
-    from orchestrator._gate import DEFAULT_GATE
+    from orchestrator.admission._gate import DEFAULT_GATE
+    from orchestrator.cli._cli import Progress, _engine_for
 
     sim = '[backends.default]\nkind = "sim"\n'
     tuned = write(tmp_path, "g.toml", sim + "[engine.gate]\nlate_in_flight = 1\nlikely = 0.8\n")

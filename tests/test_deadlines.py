@@ -16,7 +16,7 @@ from orchestrator import (
     Workflow,
     run_sync,
 )
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 
 
 def _slow(seconds: float) -> Workflow:

@@ -30,8 +30,8 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._capacity import HOLD_BACK_SHARE, derived_limits
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
+from orchestrator.engine._capacity import HOLD_BACK_SHARE, derived_limits
 from orchestrator.ext import BackendUnavailableError, ServerCapacity
 
 VLLM = ServerCapacity(kv_tokens=10_000, block_tokens=16, source="GET /metrics")

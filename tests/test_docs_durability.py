@@ -34,7 +34,7 @@ def test_the_durability_examples_run_as_written(tmp_path: Path) -> None:
     assert recorded.stdout.startswith("succeeded hello-")
 
     crash = (
-        "from orchestrator._cli import main; "
+        "from orchestrator.cli._cli import main; "
         "main(['run', 'examples/durable_pipeline.py', '--store', 'runs.db'])"
     )
     killed = python(crash, tmp_path, CRASH="1")

@@ -19,7 +19,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._replay import rebuild
+from orchestrator.durability._replay import rebuild
 from orchestrator.ext import Store, read_events
 
 writer = Agent("writer", "You write.")

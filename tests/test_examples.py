@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 
 from orchestrator import Engine, RunResult, SystemClock, VirtualClock, Workflow
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

@@ -19,8 +19,8 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._admission import Admission
-from orchestrator._gate import RunGate
+from orchestrator.admission._gate import RunGate
+from orchestrator.admission._queue import Admission
 
 
 @dataclass

@@ -25,11 +25,11 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._admission import Admission
-from orchestrator._knee import DEFAULT_HEADROOM, KneeController, slack_rich
-from orchestrator._learned import Durations, RunTimes
-from orchestrator._run import task_kind
-from orchestrator._scheduler import Slack, alone_slack_of, order_programs, slack_of
+from orchestrator.admission._knee import DEFAULT_HEADROOM, KneeController, slack_rich
+from orchestrator.admission._learned import Durations, RunTimes
+from orchestrator.admission._queue import Admission
+from orchestrator.admission._scheduler import Slack, alone_slack_of, order_programs, slack_of
+from orchestrator.engine._run import task_kind
 from orchestrator.ext import ProgramView
 
 A, B = 0.005, 0.0001

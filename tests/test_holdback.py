@@ -23,7 +23,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._keepalive import CacheBudget
+from orchestrator.engine._keepalive import CacheBudget
 from orchestrator.ext import ToolSpec
 
 

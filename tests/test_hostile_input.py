@@ -25,10 +25,10 @@ from conftest import MemoryStore, StoreFactory
 from agents import Agent, tool
 from executors import FunctionLLM, echo
 from orchestrator import Engine, Registry, TaskContext, UsageError, VirtualClock, Workflow
-from orchestrator._durable import Durability
-from orchestrator._events import TaskSucceeded
-from orchestrator._journal import Journal, read_log
+from orchestrator.durability._journal import Journal, read_log
+from orchestrator.engine._durable import Durability
 from orchestrator.ext import Store, read_events
+from orchestrator.model._events import TaskSucceeded
 from orchestrator.service import Service, Tenant, hash_token
 
 

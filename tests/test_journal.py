@@ -33,8 +33,8 @@ from orchestrator import (
     UsageError,
     WorkflowResumed,
 )
-from orchestrator._journal import Journal
-from orchestrator._store import payload_digest
+from orchestrator.durability._journal import Journal
+from orchestrator.durability._store import payload_digest
 from orchestrator.ext import ActionSpec, WorkflowRow, WorkflowStatus, read_events
 
 T = TypeVar("T")

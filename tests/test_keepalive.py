@@ -16,7 +16,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._keepalive import PausePredictor
+from orchestrator.engine._keepalive import PausePredictor
 from orchestrator.ext import ToolSpec
 
 

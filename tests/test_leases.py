@@ -12,9 +12,9 @@ import pytest
 from conftest import StoreFactory
 
 from orchestrator import Cluster, Engine, Registry, SystemClock, UsageError, Workflow
-from orchestrator._cluster import Leases
-from orchestrator._events import EVENT_ADAPTER
+from orchestrator.cluster._cluster import Leases
 from orchestrator.ext import EventRecord, LeaseLostError, StoreBatch, WorkflowRow, rebuild
+from orchestrator.model._events import EVENT_ADAPTER
 
 
 def ev(workflow: str, seq: int, kind: str = "k") -> EventRecord:

@@ -12,7 +12,7 @@ from conftest import StoreFactory
 from test_service import GATED, Api, on_stores
 
 from orchestrator import Template
-from orchestrator._template import MAX_PROMPT_CHARS, PromptTooLargeError
+from orchestrator.model._template import MAX_PROMPT_CHARS, PromptTooLargeError
 from orchestrator.service import TaskSpec
 from orchestrator.service._build import TooLargeError, check_prompt_sizes, prompt_sizes
 from orchestrator.service._config import ServiceSettings

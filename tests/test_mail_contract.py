@@ -590,7 +590,7 @@ async def _rows(store: SQLStore, workflow: str) -> tuple[int, ...]:
 def test_a_closed_office_stops_listening_to_its_notifier() -> None:
     """Offices made and dropped on one long-lived notifier do not pile up listeners; a
     notified send still wakes a receiver waiting on another office (which never polls)."""
-    from orchestrator._notify import LocalNotifier
+    from orchestrator.cluster._notify import LocalNotifier
 
     class Counting(LocalNotifier):
         def __init__(self) -> None:

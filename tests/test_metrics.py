@@ -13,7 +13,7 @@ from test_service import Api, Gate, on_stores
 from agents import Agent
 from executors import FunctionLLM, echo
 from orchestrator import Engine, Hints, LLMRequest, Message, Usage, VirtualClock, Workflow
-from orchestrator._events import CallRetrying, TaskRetrying, TaskSucceeded, WorkflowFinished
+from orchestrator.model._events import CallRetrying, TaskRetrying, TaskSucceeded, WorkflowFinished
 from orchestrator.service._metrics import Metrics
 
 
@@ -115,7 +115,7 @@ def test_cluster_figures_leases_shared_limits_and_router_peers(make_store: Store
     outside a cluster shows none of them."""
     from executors import LocalRouterHub, Router
     from orchestrator import Cluster, SystemClock
-    from orchestrator._slots import LocalSlots
+    from orchestrator.cluster._slots import LocalSlots
 
     async def main() -> tuple[dict[tuple[str, tuple[tuple[str, str], ...]], float], set[str]]:
         hub = LocalRouterHub(0.0)

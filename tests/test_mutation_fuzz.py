@@ -22,7 +22,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._events import FINAL_STATES
+from orchestrator.model._events import FINAL_STATES
 
 Body = Callable[[TaskContext], Awaitable[float]]
 

@@ -10,7 +10,7 @@ import base64
 import pytest
 
 from executors import NotifierRouterLink
-from orchestrator._notify import LocalNotifier
+from orchestrator.cluster._notify import LocalNotifier
 
 
 class Lossy(LocalNotifier):

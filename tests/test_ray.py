@@ -41,8 +41,8 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._task import describe
 from orchestrator.ext import ActionSpec, FunctionAction, RebuildError
+from orchestrator.model._task import describe
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -27,7 +27,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._replay import rebuild
+from orchestrator.durability._replay import rebuild
 
 GOLDEN = Path(__file__).parent / "golden" / "replay_run.jsonl"
 

@@ -21,8 +21,8 @@ from orchestrator import (
     Workflow,
     run_sync,
 )
-from orchestrator._errors import error_text
 from orchestrator.ext import read_events
+from orchestrator.model._errors import error_text
 
 
 def _gen() -> Any:

@@ -29,7 +29,7 @@ from orchestrator import (
     UsageError,
     Workflow,
 )
-from orchestrator._run import task_kind
+from orchestrator.engine._run import task_kind
 from orchestrator.ext import Store
 
 writer = Agent("writer", "You write.")

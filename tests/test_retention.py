@@ -42,7 +42,7 @@ from orchestrator import (
     WorkflowResumed,
     WorkflowStarted,
 )
-from orchestrator._retention import Sweeper, sweep_once
+from orchestrator.durability._retention import Sweeper, sweep_once
 from orchestrator.ext import ActionSpec, Store, compactable, rebuild
 
 # --- compactable: the pure part -------------------------------------------------------------

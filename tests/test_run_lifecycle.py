@@ -11,8 +11,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from orchestrator import Engine, Event, TaskContext, VirtualClock, Workflow
-from orchestrator._errors import WorkflowStateError
-from orchestrator._replay import rebuild
+from orchestrator.durability._replay import rebuild
+from orchestrator.model._errors import WorkflowStateError
 
 
 def sleeps(seconds: float) -> Callable[[TaskContext], Awaitable[float]]:

@@ -17,7 +17,7 @@ from stored_runs import BIG_RESULT, put_run, stored_image
 
 from memory import SQLStore
 from orchestrator import EVENT_ADAPTER, WorkflowResumed
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 from orchestrator.ext import EventRecord, StoreBatch
 
 T = TypeVar("T")

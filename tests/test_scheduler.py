@@ -8,7 +8,7 @@ import networkx as nx
 import pytest
 
 from orchestrator import UsageError
-from orchestrator._scheduler import (
+from orchestrator.admission._scheduler import (
     Fcfs,
     Las,
     ReadyTask,

@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 from conftest import StoreFactory
 
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 from orchestrator.service import hash_token, load_serve_config
 from orchestrator.service._serve import serve
 
@@ -247,7 +247,7 @@ def test_the_document_and_the_model_agree_on_a_decision(body: dict[str, Any]) ->
     assert document.is_valid(body) == fits
 
 
-PLAIT = [sys.executable, "-c", "from orchestrator._cli import main; raise SystemExit(main())"]
+PLAIT = [sys.executable, "-c", "from orchestrator.cli._cli import main; raise SystemExit(main())"]
 
 
 def test_a_service_killed_while_charging_holds_the_charge_for_a_decision(

@@ -25,8 +25,8 @@ from conftest import StoreFactory
 from executors import FunctionLLM, echo
 from memory import SQLStore
 from orchestrator import Engine, Registry, TaskContext, VirtualClock
-from orchestrator._journal import read_log
-from orchestrator._replay import rebuild
+from orchestrator.durability._journal import read_log
+from orchestrator.durability._replay import rebuild
 from orchestrator.ext import EventRecord, Store
 from orchestrator.service import Service, Tenant, hash_token
 from orchestrator.service import _app as service_app

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from orchestrator._cli import main
+from orchestrator.cli._cli import main
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

@@ -27,7 +27,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator._slots import LocalSlots, fill, targets
+from orchestrator.cluster._slots import LocalSlots, fill, targets
 from orchestrator.ext import SlotRow, allot
 
 

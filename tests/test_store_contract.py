@@ -23,8 +23,8 @@ from stored_runs import BIG_ERROR, BIG_RESULT, put_run, same_run, stored_image
 from memory import SQLStore
 from memory import _schema as schema
 from orchestrator import StoreError, StoreVersionError
-from orchestrator._journal import Journal
-from orchestrator._store import payload_digest
+from orchestrator.durability._journal import Journal
+from orchestrator.durability._store import payload_digest
 from orchestrator.ext import EventRecord, StoreBatch, WorkflowRow, read_events
 
 T = TypeVar("T")

@@ -16,7 +16,7 @@ from test_service import Api, B, on_stores
 from memory import SQLStore
 from memory import _schema as schema
 from orchestrator import StoreError
-from orchestrator._journal import Journal
+from orchestrator.durability._journal import Journal
 from orchestrator.ext import EventRecord, StoreBatch, TextNotStorableError, WorkflowRow, unstorable
 
 

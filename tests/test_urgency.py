@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import ast
 import inspect
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
+from test_layout import PACKAGE, _imports_at_run_time
 
-from orchestrator._gate import DeadlineGate
-from orchestrator._knee import Headroom
-from orchestrator._scheduler import PriorityClass, ProgramView
-from orchestrator._urgency import ServiceClass, UrgencyController
-
-PACKAGE = Path(__file__).resolve().parent.parent / "orchestrator"
+from orchestrator.admission._controller import ServiceClass, UrgencyController
+from orchestrator.admission._gate import DeadlineGate
+from orchestrator.admission._knee import Headroom
+from orchestrator.admission._scheduler import PriorityClass, ProgramView
 
 _numbers = iter(range(1, 1_000_000))
 
@@ -137,35 +134,17 @@ def test_the_gate_holds_runs_with_a_deadline_until_it_releases_them() -> None:
     assert not controller.holds(run)
 
 
-def _imports(path: Path) -> set[str]:
-    """The package modules `path` imports (relative imports, by module name)."""
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
-            names.add(node.module)
-        elif (
-            isinstance(node, ast.ImportFrom)
-            and node.module
-            and node.module.startswith("orchestrator.")
-        ):
-            names.add(node.module.removeprefix("orchestrator."))
-    return names
-
-
 def test_the_controller_never_reaches_the_engine() -> None:
-    """The controller, and everything it imports from the package, imports none of the
-    modules that act (the engine, runs, the call path, the admission queue)."""
-    seen: set[str] = set()
-    todo = ["_urgency"]
-    while todo:
-        module = todo.pop()
-        if module in seen:
-            continue
-        seen.add(module)
-        todo.extend(_imports(PACKAGE / f"{module}.py"))
-    acting = {"_engine", "_run", "_calls", "_admission", "_cluster", "_durable", "_journal"}
-    assert "_urgency" in seen and "_gate" in seen  # the walk follows imports
-    assert not seen & acting, f"the controller imports {sorted(seen & acting)}"
+    """Admission imports only itself and the model: nothing of the engine, the store, the
+    cluster or the front ends (tests/test_layout.py holds every room to its layer)."""
+    reached = {
+        module.split(".")[1]
+        for path in (PACKAGE / "admission").rglob("*.py")
+        for module in _imports_at_run_time(path)
+        if module.count(".") >= 2
+    }
+    assert reached <= {"admission", "model"}, f"admission imports {sorted(reached)}"
+    assert "model" in reached  # the walk reads imports at all
 
 
 def test_nothing_hands_the_controller_a_callback() -> None:

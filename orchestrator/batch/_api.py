@@ -13,13 +13,13 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
-from .._admission import Limits
-from .._clock import Clock
-from .._engine import Engine
-from .._gate import DEFAULT_GATE, DeadlineGate
-from .._llm import LLMBackend
-from .._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker
-from .._store import Store
+from ..admission._gate import DEFAULT_GATE, DeadlineGate
+from ..admission._queue import Limits
+from ..durability._store import Store
+from ..engine._engine import Engine
+from ..engine._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker
+from ..model._clock import Clock
+from ..model._llm import LLMBackend
 from ._dedup import Coalescing
 from ._job import BatchJob, BatchSummary
 

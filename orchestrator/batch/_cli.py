@@ -18,15 +18,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._admission import Limits
-from .._cli import load_module
-from .._clock import Clock, SystemClock
-from .._config import Config, load_config
-from .._errors import UsageError, error_text
-from .._gate import DEFAULT_GATE
-from .._llm import DEFAULT_BACKEND, LLMBackend
-from .._open import open_store
-from .._registry import Registry
+from ..admission._gate import DEFAULT_GATE
+from ..admission._queue import Limits
+from ..durability._registry import Registry
+from ..engine._config import Config, load_config
+from ..engine._open import load_module, open_store
+from ..model._clock import Clock, SystemClock
+from ..model._errors import UsageError, error_text
+from ..model._llm import DEFAULT_BACKEND, LLMBackend
 from ._api import BACKEND_WAIT_S, BATCH_BREAKER, run_batch
 from ._job import BatchJob, BatchProgress, Factory
 from ._output import sink_for

@@ -14,8 +14,8 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from .._errors import UsageError
-from .._llm import (
+from ..model._errors import UsageError
+from ..model._llm import (
     Hints,
     LLMBackend,
     LLMRequest,

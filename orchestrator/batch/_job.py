@@ -25,16 +25,16 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from .._context import TaskContext
-from .._engine import Engine, RunHandle
-from .._errors import PlaitError, UsageError, error_text
-from .._events import ActionSpec, TaskFailed, TaskSucceeded, WorkflowStatus
-from .._journal import read_log
-from .._llm import DEFAULT_BACKEND, LLMRequest, Usage
-from .._registry import Registry
-from .._replay import rebuild
-from .._store import Store, WorkflowRow
-from .._workflow import Workflow
+from ..durability._journal import read_log
+from ..durability._registry import Registry
+from ..durability._replay import rebuild
+from ..durability._store import Store, WorkflowRow
+from ..engine._context import TaskContext
+from ..engine._engine import Engine, RunHandle
+from ..model._errors import PlaitError, UsageError, error_text
+from ..model._events import ActionSpec, TaskFailed, TaskSucceeded, WorkflowStatus
+from ..model._llm import DEFAULT_BACKEND, LLMRequest, Usage
+from ..model._workflow import Workflow
 from ._output import Record, Sink
 from ._plan import BatchPlan, plan
 from ._rows import Row

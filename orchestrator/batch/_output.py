@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._errors import UsageError
+from ..model._errors import UsageError
 from ._rows import PARQUET_HINT
 
 Record = dict[str, Any]

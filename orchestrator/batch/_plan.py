@@ -17,7 +17,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .._llm import LLMRequest
+from ..model._llm import LLMRequest
 from ._rows import Row
 
 CHARS_PER_TOKEN = 4

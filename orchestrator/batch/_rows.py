@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from .._errors import UsageError
-from .._llm import LLMRequest, Message, Sampling
+from ..model._errors import UsageError
+from ..model._llm import LLMRequest, Message, Sampling
 
 Format = Literal["jsonl", "csv", "parquet"]
 RowKind = Literal["chat", "completion", "workflow"]

@@ -25,14 +25,11 @@ from aiohttp import web
 from aiohttp.http_exceptions import ContentEncodingError
 from aiohttp.web_protocol import RequestPayloadError
 
-from .._clock import Clock, SystemClock
-from .._engine import Engine
-from .._errors import PlaitError, UsageError
-from .._notify import Notifier
-from .._registry import Registry
-from .._replay import RunImage
-from .._resume import Decision, waiting_for_decision
-from .._store import (
+from ..cluster._notify import Notifier
+from ..durability._registry import Registry
+from ..durability._replay import RunImage
+from ..durability._resume import Decision, waiting_for_decision
+from ..durability._store import (
     KeyStore,
     LeaseLostError,
     Store,
@@ -40,8 +37,11 @@ from .._store import (
     WorkflowExistsError,
     WorkflowRow,
 )
-from .._text import join_path, storable, text_problem
-from .._workflow import Workflow
+from ..engine._engine import Engine
+from ..model._clock import Clock, SystemClock
+from ..model._errors import PlaitError, UsageError
+from ..model._text import join_path, storable, text_problem
+from ..model._workflow import Workflow
 from ._batches import BatchError, Batches
 from ._build import SpecError, TooLargeError, add_tasks, build, check_prompt_sizes
 from ._config import ServiceSettings, Tenant, hash_token

@@ -29,13 +29,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .._clock import Clock
-from .._engine import Engine
-from .._errors import PlaitError, error_text
-from .._retention import Retention
-from .._store import Store
 from ..batch import BatchJob, BatchProgress, BatchSummary, read_rows, sink_for
 from ..batch._job import job_runs
+from ..durability._retention import Retention
+from ..durability._store import Store
+from ..engine._engine import Engine
+from ..model._clock import Clock
+from ..model._errors import PlaitError, error_text
 from ._spec import BatchState, BatchView, ProgressView
 
 _log = logging.getLogger("plait.serve")

@@ -14,12 +14,12 @@ from typing import Any
 
 import networkx as nx
 
-from .._errors import UsageError
-from .._events import ActionSpec
-from .._registry import Registry
-from .._task import Action, registered_name
-from .._template import MAX_PROMPT_CHARS, Template, as_text
-from .._workflow import Workflow
+from ..durability._registry import Registry
+from ..model._errors import UsageError
+from ..model._events import ActionSpec
+from ..model._task import Action, registered_name
+from ..model._template import MAX_PROMPT_CHARS, Template, as_text
+from ..model._workflow import Workflow
 from ._spec import TaskSpec
 
 INPUTS = "inputs."

@@ -29,11 +29,18 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from .._config import Config, ConfigSection, _problem, _report, load_config, read_config_file
-from .._errors import UsageError
-from .._registry import Rebuildable, Registry
-from .._retention import Retention
-from .._template import MAX_PROMPT_CHARS
+from ..durability._registry import Rebuildable, Registry
+from ..durability._retention import Retention
+from ..engine._config import (
+    Config,
+    ConfigSection,
+    load_config,
+    problem_text,
+    problems_report,
+    read_config_file,
+)
+from ..model._errors import UsageError
+from ..model._template import MAX_PROMPT_CHARS
 from ._spec import MAX_BATCH_ROWS, MAX_EDGES, MAX_TASKS
 
 
@@ -210,7 +217,7 @@ def load_serve_config(path: str | os.PathLike[str]) -> ServeConfig:
     try:
         service = ServiceSettings.model_validate(service_table)
     except ValidationError as exc:
-        problems.extend(_problem(e, ("service",)) for e in exc.errors())
+        problems.extend(problem_text(e, ("service",)) for e in exc.errors())
     tenants: list[Tenant] = []
     if not isinstance(tenant_tables, list):
         problems.append("tenants: must be an array of tables ([[tenants]])")
@@ -219,7 +226,7 @@ def load_serve_config(path: str | os.PathLike[str]) -> ServeConfig:
         try:
             settings = TenantSettings.model_validate(table)
         except ValidationError as exc:
-            problems.extend(_problem(e, ("tenants", i)) for e in exc.errors())
+            problems.extend(problem_text(e, ("tenants", i)) for e in exc.errors())
             continue
         digest = settings.token_sha256
         if settings.token_env is not None:
@@ -260,7 +267,7 @@ def load_serve_config(path: str | os.PathLike[str]) -> ServeConfig:
         problems.append(str(exc).removeprefix(f"{path}: "))
         engine = load_config({})
     if problems:
-        raise UsageError(_report(str(path), problems))
+        raise UsageError(problems_report(str(path), problems))
     return ServeConfig(
         source=str(path),
         service=service,

@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from .._engine import Engine
-from .._errors import PlaitError
-from .._journal import Journal, read_records, restore
-from .._store import EventRecord, Store
+from ..durability._journal import Journal, read_records, restore
+from ..durability._store import EventRecord, Store
+from ..engine._engine import Engine
+from ..model._errors import PlaitError
 
 
 @dataclass(frozen=True, slots=True)

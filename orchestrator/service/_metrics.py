@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .._engine import Engine, EngineStats
-from .._events import Event
 from ..batch import BatchProgress
+from ..engine._engine import Engine, EngineStats
+from ..model._events import Event
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 JCT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)

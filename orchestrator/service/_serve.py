@@ -20,13 +20,13 @@ from typing import TextIO
 
 from aiohttp import web
 
-from .._clock import SystemClock
-from .._cluster import Cluster
-from .._engine import Engine
-from .._errors import UsageError
-from .._events import Event
-from .._notify import Notifier
-from .._open import open_backends, open_store
+from ..cluster._cluster import Cluster
+from ..cluster._notify import Notifier
+from ..engine._engine import Engine
+from ..engine._open import open_backends, open_store
+from ..model._clock import SystemClock
+from ..model._errors import UsageError
+from ..model._events import Event
 from ._app import Service
 from ._batches import batch_runs
 from ._config import ServeConfig, load_registry

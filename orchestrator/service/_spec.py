@@ -19,7 +19,7 @@ from pydantic import (
     model_validator,
 )
 
-from .._config import _path
+from ..engine._config import key_path
 
 MAX_TASKS = 10_000
 """Tasks in one request."""
@@ -319,7 +319,9 @@ class Problem(BaseModel):
 def problems_of(exc: ValidationError) -> list[Problem]:
     """A request that does not fit its model, as the fields at fault (`tasks[2].agent`)."""
     return [
-        Problem(field=_path(e["loc"]) or "(body)", message=e["msg"].removeprefix("Value error, "))
+        Problem(
+            field=key_path(e["loc"]) or "(body)", message=e["msg"].removeprefix("Value error, ")
+        )
         for e in exc.errors(include_url=False)
     ]
 

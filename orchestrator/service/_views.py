@@ -8,10 +8,10 @@ import json
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from .._events import EVENT_ADAPTER, Event
-from .._journal import read_records, restore
-from .._replay import RunImage, rebuild
-from .._store import EventRecord, Store
+from ..durability._journal import read_records, restore
+from ..durability._replay import RunImage, rebuild
+from ..durability._store import EventRecord, Store
+from ..model._events import EVENT_ADAPTER, Event
 
 MAX_KEPT_TASKS = 200_000
 """Tasks in all the images kept at once (the least recently read are dropped first)..."""

@@ -1,0 +1,1 @@
+"""Admission: who runs next and how much each backend takes, decided, not applied."""

@@ -1,0 +1,1 @@
+"""Several engines on one store: leases, shared limits and wake-ups between processes."""

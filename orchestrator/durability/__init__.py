@@ -1,0 +1,1 @@
+"""Durability: the store protocol, the journal, replay, resume and retention."""
