@@ -14,7 +14,7 @@ from test_service import Api, B, on_stores
 
 from executors import FunctionLLM, echo
 from orchestrator import Engine, TaskContext, Workflow
-from orchestrator import _engine as engine_module
+from orchestrator.engine import _engine as engine_module
 from orchestrator.ext import (
     EventRecord,
     LeaseLostError,
