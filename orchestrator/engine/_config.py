@@ -202,6 +202,14 @@ class LimitsSettings(ConfigSection):
     hold_back: bool = True
     """False: never hold new programs back for the server's KV cache."""
 
+    @model_validator(mode="after")
+    def _consistent(self) -> LimitsSettings:
+        try:
+            self.to_limits()  # what the keys say together (batch_in_flight within max_in_flight)
+        except UsageError as exc:
+            raise ValueError(str(exc).removeprefix("Limits(").replace(")", "", 1)) from None
+        return self
+
     def to_limits(self) -> Limits:
         return Limits(
             max_in_flight=self.max_in_flight,
