@@ -409,6 +409,7 @@ def describe_router(settings: RouterSettings) -> str:
             if settings.health_interval_s
             else "no health probes"
         )
+        + (f" (timeout {settings.health_timeout_s:g} s)" if settings.health_interval_s else "")
         + (f", tokenizer {settings.tokenizer}" if settings.tokenizer else "")
         + (
             f", prefix grouping from {settings.min_shared_blocks} shared blocks"
@@ -430,11 +431,20 @@ def _lanes_text(settings: LaneSettings) -> str:
     if lanes == "auto":
         how.append(f"one per {settings.lane_urgent_calls} urgent calls while batch work is around")
     if settings.lane_batch_programs is not None:
-        how.append("batch programs on them left to finish")
-    elif settings.lane_clear:
-        how.append("cleared of batch calls as they form")
+        how.append(
+            f"the calls of {settings.lane_batch_programs} batch program(s) each, "
+            "batch programs on them left to finish"
+        )
     else:
-        how.append("left to drain")
+        calls = settings.lane_batch_in_flight
+        beyond = f" beyond {calls}" if calls else ""
+        how.append(
+            f"cleared of batch calls{beyond} as they form"
+            if settings.lane_clear
+            else "left to drain" + (f", then {calls} batch call(s) each" if calls else "")
+        )
+    if settings.lane_prefill_tokens is not None:
+        how.append(f"batch prefill paced in pieces of {settings.lane_prefill_tokens} tokens")
     if settings.lane_share_calls and settings.lane_batch_programs is None:
         how.append(
             f"up to {settings.lane_share_calls} batch calls beside urgent work with "
@@ -450,8 +460,13 @@ def describe_sim(settings: SimSettings) -> str:
         f"simulated {profile.name} ({profile.model}), seed {settings.seed}, the profile's "
         f"{profile.kv_tokens:,} tokens of KV cache in blocks of {profile.block_size}"
     )
+    if not settings.honour_priority:
+        text += ", ignoring the priority hint"
     if settings.replicas > 1:
-        text += f", {settings.replicas} replicas behind a router"
+        text += (
+            f", {settings.replicas} replicas behind a router (max imbalance "
+            f"{settings.max_imbalance:g})"
+        )
         text += _lanes_text(settings)
     if settings.group_prefixes:
         text += f", prefix grouping from {settings.min_shared_blocks} shared blocks"

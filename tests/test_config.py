@@ -289,6 +289,11 @@ def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
             "backends.s.limits.max_in_flight: Input should be greater than or equal to 1 (got 0)",
         ),
         (
+            "[limits.tools]\nmax_in_flight = 2\nbatch_in_flight = 4\n",
+            "limits.tools: batch_in_flight=4 must be between 1 and max_in_flight (2), or None "
+            "to learn it",
+        ),
+        (
             '[backends.s]\nkind = "sim"\n[limits.s]\nmax_in_flight = 2\n',
             "limits.s: backend 's' has its own limits table; set them once, in backends.s.limits",
         ),

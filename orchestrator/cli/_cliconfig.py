@@ -7,11 +7,11 @@ import argparse
 import math
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from ..admission._gate import DEFAULT_GATE, DeadlineGate
 from ..admission._queue import Limits
@@ -19,6 +19,9 @@ from ..engine._config import Config, load_config, read_config_file
 from ..model._clock import Clock
 from ..model._errors import UsageError
 from ..model._llm import LLMBackend
+
+if TYPE_CHECKING:
+    from ..service._config import Tenant
 
 
 def clock_of(given: str | None, config: Config | None, module: ModuleType) -> tuple[str, list[str]]:
@@ -163,8 +166,14 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
             f"{_no_password(served.store)}{cluster}; "
             f"registry {', '.join(service.registry) or 'none'}\n"
         )
-        names = ", ".join(t.name for t in served.tenants)
-        out.write(f"tenants: {names}\n")
+        told = {"host", "port", "store", "registry", "lease_s", "retention"}
+        settings = {k: v for k, v in service.changed().items() if k not in told}
+        if settings:
+            out.write(f"  settings: {_settings_text(settings)}\n")
+        retention = service.retention.changed()
+        if retention:
+            out.write(f"  retention: {_settings_text(retention)}\n")
+        out.write(f"tenants: {', '.join(_tenant_text(t) for t in served.tenants)}\n")
     for warning in warnings:
         print(f"plait: warning: {warning}", file=sys.stderr)
     if warnings and strict:
@@ -178,8 +187,31 @@ def _no_password(url: str) -> str:
     return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
 
 
+def _settings_text(settings: Mapping[str, object]) -> str:
+    """`key value, ...`, with any password in a URL replaced by ***."""
+    return ", ".join(
+        f"{key} {_no_password(value) if isinstance(value, str) else value!r}"
+        for key, value in settings.items()
+    )
+
+
+def _tenant_text(tenant: Tenant) -> str:
+    """A tenant's name, and its limits that are not the defaults."""
+    from ..service._config import TenantSettings
+
+    defaults = TenantSettings.model_fields
+    changed = {
+        name: getattr(tenant, name)
+        for name in ("max_running", "rate_per_s", "burst", "max_batches", "max_streams")
+        if getattr(tenant, name) != defaults[name].default
+    }
+    return tenant.name + (f" ({_settings_text(changed)})" if changed else "")
+
+
 def _limits_text(limits: Limits) -> str:
     text = f"at most {limits.max_in_flight} in flight, {limits.max_waiting} waiting"
+    if limits.batch_in_flight is not None:
+        text += f", {limits.batch_in_flight} for slack-rich work while urgent work is around"
     return text if limits.hold_back else text + ", no hold-back"
 
 

@@ -95,6 +95,16 @@ class ConfigSection(BaseModel):
             )
         raise ValidationError.from_exception_data(cls.__name__, errors)
 
+    def changed(self) -> dict[str, Any]:
+        """The keys whose values are not their defaults, in the table's order (what a check
+        prints beside what it always says)."""
+        fields = type(self).model_fields
+        return {
+            key: value
+            for key, info in fields.items()
+            if (value := getattr(self, key)) != info.get_default(call_default_factory=True)
+        }
+
 
 def _error(kind: str, message: str) -> PydanticCustomError:
     """An error of this type and message, as it is (braces in it are not a template)."""
@@ -191,6 +201,14 @@ class LimitsSettings(ConfigSection):
     batch_in_flight: int | None = Field(default=None, ge=1)
     hold_back: bool = True
     """False: never hold new programs back for the server's KV cache."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> LimitsSettings:
+        try:
+            self.to_limits()  # what the keys say together (batch_in_flight within max_in_flight)
+        except UsageError as exc:
+            raise ValueError(str(exc).removeprefix("Limits(").replace(")", "", 1)) from None
+        return self
 
     def to_limits(self) -> Limits:
         return Limits(
