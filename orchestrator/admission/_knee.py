@@ -47,7 +47,7 @@ class Headroom:
     slack order) rather than slow every call in the batch; None (the default): urgent calls
     are admitted up to the limit (on the text-to-SQL workload alone a cap at 0.95 lowered
     deadline attainment at every load below overload: 0.675 against 0.867 at 1.6 queries/s,
-    docs/admission.md)."""
+    docs/decisions/admission-figures.md)."""
 
     throughput_share: float = 0.85
     urgent_share: float | None = None
