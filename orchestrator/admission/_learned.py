@@ -15,9 +15,8 @@ class Durations:
 
     The class is part of the kind because the same task takes different times in each: an
     interactive run's call goes to a router's urgent lane with short steps while a batch
-    run's waits on saturated replicas. Learned together, the batch's many calls made the
-    queries of bench/deadlines.py look 3-10x longer than they were (13-54 s left of runs
-    that took 5 s).
+    run's waits on saturated replicas. Learned together, a batch's many calls would make
+    the interactive runs beside it look several times longer than they are.
 
     Also the least each kind has taken (`least`): what it needs with the least load seen,
     which tells a deadline that cannot be met even alone from one that is only late at the
