@@ -31,6 +31,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 from _harness import Report, plait_runner, routed_runner, run_naive, simulate  # noqa: E402
 
 from executors import get_profile  # noqa: E402
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer programs and rates")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plots", type=Path, help="directory for PNG plots")
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.plots:
         try:
@@ -440,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plots:
         figures["plots"] = plot(args.plots, agents, head, sql)
     print(json.dumps(figures, separators=(",", ":")))
+    _results.save("jct", figures, parser, args, argv, ignore=("plots",))
     return 0
 
 
