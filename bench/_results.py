@@ -193,10 +193,12 @@ def save(
     argv: Sequence[str] | None,
     *,
     ignore: Iterable[str] = (),
+    label: str = "",
 ) -> Path | None:
     """Write the run's record where `--results` (or the default) says, and name the file on
     stderr; nothing with `--no-save`, or when main was called from Python (`argv` given)
-    without `--results`. Call it after the figures' line: it prints nothing to stdout."""
+    without `--results`. `label` is a part of the file name that no option gives. Call it
+    after the figures' line: it prints nothing to stdout."""
     if args.no_save:
         return None
     directory: Path | None = args.results
@@ -205,7 +207,8 @@ def save(
     if directory is None:
         return None
     given = sys.argv[1:] if argv is None else list(argv)
-    path = write(directory, record(bench, variant(parser, args, ignore), figures, given))
+    name = "-".join(part for part in (label, variant(parser, args, ignore)) if part)
+    path = write(directory, record(bench, name, figures, given))
     print(f"results: {_shown(path)}", file=sys.stderr)
     return path
 
