@@ -387,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             "on": round(keep_alive_on.cache_hit_share, 4),
             "hold_back": round(hold_back.cache_hit_share, 4),
         },
+        "batch_makespan_naive_s": round(batch_naive.makespan, 2),
+        "batch_makespan_plait_s": round(batch_plait.makespan, 2),
         "batch_makespan_grouped_s": round(batch_grouped.makespan, 2),
         "batch_cache_hit_grouped": round(batch_grouped.cache_hit_share, 4),
         "agents_load_rate_per_s": round(head_rate, 4),
