@@ -37,7 +37,9 @@ _NOT_IN_NAME = frozenset({"results", "no_save"})
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options every benchmark takes for its result file."""
+    """The options every benchmark takes for its result file. The commit is read here, as
+    the run starts, so a checkout that moves during a long run does not change it."""
+    parser.set_defaults(results_commit=git_commit())
     parser.add_argument(
         "--results",
         type=Path,
@@ -160,17 +162,19 @@ def record(
     figures: Mapping[str, Any],
     argv: Sequence[str],
     *,
+    commit: tuple[str | None, bool | None] | None = None,
     now: datetime.datetime | None = None,
 ) -> dict[str, Any]:
-    """The result record of one run: provenance first, then the figures as printed."""
-    commit, dirty = git_commit()
+    """The result record of one run: provenance first, then the figures as printed.
+    `commit` is (commit, dirty) as the run started; read now when not given."""
+    head, dirty = commit or git_commit()
     when = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC)
     return {
         "bench": bench,
         "variant": variant_,
         "source": "run",
         "command": command(bench, argv),
-        "commit": commit,
+        "commit": head,
         "dirty": dirty,
         "machine": machine(),
         "date": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -208,7 +212,8 @@ def save(
         return None
     given = sys.argv[1:] if argv is None else list(argv)
     name = "-".join(part for part in (label, variant(parser, args, ignore)) if part)
-    path = write(directory, record(bench, name, figures, given))
+    started = getattr(args, "results_commit", None)
+    path = write(directory, record(bench, name, figures, given, commit=started))
     print(f"results: {_shown(path)}", file=sys.stderr)
     return path
 
