@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,13 +33,13 @@ class Results:
             except ValueError as exc:
                 raise ReportError(f"{path} is not JSON ({exc}): run `{command}` again") from None
             if "figures_from" in record:  # a raw result file kept elsewhere in the tree
-                record["figures"] = json.loads((ROOT / record["figures_from"]).read_text())
+                raw = ROOT / record["figures_from"]
+                try:
+                    record["figures"] = json.loads(raw.read_text())
+                except (OSError, ValueError) as exc:
+                    raise ReportError(f"{path} takes its figures from {raw}: {exc}") from None
             self._read[name] = record
         return self._read[name]
-
-    def figures(self, name: str, command: str) -> dict[str, Any]:
-        figures: dict[str, Any] = self(name, command)["figures"]
-        return figures
 
 
 # --- formatting --------------------------------------------------------------------------------
@@ -83,7 +84,7 @@ def busy(record: dict[str, Any]) -> bool:
 
 def _provenance(group: list[dict[str, Any]], wall_time: bool) -> str:
     first = group[0]
-    commands = "; ".join(f"`{r['command']}`" for r in group)
+    commands = _commands([r["command"] for r in group])
     dates = sorted({str(r["date"])[:10] for r in group})
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
     commit = first.get("commit")
@@ -105,6 +106,21 @@ def _provenance(group: list[dict[str, Any]], wall_time: bool) -> str:
             "not judged."
         )
     return " ".join([line, *dict.fromkeys(notes)])
+
+
+def _commands(commands: list[str]) -> str:
+    """The commands, quoted; several that differ in one argument as one with a letter for
+    it (`--seed S` for S = 0, 1, 2)."""
+    split = [shlex.split(c) for c in commands]
+    if len(split) > 2 and len({len(words) for words in split}) == 1:
+        differ = [i for i in range(len(split[0])) if len({words[i] for words in split}) > 1]
+        if len(differ) == 1:
+            i = differ[0]
+            letter = split[0][i - 1].lstrip("-")[:1].upper() if i else "X"
+            shown = shlex.join([*split[0][:i], letter, *split[0][i + 1 :]])
+            values = ", ".join(words[i] for words in split)
+            return f"`{shown}` for {letter} = {values}"
+    return "; ".join(f"`{c}`" for c in commands)
 
 
 def _machine(record: dict[str, Any]) -> str:

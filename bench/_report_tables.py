@@ -457,6 +457,15 @@ def mooncake(results: Results) -> str:
     ceiling = results("mooncake_ceiling", "python bench/mooncake_ceiling.py")
     f, c = record["figures"], ceiling["figures"]
     rows = []
+    syn, syn_imbalance, conv = (
+        f["mooncake_syn_hit"],
+        f["mooncake_syn_load_imbalance"],
+        f["mooncake_conv_hit"],
+    )
+    targets = {
+        "syn": ">= 0.25, <= 1.25: " + met(syn, syn >= 0.25 and syn_imbalance <= 1.25),
+        "conv": ">= 0.08: " + _at_least(conv, 0.08),
+    }
     for trace, key in (("synthetic", "syn"), ("conversation", "conv")):
         rows.append(
             [
@@ -469,6 +478,7 @@ def mooncake(results: Results) -> str:
                 num(f[f"mooncake_{key}_hit_ideal"], ".3f"),
                 num(c[trace]["pooled_lru_cold_request_share"], ".0%"),
                 num(c[trace]["median_block_reuse_gap_s"], ".0f", " s"),
+                targets[key],
             ]
         )
     header = [
@@ -481,6 +491,7 @@ def mooncake(results: Results) -> str:
         "unlimited cache",
         "requests with nothing cached (pooled LRU)",
         "median gap between two uses of a block",
+        "target (router: hit share, busiest ÷ mean)",
     ]
     replay = f["sim_hour_replay_s"]
     after = table(
@@ -584,7 +595,11 @@ def _part1_table(records: list[dict[str, Any]], seeds: tuple[int, ...]) -> str:
             *(x(r["figures"]["batch_share_ceiling_all_due"], ".3f") for r in records),
         ]
     )
-    header = ["mode: attainment at batch share", *(f"seed {s}" for s in seeds)]
+    f = records[0]["figures"]
+    header = [
+        f"{f['queries']} queries at {f['query_rate_per_s']:g}/s: attainment at batch share",
+        *(f"seed {s}" for s in seeds),
+    ]
     return table(header, rows)
 
 

@@ -204,7 +204,7 @@ def _git(*args: str) -> str:
 
 def selected(only: str | None, quick: bool) -> list[Bench]:
     """The set's benches to run: all of the default (or `--quick`) set, or those `only` names,
-    a group name standing for its benches in that set."""
+    a group's name standing for its benches in that set."""
     in_set = [b for b in SET if (b.smoke if quick else b.full)]
     if only is None:
         return in_set
@@ -215,7 +215,8 @@ def selected(only: str | None, quick: bool) -> list[Bench]:
             f"compare.py: error: --only {', '.join(unknown)}: not in the set; give names from "
             f"{', '.join(sorted(known))}"
         )
-    return [b for b in SET if b.name in names or (b.group in names and b in in_set)]
+    groups = names & {b.group for b in SET}  # "batch" is a group before it is a name
+    return [b for b in SET if (b.group in groups and b in in_set) or b.name in names - groups]
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:

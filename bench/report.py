@@ -41,9 +41,15 @@ def render(template: str, results: Results) -> str:
             continue
         name = mark.group(1)
         if name not in TABLES:
-            raise ReportError(f"{TEMPLATE.name}: no table named {name!r} in bench/report.py")
+            raise ReportError(f"{TEMPLATE.name}: no table named {name!r} in _report_tables.py")
         used.add(name)
-        out.append(TABLES[name](results))
+        try:
+            out.append(TABLES[name](results))
+        except KeyError as exc:  # a record from another version of its bench
+            raise ReportError(
+                f"the table {name} needs the figure {exc} that its record lacks: run the "
+                "command in the record again"
+            ) from None
     unused = sorted(set(TABLES) - used)
     if unused:
         raise ReportError(f"{TEMPLATE.name} does not place the tables {', '.join(unused)}")
