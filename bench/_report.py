@@ -102,7 +102,7 @@ def _provenance(group: list[dict[str, Any]], wall_time: bool) -> str:
     if wall_time and any(busy(r) for r in group):
         notes.append(
             "The machine was busier than its cores (other work was running): its times are "
-            "slower, and its ratios noisier, than on a quiet machine, and targets on them are "
+            "slower, and its ratios noisier, than on a quiet machine; a target they miss is "
             "not judged."
         )
     return " ".join([line, *dict.fromkeys(notes)])
