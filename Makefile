@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo batch-demo test test-vllm bench-vllm bench-sim-vllm lint bench clean browser
+.PHONY: demo batch-demo test test-vllm bench-vllm bench-sim-vllm lint bench bench-report bench-compare clean browser
 
 $(BIN)/.installed-dev: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,15 @@ bench-sim-vllm: $(VLLM_BIN)/.installed-plait
 
 bench: $(BIN)/.installed-bench
 	$(BIN)/python bench/overhead.py $(BENCH_ARGS)
+
+# docs/benchmarks.md rendered from bench/results/ (the tests run `bench/report.py --check`).
+bench-report: $(BIN)/.installed-dev
+	$(BIN)/python bench/report.py
+
+# The benchmarks at the base commit and at the working tree, one after the other, with their
+# tolerances (about an hour); `make bench-compare COMPARE_ARGS="--only jct,batch"` for a subset.
+bench-compare: $(BIN)/.installed-dev
+	$(BIN)/python bench/compare.py $(COMPARE_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-vllm .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _results
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from memory import Memory, Scope, SQLStore
@@ -129,17 +130,22 @@ async def _drop_schema(store: SQLStore, schema: str) -> None:
         await engine.dispose()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20,000 facts")
     parser.add_argument("--facts", type=int, default=None)
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--url", default=None, help="a store URL (default: a temporary SQLite)")
-    args = parser.parse_args()
+    _results.add_arguments(parser)
+    args = parser.parse_args(argv)
     count = args.facts or (20_000 if args.quick else 100_000)
     with tempfile.TemporaryDirectory() as tmp:
         url = args.url or str(Path(tmp) / "memory.db")
-        print(json.dumps(asyncio.run(measure(url, count, args.queries))))
+        figures = asyncio.run(measure(url, count, args.queries))
+    print(json.dumps(figures))
+    # The result file is named for the store's kind, not its URL.
+    store = "sqlite" if args.url is None else args.url.split(":", 1)[0].split("+")[0]
+    _results.save("_memory_search", figures, parser, args, argv, ignore=("url",), label=store)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 from _harness import ideal_hit_share  # noqa: E402
 
 from executors import PrefixGrouper, Router, SimServer  # noqa: E402
@@ -199,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="documents of the real-vLLM job, 6 questions each (default 50: 300 rows; 20 quick)",
     )
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     started = time.perf_counter()
     documents = 200 if args.quick else 1000  # about 10 questions each
@@ -214,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             results.update(measure_vllm(Path(tmp), documents, 6, args.seed))
     results["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(results, separators=(",", ":")))
+    _results.save("batch", results, parser, args, argv)
     return 0
 
 

@@ -49,6 +49,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 from _memory_search import measure as measure_memory  # noqa: E402
 
 from agents import Board, BoardStore, Helper, Post  # noqa: E402
@@ -292,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI)")
     parser.add_argument("--seed", type=int, default=0)
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     agents, posts, programs = (200, 2000, 60) if args.quick else (1000, 10_000, 300)
     wall_programs, wall_pairs = (12, 1) if args.quick else (12, 2)
@@ -344,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     print(json.dumps(figures))
+    _results.save("board", figures, parser, args, argv)
     return 0
 
 

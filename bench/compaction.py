@@ -32,6 +32,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 from _graphs import Graph, scenario  # noqa: E402
 from durability import PG_URL, SIZES, _drop_schema, _workflows  # noqa: E402
 
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="smaller graphs")
     parser.add_argument("--only", default="sqlite,postgres", help="stores to measure")
     parser.add_argument("--seed", type=int, default=0)
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     stores = [s for s in ("sqlite", "postgres") if s in args.only.split(",")]
     rows: dict[str, dict[str, Compaction]] = {}
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         summary[f"compact_us_per_task_{store}"] = mean([c.compact_s / c.tasks * 1e6 for c in done])
     print(json.dumps(summary))
+    _results.save("compaction", summary, parser, args, argv)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,8 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
+
 if TYPE_CHECKING:
     from _recording_llm import Arrival
 
@@ -636,6 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--latency-ms", default="10,100", help="the fake server's latency, ms")
     parser.add_argument("--keep", action="store_true", help="keep the store and the server log")
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     options = Options(
         workflows=args.workflows or (40 if args.quick else 500),
@@ -662,6 +665,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(per_store))
     result = summary(per_store)
     print(json.dumps(_line(result)))
+    _results.save("crash", _line(result), parser, args, argv, ignore=("pg_url", "keep"))
     bad = any(
         r["completed_once"] != r["workflows"] or r["repeated_llm_calls"] or r["errors"]
         for r in per_store

@@ -70,6 +70,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 from _harness import (  # noqa: E402
     Outcome,
     Report,
@@ -732,6 +733,7 @@ def main(argv: list[str] | None = None) -> int:
         help="part 1: also run one urgent lane taking P batch programs, their prompts paced "
         "in pieces of N tokens (N '-': not paced); repeatable",
     )
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     lanes = [_lane_setting(parser, text) for text in args.lane]
     started = time.perf_counter()
@@ -756,6 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         wall_s=round(time.perf_counter() - started, 1),
     )
     print(json.dumps(figures, separators=(",", ":")))
+    _results.save("deadlines", figures, parser, args, argv)
     return 0
 
 

@@ -39,6 +39,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 from _graphs import Graph, scenario  # noqa: E402
 from overhead import plait_workflow  # noqa: E402
 
@@ -250,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--resume-tasks", type=int, default=100_000, help="size of the run resumed (0: skip)"
     )
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     only = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = only - {"sqlite", "postgres", "langgraph"}
@@ -310,6 +312,7 @@ def main(argv: list[str] | None = None) -> None:
         "langgraph": langgraph,
     }
     print(json.dumps(summary))
+    _results.save("durability", summary, parser, args, argv)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
+
+import _results
 
 try:
     import torch
@@ -453,7 +456,7 @@ def lstsq(rows: list[list[float]], ys: list[float]) -> list[float]:
     return torch.linalg.lstsq(a * w, y * w).solution.squeeze(1).tolist()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="a small model, to check the script")
     parser.add_argument("--out", type=Path, help="also write gpu_profile.json here")
@@ -479,7 +482,12 @@ def main() -> int:
     parser.add_argument(
         "--refit", type=Path, metavar="JSON", help="fit again the figures of an earlier run"
     )
-    args = parser.parse_args()
+    _results.add_arguments(parser)
+    args = parser.parse_args(argv)
+
+    def save(figures: dict[str, Any]) -> None:
+        _results.save("gpu_profile", figures, parser, args, argv, ignore=("out",))
+
     if args.refit:
         try:
             result = json.loads(args.refit.read_text())
@@ -541,9 +549,12 @@ def main() -> int:
             name += "".join(f"_b{b}" for b in args.batch or [])  # runs of other sizes beside
             (args.out / f"{name}.json").write_text(json.dumps(result, indent=1))
         print(json.dumps(result))
+        save(result)
         return 0
     if args.compiled:
-        print(json.dumps(compiled_decode(model, shape, device, measure, log, args.tiny)))
+        result = compiled_decode(model, shape, device, measure, log, args.tiny)
+        print(json.dumps(result))
+        save(result)
         return 0
 
     # --- prefill ---------------------------------------------------------------------------
@@ -661,6 +672,7 @@ def main() -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "gpu_profile.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result))
+    save(result)
     return 0
 
 

@@ -31,6 +31,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 from _harness import Report, plait_runner, routed_runner, run_naive, simulate  # noqa: E402
 
 from executors import get_profile  # noqa: E402
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer programs and rates")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plots", type=Path, help="directory for PNG plots")
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.plots:
         try:
@@ -385,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             "on": round(keep_alive_on.cache_hit_share, 4),
             "hold_back": round(hold_back.cache_hit_share, 4),
         },
+        "batch_makespan_naive_s": round(batch_naive.makespan, 2),
+        "batch_makespan_plait_s": round(batch_plait.makespan, 2),
         "batch_makespan_grouped_s": round(batch_grouped.makespan, 2),
         "batch_cache_hit_grouped": round(batch_grouped.cache_hit_share, 4),
         "agents_load_rate_per_s": round(head_rate, 4),
@@ -440,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plots:
         figures["plots"] = plot(args.plots, agents, head, sql)
     print(json.dumps(figures, separators=(",", ":")))
+    _results.save("jct", figures, parser, args, argv, ignore=("plots",))
     return 0
 
 

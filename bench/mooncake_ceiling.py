@@ -16,6 +16,7 @@ uses of a block.
 
 from __future__ import annotations
 
+import argparse
 import heapq
 import json
 import statistics
@@ -27,6 +28,8 @@ from pathlib import Path
 _BENCH = Path(__file__).resolve().parent
 if str(_BENCH) not in sys.path:
     sys.path.insert(1, str(_BENCH))
+
+import _results  # noqa: E402
 
 from workloads import TraceStep, mooncake_programs  # noqa: E402
 from workloads.mooncake import TRACE_BLOCK_TOKENS  # noqa: E402
@@ -104,7 +107,10 @@ def median_reuse_gap(reqs: list[Request]) -> float:
     return statistics.median(gaps) if gaps else float("nan")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    _results.add_arguments(parser)
+    args = parser.parse_args(argv)
     capacity = 4 * 940
     out: dict[str, object] = {"blocks": capacity, "block_tokens": TRACE_BLOCK_TOKENS}
     for trace in ("synthetic", "conversation"):
@@ -117,6 +123,7 @@ def main() -> int:
             "median_block_reuse_gap_s": round(median_reuse_gap(reqs), 1),
         }
     print(json.dumps(out))
+    _results.save("mooncake_ceiling", out, parser, args, argv)
     return 0
 
 

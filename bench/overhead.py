@@ -35,6 +35,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 from _baselines import RayBaseline, Timing, run_asyncio, run_langgraph  # noqa: E402
 from _graphs import Graph, random_dag, scenario  # noqa: E402
 
@@ -369,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the random DAGs")
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs per graph")
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
 
     selected = [name.strip() for name in args.only.split(",") if name.strip()]
@@ -394,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"total wall time: {perf_counter() - started:.1f} s", file=sys.stderr)
     # Last stdout line: machine-readable, one line, nothing printed after it.
     print(json.dumps(summary, separators=(",", ":")), flush=True)
+    _results.save("overhead", summary, parser, args, argv)
 
 
 if __name__ == "__main__":

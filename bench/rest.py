@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _results
 import aiohttp
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -557,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         help="LLM calls at once on the simulated H100 (256, its max_num_seqs)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the store and the service log")
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     requests = args.requests or (1_000 if args.quick else 5_000)
     options = Options(
@@ -578,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
     print(summary(result))
     print(json.dumps(result))
+    _results.save("rest", result, parser, args, argv, ignore=("keep",))
     bad = result["lost"] or result["duplicates"] or result["orphans"] or result["retry_mismatch"]
     return 1 if bad else 0
 

@@ -43,6 +43,8 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
+
 PG = os.environ.get("PLAIT_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -244,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-sim", action="store_true", help="skip part 3")
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     started = time.perf_counter()
     rows, over = asyncio.run(processes(args.quick))
@@ -275,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     figures["quick"] = args.quick
     figures["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(figures, separators=(",", ":")))
+    _results.save("scale", figures, parser, args, argv)
     return 0
 
 

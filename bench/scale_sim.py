@@ -52,6 +52,7 @@ for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 from _cluster import ClusterRun, Kill, simulate_cluster  # noqa: E402
 
 from executors import PrefixRouter  # noqa: E402
@@ -363,6 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"the cluster runs besides one engine, comma-separated (default: all of "
         f"{', '.join(m for m in MODES if m != 'one_engine')})",
     )
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     modes = None
     if args.modes:
@@ -411,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             f"observe {f[f'router_observe_us_{replicas}']:>6.1f} us"
         )
     print(json.dumps(f, separators=(",", ":")))
+    _results.save("scale_sim", f, parser, args, argv)
     return 0
 
 

@@ -1,5 +1,6 @@
 """The simulator against a real vLLM on the CPU: the same requests, the same block size and
-cache size; prints the prefix-cache hits of both and the ratio of their mean latencies.
+cache size; prints the prefix-cache hits of both and the ratio of their mean latencies, then
+one JSON line with those figures.
 
     make bench-sim-vllm            # starts one vLLM (CPU build) itself; about 3 minutes
     python bench/sim_vs_vllm.py    # in .venv-vllm; PLAIT_VLLM_URLS=URL uses a running one
@@ -13,7 +14,9 @@ so the ratio is only meaningful on a quiet machine, and the CPU's flags are prin
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import os
 import random
 import statistics
@@ -22,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import _results
 import aiohttp
 from _vllm_server import VLLMServer, running
 
@@ -165,7 +169,10 @@ def cpu_flags() -> str:
     return "avx512f: " + ("yes" if " avx512f" in flags else "no (vLLM uses slow kernels)")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    _results.add_arguments(parser)
+    args = parser.parse_args(argv)
     given = os.environ.get("PLAIT_VLLM_URLS")
     if given:
         server = VLLMServer(given.split(",")[0].rstrip("/"), SMALL_KV_GIB, [])
@@ -182,6 +189,19 @@ def main() -> int:
         f"{sim.mean_latency:.3f} s; sim_over_vllm_latency "
         f"{sim.mean_latency / real.mean_latency:.2f}"
     )
+    figures = {
+        "blocks": blocks,
+        "avx512f": cpu_flags().startswith("avx512f: yes"),
+        "prompt_tokens_vllm": real.queries,
+        "prompt_tokens_sim": sim.queries,
+        "cached_tokens_vllm": real.hits,
+        "cached_tokens_sim": sim.hits,
+        "mean_latency_vllm_s": round(real.mean_latency, 3),
+        "mean_latency_sim_s": round(sim.mean_latency, 3),
+        "sim_over_vllm_latency": round(sim.mean_latency / real.mean_latency, 3),
+    }
+    print(json.dumps(figures))
+    _results.save("sim_vs_vllm", figures, parser, args, argv)
     return 0
 
 

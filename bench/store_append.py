@@ -24,6 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _results
+
 from memory import SQLStore
 from orchestrator.durability._journal import Journal
 
@@ -92,13 +94,20 @@ async def drop_schema(url: str, schema: str) -> None:
     await conn.close()
 
 
-async def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2,000 tasks instead of 20,000")
     parser.add_argument("--tasks", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--postgres", default="postgresql+asyncpg://postgres@127.0.0.1:5432/test")
-    args = parser.parse_args()
+    _results.add_arguments(parser)
+    args = parser.parse_args(argv)
+    figures = asyncio.run(measure_all(args))
+    print(json.dumps(figures))
+    _results.save("store_append", figures, parser, args, argv, ignore=("postgres",))
+
+
+async def measure_all(args: argparse.Namespace) -> dict[str, Any]:
     tasks = args.tasks or (2_000 if args.quick else 20_000)
     figures: dict[str, Any] = {"tasks": tasks, "events_per_task": 4}
     with tempfile.TemporaryDirectory() as tmp:
@@ -118,8 +127,8 @@ async def main() -> None:
                 await drop_schema(args.postgres, schema)
             figures[f"postgres_{mode}"] = result
             print(f"postgres                 {mode:8}: {result}", flush=True)
-    print(json.dumps(figures))
+    return figures
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -40,12 +40,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _BENCH = Path(__file__).resolve().parent
 for _path in (str(_BENCH), str(_BENCH.parent)):
     if _path not in sys.path:
         sys.path.insert(1, _path)
 
+import _results  # noqa: E402
 import httpx  # noqa: E402
 from _harness import Outcome, percentile, plait_runner, run_naive  # noqa: E402
 from _vllm_server import (  # noqa: E402
@@ -137,6 +139,18 @@ class Row:
     prompt_tokens: float
     computed_tokens: float
     preemptions: float
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "servers": self.servers,
+            "mode": self.mode,
+            "mean_jct_s": round(self.mean_jct, 2),
+            "p95_jct_s": round(self.p95_jct, 2),
+            "wall_s": round(self.makespan, 2),
+            "prompt_tokens": round(self.prompt_tokens),
+            "computed_prompt_tokens": round(self.computed_tokens),
+        }
 
     def text(self) -> str:
         hit = 1 - self.computed_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
@@ -293,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--ablations", action="store_true", help="with --quick: the ablation rows too"
     )
+    _results.add_arguments(parser)
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     sizes = Sizes(
@@ -330,13 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     print("[vllm-cpu] means over the runs:", file=sys.stderr)
     for row in rows.values():
         print(f"[vllm-cpu] {row.text()}", file=sys.stderr)
-    out: dict[str, float | str | int] = {}
+    out: dict[str, Any] = {}
     if not args.only:
         out |= figures(rows, 2)
         out |= {f"one_server_{k}": v for k, v in figures(rows, 1).items()}
     out |= {"quick": int(args.quick), "repeats": repeats, "kv_gib": args.kv_gib}
     out["wall_s"] = round(time.monotonic() - started, 1)
+    out["modes"] = [row.figures() for row in rows.values()]
     print(json.dumps(out))
+    _results.save("vllm_cpu", out, parser, args, argv, ignore=("urls",))
     return 0
 
 
