@@ -1162,7 +1162,7 @@ class _SQLiteAppender:
 
     Known cost: an event loop that never waits gives up the GIL and takes it back at every
     turn, so the thread, which needs the GIL after each call into SQLite, seldom gets it until
-    the loop waits; see docs/benchmarks.md ("After the append path was reworked")."""
+    the loop waits; see docs/decisions/store-append-path.md."""
 
     def __init__(self, path: str, synchronous: str, busy_ms: int) -> None:
         self._path = path
