@@ -22,9 +22,11 @@ $(BIN)/.installed-bench: $(BIN)/.installed-dev
 	$(BIN)/python -m pip install -q -e '.[dev,bench]'
 	touch $@
 
+# The demo prints its comparison and writes no result record: bench/results/ holds the
+# figures docs/benchmarks.md is rendered from, which a demo run must not change.
 demo: $(BIN)/.installed-demo
 	$(BIN)/plait run examples/research_team.py
-	$(BIN)/python bench/demo.py
+	$(BIN)/python bench/demo.py --no-save
 
 # The batch example: 2,000 generated documents, 4 questions each, an extractor and a verifier
 # agent per question, on four simulated H100s (about a minute); output in out/batch-demo/.

@@ -206,3 +206,13 @@ def test_a_busy_machine_meets_time_targets_but_judges_no_miss_and_no_ratio() -> 
     assert met(80.0, ok=False, busy=True) == "not judged (busy machine)"
     assert met(14.0, ok=True, busy=True, ratio=True) == "not judged (busy machine)"
     assert met(None, ok=False) == "not measured"
+
+
+def test_make_demo_leaves_the_result_records_as_they_are() -> None:
+    """`make demo` runs a bench for its printout: it must not rewrite the record the page is
+    rendered from (a clone where the demo ran would then fail `report.py --check`)."""
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    recipe = makefile.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    benches = [line for line in recipe.splitlines() if "bench/" in line]
+    assert benches, "the demo target runs no bench: update this test"
+    assert all("--no-save" in line for line in benches), benches
