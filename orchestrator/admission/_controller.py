@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, cast
 
 from ._gate import DeadlineGate, Gated, GateStats, RunGate
-from ._knee import DEFAULT_HEADROOM, Headroom, KneeController, KneeStats, reserve_cap
+from ._knee import (
+    DEFAULT_HEADROOM,
+    Headroom,
+    KneeController,
+    KneeStats,
+    reserve_cap,
+    slack_rich,
+)
 from ._learned import Durations, RunTimes
 from ._scheduler import PriorityClass, ProgramView, alone_slack_of, slack_of
 
@@ -292,8 +299,7 @@ class UrgencyController:
         if alone < 0:
             return "hopeless"
         slack = max(0.0, slack)  # late only at this load: urgent, not hopeless
-        margins = self._margins
-        if slack > max(margins.rich_slack_s, margins.rich_slack_ratio * view.remaining):
+        if slack_rich(run.priority_class, slack, view.remaining, self._margins):
             return "slack_rich"
         return "shareable" if slack >= SHARE_MARGIN * view.remaining else "tight"
 

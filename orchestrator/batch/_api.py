@@ -17,6 +17,7 @@ from ..admission._gate import DEFAULT_GATE, DeadlineGate
 from ..admission._queue import Limits
 from ..durability._store import Store
 from ..engine._engine import Engine
+from ..engine._open import open_backends
 from ..engine._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker
 from ..model._clock import Clock
 from ..model._llm import LLMBackend
@@ -62,12 +63,11 @@ async def run_batch(
     job.open_sink()
     try:
         async with contextlib.AsyncExitStack() as stack:
-            used: dict[str, LLMBackend] = {}
-            for name, backend in backends.items():
-                wrapped = Coalescing(backend) if coalesce else backend
-                if isinstance(wrapped, contextlib.AbstractAsyncContextManager):
-                    await stack.enter_async_context(wrapped)
-                used[name] = wrapped
+            used: dict[str, LLMBackend] = {
+                name: Coalescing(backend) if coalesce else backend
+                for name, backend in backends.items()
+            }
+            await open_backends(stack, used)
             engine = Engine(
                 backends=used,
                 clock=clock,
