@@ -12,13 +12,12 @@ time. Three ways to run the same programs and arrivals:
   work is around too (`Router(urgent_lanes="auto")`: one replica here, with no batch call
   on it while queries are around), and queries start in deadline order, as many at
   once as meets the most deadlines (the default `DeadlineGate`);
-- plait, no lane: the same without lanes (`urgent_lanes=0`, the default until the sixth
-  session of 2026-11-26): slack-rich work held back to the backend's learned throughput
-  knee while urgent work is around (`Engine()`'s default `Headroom`).
+- plait, no lane: the same without lanes (`urgent_lanes=0`): slack-rich work held back to
+  the backend's learned throughput knee while urgent work is around (`Engine()`'s default
+  `Headroom`).
 
 Three rows keep one replica as an urgent lane whatever the load (`Router(urgent_lanes=1)`):
-"plait + lane" lets at most 2 batch calls onto it while queries are around (the
-default's lane until the seventh session of 2026-11-26), "lane,
+"plait + lane" lets at most 2 batch calls onto it while queries are around, "lane,
 programs" the calls of one batch program, and "lane, paced" the same with that program's
 uncached prompt computed in pieces of 128 tokens first (`lane_prefill_tokens`); `--lane
 P:N` adds rows for other settings.
@@ -27,17 +26,16 @@ Reported: the queries' deadline attainment, and the batch's throughput relative 
 alone (the fastest of the modes running it alone; each mode's own alone run too); an
 estimate of the most batch share any schedule could keep while meeting the target share of
 deadlines (`Ceiling`; docs/decisions/admission-figures.md, "How far a lane can go"); and the
-share a lane
-that takes no batch work leaves the batch (`Ceiling.whole_lane`: the queries alone on one
-replica, the batch on the others until they end).
+share a lane that takes no batch work leaves the batch (`Ceiling.whole_lane`: the queries
+alone on one replica, the batch on the others until they end).
 
 Part 2: text-to-SQL alone on one replica, at the first rate (1.0, 1.1, 1.2, ... queries/s)
 where naive attains under 0.5, against priority-only and plait (hopeless deadlines demoted
 and held; runs judged late while waiting to start, fewer than 70% of runs at the present
 load making it in their time left, go behind the rest and start only into spare room),
-plait as it was before the fifth session of 2026-11-26
-(`DeadlineGate(late_in_flight=1, likely=0.5, min_seen=10)`: late judged by the median,
-one late run kept going through an overload, nothing held until ten runs ended), and
+plait with an earlier gate (`DeadlineGate(late_in_flight=1, likely=0.5, min_seen=10)`:
+late judged by the median, one late run kept going through an overload, nothing held until
+ten runs ended), and
 plait with the queries submitted `late="cancel"` (a query that cannot make its deadline at
 the present load is shed while it waits to start, and one still running at its deadline
 is cancelled; both count as misses; JCT figures are over the queries answered), and the
