@@ -155,6 +155,8 @@ class Router(
             )
         self.names = list(backends)
         self.backends = list(backends.values())
+        if block_tokens is not None and block_tokens < 1:
+            raise UsageError(f"Router(block_tokens={block_tokens}) must be positive or None")
         self._sizes_given = (block_tokens, cache_blocks)
         block_tokens = block_tokens or DEFAULT_BLOCK_TOKENS  # until the replicas say theirs
         self.block_tokens = block_tokens
@@ -164,8 +166,6 @@ class Router(
         self.tokenize = tokenize
         if cache_blocks is not None and cache_blocks < 1:
             raise UsageError(f"Router(cache_blocks={cache_blocks}) must be positive or None")
-        if block_tokens < 1:
-            raise UsageError(f"Router(block_tokens={block_tokens}) must be positive or None")
         self.policy = PrefixRouter(len(self.backends), max_imbalance=max_imbalance)
         self._size_policy(cache_blocks)
         self._said: dict[str, ServerCapacity | None] | None = None

@@ -16,7 +16,7 @@ from aiohttp.test_utils import TestServer
 
 from executors import OpenAIBackend, PrefixGrouper, Router, SimServer, backends_from_config
 from executors._capacity import size_router
-from orchestrator import Engine, VirtualClock
+from orchestrator import Engine, UsageError, VirtualClock
 from orchestrator.ext import ServerCapacity
 
 
@@ -141,6 +141,8 @@ def test_given_sizes_win_over_what_the_replicas_say() -> None:
     assert (block, blocks) == (16, 4096)  # the servers' 65,536 tokens in the given block
     assert together.kv_tokens == 131_072 and together.block_tokens == 128  # what they said
     assert (block2, blocks2) == (16, 100)  # a given cache counts blocks of 16 tokens
+    with pytest.raises(UsageError, match="block_tokens=0"):
+        Router({"a": vllm("http://gpu1:8000/v1")}, block_tokens=0)
 
 
 def test_replicas_whose_blocks_differ_are_routed_in_blocks_of_16_with_a_warning(
@@ -212,6 +214,16 @@ def test_a_router_the_engine_is_given_unentered_is_sized_as_the_engine_starts() 
     block, before, after = clock.run(main())
     profile = SimServer("cpu-tiny").profile
     assert (block, before, after) == (profile.block_size, None, profile.num_blocks)
+
+
+def test_paced_prefill_finer_than_the_replicas_block_is_refused_as_the_router_starts() -> None:
+    async def main() -> None:
+        sims = {"a": SimServer("cpu-tiny"), "b": SimServer("cpu-tiny", seed=1)}
+        async with Router(sims, health_interval_s=None, lane_prefill_tokens=64):
+            pass
+
+    with pytest.raises(UsageError, match=r"lane_prefill_tokens=64\) is less than .* \(128 tokens"):
+        VirtualClock().run(main())
 
 
 # --- the decision, without servers -------------------------------------------------------------
