@@ -47,9 +47,9 @@ from workloads import LLMStep, batch_programs
 MODEL = "tiny"
 VLLM_VENV = ROOT / ".venv-vllm"
 MODEL_DIR = ROOT / ".cache" / "tiny-llama"
-BLOCK_TOKENS = 128
 KV_GIB = 0.125
-"""Each server's KV cache: 64 blocks of 128 tokens, smaller than the job's documents."""
+"""Each server's KV cache: 64 blocks of 128 tokens, smaller than the job's documents (the
+router reads its size and block from the servers' `/metrics`)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +143,6 @@ async def _naive(servers: Sequence[VLLMServer], rows: Sequence[dict[str, Any]]) 
 
 def plait_config(path: Path, servers: Sequence[VLLMServer]) -> Path:
     urls = ", ".join(json.dumps(f"{s.url}/v1") for s in servers)
-    blocks = int(KV_GIB * 2**30 / (BLOCK_TOKENS * 16 * 1024))
     path.write_text(
         f"""\
 # bench/batch.py: the servers it started, behind plait's router, in vLLM's dialect.
@@ -156,8 +155,6 @@ urls = [{urls}]
 dialect = "vllm"
 model = "{MODEL}"
 timeout_s = 3600
-block_tokens = {BLOCK_TOKENS}
-kv_cache_tokens = {blocks * BLOCK_TOKENS}
 
 [backends.default.limits]
 max_in_flight = {64 * len(servers)}

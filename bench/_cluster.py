@@ -255,16 +255,13 @@ def simulate_cluster(
                 for server in servers:  # each request is counted as it arrives, not kept
                     server.record = True
                     server.recorded = ideal  # type: ignore[assignment]
-            router_block = block_tokens or block
-            if router_block % block:
-                raise ValueError(f"block_tokens={router_block} is not a multiple of {block}")
-            cache_blocks = servers[0].profile.num_blocks * block // router_block
+            if block_tokens is not None and block_tokens % block:
+                raise ValueError(f"block_tokens={block_tokens} is not a multiple of {block}")
             hub = LocalRouterHub(delay_s) if share_routes and engines > 1 else None
             routers = [
-                Router(
+                Router(  # the servers' caches as they say them, in blocks of block_tokens
                     {f"replica{i}": s for i, s in enumerate(servers)},
-                    block_tokens=router_block,
-                    cache_blocks=cache_blocks,
+                    block_tokens=block_tokens,
                     clock=clock,
                     peers=hub.link() if hub is not None else None,
                 )

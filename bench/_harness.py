@@ -430,14 +430,9 @@ def plait_backend(
     backend: LLMBackend
     if len(servers) == 1:
         backend = servers[0]
-    elif route:
-        sims = [s for s in servers if isinstance(s, SimServer)]
-        same_blocks = bool(sims) and sims[0].profile.block_size == block_tokens
-        backend = Router(
-            {f"replica{i}": s for i, s in enumerate(servers)},
-            block_tokens=block_tokens,
-            cache_blocks=sims[0].profile.num_blocks if same_blocks else None,
-        )
+    elif route:  # the servers' caches as they say them, in blocks of `block_tokens`
+        replicas = {f"replica{i}": s for i, s in enumerate(servers)}
+        backend = Router(replicas, block_tokens=block_tokens)
     else:
         backend = RoundRobin(servers)
     if group:

@@ -113,22 +113,15 @@ def run_plait(rows: list[Row], out: Path, *, group: bool = False) -> dict[str, A
     async def main() -> dict[str, Any]:
         async with AsyncExitStack() as stack:
             sims = [await stack.enter_async_context(s) for s in servers(clock)]
-            profile = sims[0].profile
-            router = Router(
+            router = Router(  # its block and cache as the servers say them
                 {f"replica{i}": s for i, s in enumerate(sims)},
-                block_tokens=profile.block_size,
-                cache_blocks=profile.num_blocks,
                 health_interval_s=None,
                 clock=clock,
             )
             job = BatchJob(rows, JsonlSink(str(out)), max_running=4 * MAX_IN_FLIGHT * REPLICAS)
             summary = await run_batch(
                 job,
-                backends={
-                    "default": (
-                        PrefixGrouper(router, block_tokens=profile.block_size) if group else router
-                    )
-                },
+                backends={"default": PrefixGrouper(router) if group else router},
                 clock=clock,
                 limits={"default": Limits(max_in_flight=MAX_IN_FLIGHT * REPLICAS)},
             )

@@ -140,14 +140,10 @@ def plait_mixed(
     async def run(
         programs: Sequence[Program], servers: Sequence[LLMBackend], clock: Clock
     ) -> list[Outcome]:
-        block = servers[0].profile.block_size if isinstance(servers[0], SimServer) else 16
         backend: LLMBackend = servers[0]
         if len(servers) > 1:
-            sims = [s for s in servers if isinstance(s, SimServer)]
-            backend = Router(
+            backend = Router(  # its block and cache as the servers say them
                 {f"replica{i}": s for i, s in enumerate(servers)},
-                block_tokens=block,
-                cache_blocks=sims[0].profile.num_blocks if sims else None,
                 urgent_lanes=lanes,
                 lane_batch_in_flight=lane_calls,
                 lane_batch_programs=lane_programs,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator import (
@@ -266,3 +266,68 @@ def _count(value: object, most: int) -> int | None:
 
 def _bounded(value: int | None, most: int) -> int | None:
     return value if value is not None and 1 <= value <= most else None
+
+
+DEFAULT_BLOCK_TOKENS = 16
+"""A router's prefix block where its members do not say theirs (vLLM's default on GPUs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSize:
+    """How a router sizes its model of its replicas' caches: prompts are hashed in blocks
+    of `block_tokens`, and each replica holds `cache_blocks` of them (None: unknown, so the
+    model remembers what it sent and evicts nothing). `warnings`: what went wrong in
+    deriving them, one line each, for the log."""
+
+    block_tokens: int
+    cache_blocks: int | None
+    warnings: tuple[str, ...] = ()
+
+
+def size_router(
+    said: Mapping[str, ServerCapacity | None],
+    *,
+    block_tokens: int | None = None,
+    cache_blocks_given: int | None = None,
+) -> RouterSize:
+    """A router's block and per-replica cache from what its members said (`said`, by
+    member: None for one that did not answer in time or failed to), unless given.
+
+    - The block: `block_tokens` where given; else `DEFAULT_BLOCK_TOKENS` where
+      `cache_blocks_given` is (that count is in the router's blocks, so their size cannot
+      move under it); else the block the members that say one agree on, made at least 16
+      tokens (`router_block`); `DEFAULT_BLOCK_TOKENS` where none says one, and with a
+      warning where they differ.
+    - The cache: `cache_blocks_given` where given; else the smallest KV cache a member says
+      (its server's, or its configured `kv_cache_tokens`) in those blocks, for every
+      replica: one model's replicas are alike, and one that says nothing (down as the
+      router starts) is taken to be like the others. None where no member says one.
+    """
+    warnings: list[str] = []
+    known = {name: c for name, c in said.items() if c is not None}
+    silent = [name for name, c in said.items() if c is None or c.kv_tokens is None]
+    if block_tokens is not None:
+        block = block_tokens
+    elif cache_blocks_given is not None:
+        block = DEFAULT_BLOCK_TOKENS
+    else:
+        blocks = {name: c.block_tokens for name, c in known.items() if c.block_tokens}
+        common = router_block([ServerCapacity(block_tokens=b) for b in set(blocks.values())])
+        if len(set(blocks.values())) > 1:
+            sizes = ", ".join(f"{name} {b}" for name, b in blocks.items())
+            warnings.append(
+                f"the members' KV blocks differ ({sizes} tokens): prompts are hashed in "
+                f"blocks of {DEFAULT_BLOCK_TOKENS}; give block_tokens to choose"
+            )
+        block = common or DEFAULT_BLOCK_TOKENS
+    if cache_blocks_given is not None:
+        return RouterSize(block, cache_blocks_given, tuple(warnings))
+    sized = [c for c in known.values() if c.kv_tokens is not None]
+    blocks_each = cache_blocks(sized, block) if sized else None
+    if silent and blocks_each is not None:
+        warnings.append(
+            f"{', '.join(silent)} did not say its KV cache (down, or a server that does "
+            f"not say it, with no kv_cache_tokens): taken as {blocks_each:,} blocks like "
+            "the smallest of the others"
+        )
+    return RouterSize(block, blocks_each, tuple(warnings))

@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, Field, PlainValidator, model_validator
 
 from orchestrator import Clock, LLMBackend, UsageError, load_config
-from orchestrator.ext import BackendKind, ConfigSection, ServerCapacity
+from orchestrator.ext import BackendKind, ConfigSection
 
-from ._capacity import MAX_KV_TOKENS, cache_blocks, explain_capacity
+from ._capacity import MAX_KV_TOKENS, explain_capacity
 from ._dialects import DIALECTS
 from ._grouping import PrefixGrouper
 from ._openai import OpenAIBackend
@@ -191,7 +191,9 @@ class RouterSettings(LaneSettings):
     api_key_env: str | None = None
     timeout_s: float = Field(default=600.0, gt=0)
     slots: int | None = Field(default=None, ge=1)
-    block_tokens: int = Field(default=16, ge=1)
+    block_tokens: int | None = Field(default=None, ge=1)
+    """Prompts are hashed in blocks of this many tokens; unset: the members' KV block, as
+    their servers say it (16 where they do not)."""
     max_imbalance: float = Field(default=1.5, ge=1.0)
     readmit_after_s: float = Field(default=30.0, ge=0)
     health_interval_s: float = Field(default=10.0, ge=0)
@@ -200,8 +202,8 @@ class RouterSettings(LaneSettings):
     tokenizer: str | None = None
     """A Hugging Face tokenizer name: hash prompts on its tokens (needs `transformers`)."""
     kv_cache_tokens: int | None = Field(default=None, ge=1, le=MAX_KV_TOKENS)
-    """Each member's KV cache in tokens, where its server does not say its own: the router
-    then models each server's eviction."""
+    """Each member's KV cache in tokens, where its server does not say its own; with every
+    member's cache known, from the server or from here, the router models their eviction."""
     group_prefixes: bool = False
     """Hold calls sharing an uncomputed prefix with one in flight until it is computed (for
     servers that reuse a prefix only once computed; vLLM shares it within a step)."""
@@ -311,7 +313,6 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         health_interval_s=settings.health_interval_s or None,
         health_timeout_s=settings.health_timeout_s,
         tokenize=tokenize,
-        cache_blocks=_configured_blocks(settings),
         clock=clock,
         **settings.lane_options(),
     )
@@ -323,16 +324,6 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         min_shared_blocks=settings.min_shared_blocks,
         tokenize=tokenize,
     )
-
-
-def _configured_blocks(settings: RouterSettings) -> int | None:
-    """Each member's KV cache in the router's blocks as configured (`kv_cache_tokens`), for
-    the router's model of the servers' eviction; None unless every member has one."""
-    configured = [
-        ServerCapacity(kv_tokens=settings.resolved(member).kv_cache_tokens)
-        for member in settings.members()
-    ]
-    return cache_blocks(configured, settings.block_tokens)
 
 
 def _tokenizer(name: str) -> Tokenize:
@@ -356,25 +347,20 @@ def build_sim(name: str, settings: SimSettings, clock: Clock | None) -> LLMBacke
             settings.profile, seed=seed, clock=clock, honour_priority=settings.honour_priority
         )
 
-    profile = PROFILES[settings.profile]
     backend: LLMBackend
     if settings.replicas == 1:
         backend = server(settings.seed)
     else:
         replicas = {f"{name}-{i}": server(settings.seed + i) for i in range(settings.replicas)}
-        backend = Router(
+        backend = Router(  # its block and cache as the servers say them: the profile's
             replicas,
-            block_tokens=profile.block_size,
             max_imbalance=settings.max_imbalance,
-            cache_blocks=profile.num_blocks,  # the simulator's cache size is known exactly
             clock=clock,
             **settings.lane_options(),
         )
     if not settings.group_prefixes:
         return backend
-    return PrefixGrouper(
-        backend, block_tokens=profile.block_size, min_shared_blocks=settings.min_shared_blocks
-    )
+    return PrefixGrouper(backend, min_shared_blocks=settings.min_shared_blocks)
 
 
 # --- describing (without connecting) ---------------------------------------------------------
@@ -402,7 +388,7 @@ def describe_openai(settings: EndpointSettings) -> str:
 def describe_router(settings: RouterSettings) -> str:
     members = settings.members()
     lines = [
-        f"router over {len(members)} endpoint(s), blocks of {settings.block_tokens} tokens, "
+        f"router over {len(members)} endpoint(s), {_blocks_text(settings.block_tokens)}, "
         f"max imbalance {settings.max_imbalance:g}, readmit after {settings.readmit_after_s:g} s, "
         + (
             f"health probe every {settings.health_interval_s:g} s"
@@ -421,6 +407,12 @@ def describe_router(settings: RouterSettings) -> str:
     for member in members:
         lines.append(f"  {member.name or member.url}: {describe_openai(settings.resolved(member))}")
     return "\n".join(lines)
+
+
+def _blocks_text(block_tokens: int | None) -> str:
+    if block_tokens is not None:
+        return f"blocks of {block_tokens} tokens"
+    return "blocks of the members' KV block (read from them; 16 where they do not say it)"
 
 
 def _lanes_text(settings: LaneSettings) -> str:

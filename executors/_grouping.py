@@ -17,10 +17,12 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Self
 
 from orchestrator import Hints, LLMBackend, LLMRequest, LLMResponse
-from orchestrator.ext import WrappedBackend
+from orchestrator.ext import ServerCapacity, WrappedBackend
 
+from ._capacity import DEFAULT_BLOCK_TOKENS, router_block
 from ._prefix import Tokenize, prompt_hashes
 
 
@@ -36,20 +38,23 @@ class PrefixGrouper(WrappedBackend):
     with a call in flight until that call returns.
 
     `block_tokens` is the hashing granularity (4-character tokens, or real ones with
-    `tokenize`); `remember` bounds how many computed prefix blocks are remembered.
+    `tokenize`); None (the default): the KV block `backend` says it uses (`capacity()`,
+    made at least 16 tokens), read as the grouper is entered, else 16. `remember` bounds
+    how many computed prefix blocks are remembered.
     """
 
     def __init__(
         self,
         backend: LLMBackend,
         *,
-        block_tokens: int = 16,
+        block_tokens: int | None = None,
         min_shared_blocks: int = 8,
         tokenize: Tokenize | None = None,
         remember: int = 1_000_000,
     ) -> None:
         super().__init__(backend)
-        self.block_tokens = block_tokens
+        self._block_given = block_tokens
+        self.block_tokens = block_tokens or DEFAULT_BLOCK_TOKENS  # until the backend says its
         self.min_shared_blocks = min_shared_blocks
         self._tokenize = tokenize
         self._remember = remember
@@ -57,6 +62,16 @@ class PrefixGrouper(WrappedBackend):
         self._computed: OrderedDict[int, None] = OrderedDict()
         self._calls = 0
         self._held = 0
+
+    async def __aenter__(self) -> Self:
+        await super().__aenter__()
+        if self._block_given is None:
+            try:
+                said = await self.capacity()
+            except Exception:  # the protocol says it does not raise; one that does said nothing
+                said = ServerCapacity()
+            self.block_tokens = router_block([said]) or DEFAULT_BLOCK_TOKENS
+        return self
 
     def _leader(self, hashes: Sequence[int]) -> asyncio.Future[None] | None:
         """The call computing the deepest part of this prompt's prefix, if it shares enough."""

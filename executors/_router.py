@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Literal
 
@@ -29,23 +30,28 @@ from orchestrator import BackendError, Clock, Hints, LLMBackend, LLMRequest, LLM
 from orchestrator.ext import (
     BackendOverloadedError,
     BackendUnavailableError,
+    CapacityReporting,
     FailureIsolating,
     HealthChecked,
     LoadReport,
     LoadReporting,
     Notifier,
     ProgramAware,
+    ServerCapacity,
     UrgentIsolating,
     WallClockBackend,
     running_clock,
 )
 
+from ._capacity import DEFAULT_BLOCK_TOKENS, combined, size_router
 from ._peerlink import NotifierRouterLink
 from ._peers import Peering, PeerStats, RouterLink
 from ._prefix import Tokenize, prompt_hashes
 from ._priming import Pieces, piece_ends, prefix_request, priming_hints
 from ._routing import PrefixRouter
 from ._simtext import CHARS_PER_TOKEN, render
+
+_log = logging.getLogger("plait.router")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +79,7 @@ class Router(
     ProgramAware,
     HealthChecked,
     LoadReporting,
+    CapacityReporting,
     FailureIsolating,
     UrgentIsolating,
     WallClockBackend,
@@ -80,14 +87,20 @@ class Router(
     """Routes each call to one of `backends` by prompt prefix and load.
 
     `block_tokens`: the prefix granularity (prompts are hashed in blocks of that many
-    tokens: of `tokenize`'s when given, else of four characters; match the servers' KV block
-    size where you can). `health_interval_s`: how often to probe the backends that are
-    `HealthChecked` (None: never); a probe that does not finish in `health_timeout_s` fails.
+    tokens: of `tokenize`'s when given, else of four characters). None (the default): the
+    KV block the replicas say they use, read as the router is entered or first asked its
+    `capacity()` (made at least 16 tokens), else 16. `health_interval_s`: how often to
+    probe the backends that are `HealthChecked` (None: never); a probe that does not finish
+    in `health_timeout_s` fails.
     A probe also reads the server's own load (`load()`, from its metrics) where it is
     `LoadReporting`: a replica busy with other clients' requests then counts as busy here too.
-    `cache_blocks`: each server's KV cache in such blocks, if known (vLLM logs its size at
-    start-up): the router then models each server's LRU eviction instead of assuming that
-    what it sent somewhere stays there. `urgent_lanes`: replicas kept for urgent
+    `cache_blocks`: each server's KV cache in such blocks. None (the default): read from
+    the replicas with the block (their servers' KV caches, or their configured
+    `kv_cache_tokens`; the smallest, for every replica: `size_router`). Known, the router
+    models each server's LRU eviction instead of assuming that what it sent somewhere stays
+    there. Given, it counts blocks of `block_tokens` (16 where that is not given). Replicas
+    are asked within `health_timeout_s`, all at once; one that fails to answer is logged
+    and taken to be like the others. `urgent_lanes`: replicas kept for urgent
     (interactive) calls while there are any, with at most `lane_batch_in_flight` batch calls
     on each (0, the default: a batch call's prompt would lengthen every step of the lane's
     urgent calls), or, with `lane_batch_programs`, the calls of at most that many batch
@@ -114,7 +127,7 @@ class Router(
         self,
         backends: Mapping[str, LLMBackend],
         *,
-        block_tokens: int = 16,
+        block_tokens: int | None = None,
         max_imbalance: float = 1.5,
         readmit_after_s: float = 30.0,
         health_interval_s: float | None = 10.0,
@@ -142,6 +155,10 @@ class Router(
             )
         self.names = list(backends)
         self.backends = list(backends.values())
+        if block_tokens is not None and block_tokens < 1:
+            raise UsageError(f"Router(block_tokens={block_tokens}) must be positive or None")
+        self._sizes_given = (block_tokens, cache_blocks)
+        block_tokens = block_tokens or DEFAULT_BLOCK_TOKENS  # until the replicas say theirs
         self.block_tokens = block_tokens
         self.readmit_after_s = readmit_after_s
         self.health_interval_s = health_interval_s
@@ -149,15 +166,10 @@ class Router(
         self.tokenize = tokenize
         if cache_blocks is not None and cache_blocks < 1:
             raise UsageError(f"Router(cache_blocks={cache_blocks}) must be positive or None")
-        # With the caches' size known the model holds at most that much; beyond about 40
-        # H100s the default bound on remembered prefixes would forget what they still hold.
-        capacity = max(1_000_000, len(self.backends) * (cache_blocks or 0))
-        self.policy = PrefixRouter(
-            len(self.backends),
-            max_imbalance=max_imbalance,
-            blocks_per_replica=cache_blocks,
-            capacity=capacity,
-        )
+        self.policy = PrefixRouter(len(self.backends), max_imbalance=max_imbalance)
+        self._size_policy(cache_blocks)
+        self._said: dict[str, ServerCapacity | None] | None = None
+        """What each replica said of its size as the router was entered (None: failed)."""
         self._clock = clock
         n = len(self.backends)
         # What each replica declared, read once.
@@ -271,6 +283,7 @@ class Router(
                     await stack.enter_async_context(backend)
             if isinstance(self.peers, contextlib.AbstractAsyncContextManager):
                 await stack.enter_async_context(self.peers)
+            await self._size()
         except BaseException as exc:
             await stack.__aexit__(type(exc), exc, exc.__traceback__)
             raise
@@ -297,6 +310,65 @@ class Router(
         if self._stack is not None:
             stack, self._stack = self._stack, None
             await stack.__aexit__(exc_type, exc, tb)
+
+    # --- size --------------------------------------------------------------------------------
+
+    async def _size(self) -> None:
+        """Read the block and the per-replica cache from the replicas, where not given."""
+        self._said = await self._ask_sizes()
+        given_block, given_cache = self._sizes_given
+        size = size_router(self._said, block_tokens=given_block, cache_blocks_given=given_cache)
+        for warning in size.warnings:
+            _log.warning("router over %s: %s", ", ".join(self.names), warning)
+        self.block_tokens = size.block_tokens
+        self._size_policy(size.cache_blocks)
+        prefill = self.lane_prefill_tokens
+        if prefill is not None and prefill < size.block_tokens:
+            raise UsageError(
+                f"Router(lane_prefill_tokens={prefill}) is less than the replicas' KV block "
+                f"({size.block_tokens} tokens): give at least that, or None to send prompts whole"
+            )
+
+    def _size_policy(self, cache_blocks: int | None) -> None:
+        # With the caches' size known the model holds at most that much; beyond about 40
+        # H100s the default bound on remembered prefixes would forget what they still hold.
+        self.policy.blocks_per_replica = cache_blocks
+        self.policy.capacity = max(1_000_000, len(self.backends) * (cache_blocks or 0))
+
+    async def _ask_sizes(self) -> dict[str, ServerCapacity | None]:
+        """What each replica says of its size (`CapacityReporting`), all asked at once, each
+        within `health_timeout_s`: None for one that does not report it or failed to."""
+
+        async def ask(name: str, reporting: CapacityReporting) -> ServerCapacity | None:
+            try:
+                async with asyncio.timeout(self.health_timeout_s):
+                    return await reporting.capacity()
+            except Exception as exc:  # a replica that cannot say is no reason not to start
+                _log.warning("router replica %s did not say its size: %r", name, exc)
+                return None
+
+        said: dict[str, ServerCapacity | None] = dict.fromkeys(self.names)
+        asking = [
+            (name, b)
+            for name, b in zip(self.names, self.backends, strict=True)
+            if isinstance(b, CapacityReporting)
+        ]
+        answers = await asyncio.gather(*(ask(name, b) for name, b in asking))
+        said.update(zip((name for name, _ in asking), answers, strict=True))
+        return said
+
+    async def capacity(self) -> ServerCapacity:
+        """The replicas together (`CapacityReporting`): their KV caches added up (unknown
+        unless every one says its own), the KV block those that say one agree on, their
+        sequence limits added up. As they said it when the router was entered; asked now if
+        it was not, and the router sized from their answers then (an engine asks as it
+        starts, so a router it was given unentered is sized too)."""
+        if self._said is None:
+            await self._size()
+        said = self._said or {}
+        total = combined([c or ServerCapacity() for c in said.values()])
+        blocks = {c.block_tokens for c in said.values() if c is not None and c.block_tokens}
+        return replace(total, block_tokens=blocks.pop() if len(blocks) == 1 else None)
 
     def _now(self) -> float:
         if self._clock is None:

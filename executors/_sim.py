@@ -31,7 +31,7 @@ from orchestrator import (
     SystemClock,
     Usage,
 )
-from orchestrator.ext import running_clock
+from orchestrator.ext import ServerCapacity, running_clock
 
 from ._simagent import agent_reply
 from ._simengine import SimEngine, SimRequest, StepPlan
@@ -226,6 +226,18 @@ class SimServer:
             raise
         finally:
             self._futures.pop(req.id, None)
+
+    async def capacity(self) -> ServerCapacity:
+        """Its size as its HTTP front says it in `/metrics` (`CapacityReporting`): the
+        profile's KV cache and block; the sequences it runs at once, as vLLM, it does not
+        say. It keeps a paused program's KV while asked."""
+        profile = self.profile
+        return ServerCapacity(
+            kv_tokens=profile.kv_tokens,
+            block_tokens=profile.block_size,
+            source=f"the simulator's profile {profile.name}",
+            keeps_kv=True,
+        )
 
     def describe(self) -> str:
         """One line for people: what the simulated GPU did and how much its cache saved."""

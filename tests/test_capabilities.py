@@ -40,7 +40,11 @@ class Probed(FunctionLLM):
 
 
 EVERYTHING = Capabilities(
-    program_aware=True, health_checked=True, load_reporting=True, isolates_failures=True
+    program_aware=True,
+    health_checked=True,
+    load_reporting=True,
+    isolates_failures=True,
+    capacity_reporting=True,
 )
 
 
@@ -56,7 +60,7 @@ def test_wrappers_declare_every_capability_and_answer_as_what_they_wrap() -> Non
     )
     assert capabilities(PrefixGrouper(fake)) == forwarding
     grouped = capabilities(PrefixGrouper(Router({"a": fake})))
-    assert grouped == replace(EVERYTHING, capacity_reporting=True)
+    assert grouped == EVERYTHING
     remote = OpenAIBackend("http://gpu:8000/v1")
     declared = replace(forwarding, needs_wall_clock=True)
     assert capabilities(remote) == declared

@@ -393,7 +393,9 @@ def test_backends_are_built_as_configured(tmp_path: Path, monkeypatch: pytest.Mo
     assert pool.policy.max_imbalance == 2.0
     assert pool.health_interval_s is None  # 0 in the file: no probes
     assert pool.tokenize is None
-    assert pool.policy.blocks_per_replica == 4096  # the smaller member's 131,072 tokens / 32
+    # Its members' caches are read as it is entered (their kv_cache_tokens where their
+    # servers do not say them: test_router_capacity.py), not when it is built.
+    assert pool.policy.blocks_per_replica is None
     one, two = pool.backends
     assert isinstance(one, OpenAIBackend) and isinstance(two, OpenAIBackend)
     # What a member leaves out it takes from the router's table.
@@ -412,7 +414,14 @@ def test_backends_are_built_as_configured(tmp_path: Path, monkeypatch: pytest.Mo
     assert all(isinstance(s, SimServer) for s in sims.backends)
     assert [s.seed for s in sims.backends] == [7, 8, 9]  # type: ignore[attr-defined]
     assert {s.profile.name for s in sims.backends} == {"cpu-tiny"}  # type: ignore[attr-defined]
-    assert sims.block_tokens == sims.backends[0].profile.block_size  # type: ignore[attr-defined]
+    profile = sims.backends[0].profile  # type: ignore[attr-defined]
+
+    async def entered() -> tuple[int, int | None]:
+        async with sims:
+            return sims.block_tokens, sims.policy.blocks_per_replica
+
+    # The simulated servers say the profile's block and cache, as vLLM says its own.
+    assert clock.run(entered()) == (profile.block_size, profile.num_blocks)
 
 
 def test_one_simulated_server_is_not_wrapped_in_a_router() -> None:
