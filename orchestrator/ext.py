@@ -5,7 +5,7 @@ from .admission._knee import Headroom
 from .admission._mode import AdmissionTuning
 from .admission._scheduler import Policy, ProgramView
 from .cluster._notify import Notifier
-from .cluster._slots import SlotBroker, SlotRow, allot
+from .cluster._slots import LocalSlots, SlotBroker, SlotRow, allot
 from .durability._journal import read_events
 from .durability._registry import Composite, Rebuildable, RebuildError
 from .durability._replay import RunImage, TaskImage, rebuild
@@ -90,5 +90,5 @@ __all__ = [
     "read_events", "rebuild", "RunImage", "TaskImage",
     # between engines: shared in-flight limits (`Cluster(share_limits=...)`) and wake-ups
     # (the `plait.notifiers` entry points)
-    "SlotBroker", "SlotRow", "allot", "Notifier",
+    "SlotBroker", "SlotRow", "allot", "LocalSlots", "Notifier",
 ]  # fmt: skip

@@ -45,7 +45,7 @@ EXPECTED = {
         "WorkflowExistsError", "unstorable", "compactable",
         "RetainingStore", "LeaseStore", "CancelStore", "KeyStore",
         "read_events", "rebuild", "RunImage", "TaskImage",
-        "SlotBroker", "SlotRow", "allot", "Notifier",
+        "SlotBroker", "SlotRow", "allot", "LocalSlots", "Notifier",
     },
     "executors": {
         "DIALECTS", "PROFILES", "Choice", "FunctionLLM", "OpenAIBackend", "PrefixRouter",

@@ -314,8 +314,8 @@ class Engine:
             raise UsageError(
                 "Engine(cluster=...) shares a store's runs between engines: pass "
                 "store=SQLStore(...) (PostgreSQL for engines on several machines) too, or "
-                "Cluster(share_limits=LocalSlots(clock)) for engines in one process that "
-                "share only their limits"
+                "Cluster(share_limits=orchestrator.ext.LocalSlots(clock)) for engines in one "
+                "process that share only their limits"
             )
         self.cluster = cluster
         self._shared: tuple[LeaseStore, CancelStore] | None = None
