@@ -239,6 +239,10 @@ def test_bad_settings_are_refused() -> None:
         DeadlineGate(late_in_flight=True)
     with pytest.raises(UsageError, match="DeadlineGate or None"):
         AdmissionTuning(gate=3)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="choose one of deadlines, throughput, off"):
+        Engine(admission="fast")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="choose one of fcfs, las, slack"):
+        AdmissionTuning(order="lifo")
 
 
 # --- in the engine ---------------------------------------------------------------------------
