@@ -33,7 +33,7 @@ class Limits:
     `batch_in_flight` (LLM backends, optional): an override of the learned throughput knee
     (docs/admission.md): while urgent work is around, slack-rich work (batch, or a deadline
     far away) is admitted only while fewer than this many calls are in flight. None: learned
-    from the backend's measured per-token latency (with `Engine(headroom=...)`).
+    from the backend's measured per-token latency (under `Engine(admission="deadlines")`).
     """
 
     max_in_flight: int = 32

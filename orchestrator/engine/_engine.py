@@ -122,9 +122,10 @@ class EngineStats:
     finished_workflows: int
     resources: tuple[ResourceStats, ...]
     knees: tuple[KneeStats, ...] = ()
-    """What each LLM backend's headroom controller learned (empty with `headroom=None`)."""
+    """What each LLM backend's headroom controller learned (empty without a knee: under
+    `throughput` and `off`, unless `Limits.batch_in_flight` fixes one)."""
     gate: GateStats | None = None
-    """What the deadline gate learned (None with `gate=None`)."""
+    """What the deadline gate learned (None without a gate: under `throughput` and `off`)."""
     reserve_caps: tuple[tuple[str, int], ...] = ()
     """Backends that keep urgent work apart themselves (a router's lanes), which get no
     knee: the calls in flight up to which slack-rich work is admitted there (the limit less
