@@ -35,6 +35,7 @@ from executors import LocalRouterHub, PeerStats, Router, SimServer
 from executors._peers import LocalRouterLink
 from executors._sim import SimRequest, SimStats
 from orchestrator import (
+    Cluster,
     Engine,
     Hints,
     KeepAlive,
@@ -46,6 +47,7 @@ from orchestrator import (
     VirtualClock,
 )
 from orchestrator.cluster._slots import LocalSlots
+from orchestrator.ext import AdmissionTuning
 from workloads import Program
 
 PER_REPLICA_IN_FLIGHT = 256
@@ -57,34 +59,6 @@ def engine_limits(engines: int, replicas: int, per_replica: int = PER_REPLICA_IN
     `replicas` replicas may have an equal share of what one engine alone would be allowed
     (`per_replica` calls in flight per replica) in flight, whatever the others do."""
     return Limits(max_in_flight=max(1, per_replica * replicas // engines))
-
-
-class NamedSlots:
-    """A `LocalSlots` seen under a fixed engine name (engines otherwise draw a random one:
-    the names break ties in the shares, and a run must be the same every time)."""
-
-    def __init__(self, broker: LocalSlots, name: str) -> None:
-        self.broker = broker
-        self.name = name
-
-    async def share(
-        self,
-        backend: str,
-        engine: str,
-        *,
-        limit: int,
-        in_flight: int,
-        want_urgent: int,
-        want_batch: int,
-        lease_s: float,
-    ) -> int:
-        return await self.broker.share(
-            backend, self.name, limit=limit, in_flight=in_flight, want_urgent=want_urgent,
-            want_batch=want_batch, lease_s=lease_s,
-        )  # fmt: skip
-
-    async def leave(self, engine: str) -> None:
-        await self.broker.leave(self.name)
 
 
 class InFlight:
@@ -278,11 +252,15 @@ def simulate_cluster(
                 await stack.enter_async_context(
                     Engine(
                         backends={"default": backend},
-                        policy=policy,
+                        admission=AdmissionTuning(order=policy),
                         clock=clock,
                         limits=limits,
                         keep_alive=KeepAlive(),
-                        slots=NamedSlots(broker, f"engine{i}") if broker is not None else None,
+                        # A fixed name per engine: the names break ties in the shares, and
+                        # a run must be the same every time.
+                        cluster=None
+                        if broker is None
+                        else Cluster(engine_id=f"engine{i}", share_limits=broker),
                     )
                 )
                 for i, backend in enumerate(backends)

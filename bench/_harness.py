@@ -34,7 +34,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
-from orchestrator.ext import FailureIsolating
+from orchestrator.ext import AdmissionTuning, FailureIsolating
 from workloads import LLMStep, Program, Step, ToolStep, TraceStep
 
 
@@ -488,7 +488,7 @@ def plait_runner(
         }
         async with Engine(
             backends={"default": backend},
-            policy=policy,
+            admission=AdmissionTuning(order=policy),
             clock=clock,
             limits=limits,
             keep_alive=KeepAlive() if keep_alive or hold_back else None,

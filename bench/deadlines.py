@@ -7,7 +7,7 @@ time. Three ways to run the same programs and arrivals:
 - naive: every call sent as soon as it is ready, no hints, round-robin over replicas;
 - priority-only: plait (`slack` policy, prefix routing), the queries' urgency sent to the
   servers (which order their queues by it), nothing held back
-  (`Engine(headroom=None, gate=None)`, `Router(urgent_lanes=0)`);
+  (`AdmissionTuning(headroom=None, gate=None)`, `Router(urgent_lanes=0)`);
 - plait, the defaults: the router keeps urgent lanes as the urgent load needs while batch
   work is around too (`Router(urgent_lanes="auto")`: one replica here, with no batch call
   on it while queries are around), and queries start in deadline order, as many at
@@ -79,9 +79,10 @@ from _harness import (  # noqa: E402
 )
 
 from executors import Router, SimServer, get_profile  # noqa: E402
-from orchestrator import Clock, DeadlineGate, Engine, Headroom, KeepAlive, Limits, LLMBackend  # noqa: E402
+from orchestrator import Clock, Engine, KeepAlive, Limits, LLMBackend  # noqa: E402
 from orchestrator.admission._gate import DEFAULT_GATE, GateStats  # noqa: E402
 from orchestrator.admission._knee import DEFAULT_HEADROOM, KneeStats  # noqa: E402
+from orchestrator.ext import AdmissionTuning, DeadlineGate, Headroom  # noqa: E402
 from workloads import LLMStep, Program, batch_programs, sql_programs  # noqa: E402
 
 PROFILE = "h100-llama3-8b"
@@ -154,12 +155,10 @@ def plait_mixed(
         outcomes: list[Outcome] = []
         async with Engine(
             backends={"default": backend},
-            policy="slack",
+            admission=AdmissionTuning(order="slack", headroom=headroom, gate=gate),
             clock=clock,
             limits=limits,
             keep_alive=KeepAlive(),
-            headroom=headroom,
-            gate=gate,
         ) as engine:
 
             async def one(program: Program) -> None:

@@ -139,8 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         "arrivals than plait, and its queue grows."
     )
     print(
-        "Policies (--policy fcfs|las|slack) order programs that compete for a backend: the "
-        "research team\nalone has nothing to reorder, so they print the same there. "
+        "Admission (plait run --admission deadlines|throughput|off) orders programs that "
+        "compete for a backend: the research team\nalone has nothing to reorder, so every "
+        "mode prints the same there. "
         f"[{time.perf_counter() - started:.0f} s wall]"
     )
     # The demo prints no JSON line (it is read by people); its record holds the table's figures.

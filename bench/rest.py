@@ -90,7 +90,7 @@ rate_per_s = 1000000
 burst = 1000000
 
 [engine]
-policy = "slack"
+admission = "deadlines"
 clock = "system"
 
 [backends.default]

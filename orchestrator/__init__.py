@@ -6,8 +6,6 @@ runners, notifiers, actions and policies need besides (`executors`, `agents` and
 such implementers and import only from these two).
 """
 
-from .admission._gate import DeadlineGate
-from .admission._knee import Headroom
 from .admission._queue import Limits
 from .cluster._cluster import Cluster
 from .durability._registry import Registry
@@ -73,7 +71,7 @@ __all__ = [
     # time
     "Clock", "SystemClock", "VirtualClock",
     # configuring the engine, and what it reports
-    "Config", "load_config", "Limits", "KeepAlive", "Headroom", "DeadlineGate", "CallRetry",
+    "Config", "load_config", "Limits", "KeepAlive", "CallRetry",
     "Breaker", "Retention", "Cluster", "EngineStats",
     # LLM calls, as a task or a fake backend sees them
     "LLMBackend", "LLMRequest", "LLMResponse", "Message", "Hints", "ToolCall", "Usage",

@@ -1,8 +1,11 @@
 """What implementers of LLM backends, stores, runners, notifiers, actions and policies need."""
 
+from .admission._gate import DeadlineGate
+from .admission._knee import Headroom
+from .admission._mode import AdmissionTuning
 from .admission._scheduler import Policy, ProgramView
 from .cluster._notify import Notifier
-from .cluster._slots import SlotBroker, SlotRow, allot
+from .cluster._slots import LocalSlots, SlotBroker, SlotRow, allot
 from .durability._journal import read_events
 from .durability._registry import Composite, Rebuildable, RebuildError
 from .durability._replay import RunImage, TaskImage, rebuild
@@ -74,8 +77,9 @@ __all__ = [
     "BackendKind", "ConfigSection",
     # a component's clock when none is given
     "running_clock",
-    # scheduling policies (`Engine(policy=...)`)
-    "Policy", "ProgramView",
+    # admission spelled out, for benchmarks and experts (`Engine(admission=AdmissionTuning(...))`):
+    # its order (a scheduling policy), the knee's and the deadline gate's settings
+    "AdmissionTuning", "Policy", "ProgramView", "Headroom", "DeadlineGate",
     # stores (`Engine(store=...)`, the `plait.stores` entry points): the durable log
     "Store", "StoreBatch", "CallRecord", "EventRecord", "WorkflowRow", "WorkflowStatus",
     "Claimed", "StoreSize", "BatchRefusedError", "LeaseLostError", "TextNotStorableError",
@@ -84,7 +88,7 @@ __all__ = [
     "RetainingStore", "LeaseStore", "CancelStore", "KeyStore",
     # a stored run read back
     "read_events", "rebuild", "RunImage", "TaskImage",
-    # between engines: shared in-flight limits (`Engine(slots=...)`) and wake-ups
+    # between engines: shared in-flight limits (`Cluster(share_limits=...)`) and wake-ups
     # (the `plait.notifiers` entry points)
-    "SlotBroker", "SlotRow", "allot", "Notifier",
+    "SlotBroker", "SlotRow", "allot", "LocalSlots", "Notifier",
 ]  # fmt: skip

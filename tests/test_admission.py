@@ -61,3 +61,45 @@ def test_discarded_task_is_skipped_when_reached() -> None:
 def test_limits_must_be_positive() -> None:
     with pytest.raises(UsageError, match="at least 1"):
         Limits(max_in_flight=0)
+
+
+def test_only_programs_whose_key_moves_are_ranked_each_round() -> None:
+    """The `deadlines` order: programs with a deadline (the static key says None of them)
+    are ranked by the round's key, least first, ahead of the rest, which keep their arrival
+    order from the heap; the round's key is asked of the moving ones only."""
+    slack = {"d1": 5.0, "d2": 1.0}  # programs with a deadline, by their slack this round
+    asked: list[str] = []
+
+    def key(program: str) -> tuple[float, str]:
+        asked.append(program)
+        return (slack[program], program)
+
+    adm = Admission(
+        {"llm": Limits(max_in_flight=2)},
+        static_key=lambda p: None if p in slack else (float("inf"), p),
+        moving=True,
+    )
+    for seq, program in enumerate(["b1", "d1", "b2", "d2"], 1):
+        adm.push(program, ready(f"{program}-t", seq))
+    assert [p for p, _ in adm.admit(key=key)] == ["d2", "d1"]
+    assert sorted(asked) == ["d1", "d2"]
+    adm.release("llm")
+    adm.release("llm")
+    asked.clear()
+    assert [p for p, _ in adm.admit(key=key)] == ["b1", "b2"]
+    assert asked == []  # nothing with a deadline waits: the heap alone, as under fcfs
+
+
+def test_without_a_moving_program_the_round_asks_no_key() -> None:
+    """A workload without deadlines under the `deadlines` order costs what `fcfs` costs:
+    programs are taken from the heap, never ranked by the round's key."""
+
+    def key(program: str) -> str:
+        raise AssertionError(f"ranked {program} anew")
+
+    adm = Admission(
+        {"llm": Limits(max_in_flight=3)}, static_key=lambda p: (float("inf"), p), moving=True
+    )
+    for seq, program in enumerate(["c", "a", "b"], 1):
+        adm.push(program, ready(f"{program}-t", seq))
+    assert [p for p, _ in adm.admit(key=key)] == ["a", "b", "c"]

@@ -153,21 +153,20 @@ def _rows_written(path: Path) -> int:
 @pytest.mark.parametrize(
     ("table", "wanted"),
     [
-        ("[engine.gate]\nlate_in_flight = 1\nlikely = 0.8\n", "tuned"),
-        ("[engine]\ngate = false\n", None),
+        ('[engine]\nadmission = "throughput"\n', None),
+        ('[engine]\nadmission = "off"\n', None),
         ("", "default"),
     ],
 )
-def test_the_batch_engines_deadline_gate_comes_from_the_config(
+def test_the_batch_engines_admission_comes_from_the_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, table: str, wanted: str | None
 ) -> None:
-    """`plait batch run --config` builds its engine with the file's `[engine.gate]` (or
-    none with `gate = false`), as `plait run` and `plait serve` do."""
-    from orchestrator import DeadlineGate
+    """`plait batch run --config` builds its engine with the file's admission mode (the
+    deadline gate on under the default, off otherwise), as `plait run` and `plait serve` do."""
     from orchestrator.admission._gate import DEFAULT_GATE
     from orchestrator.batch import _cli as batch_cli
 
-    settings = {"tuned": DeadlineGate(late_in_flight=1, likely=0.8), "default": DEFAULT_GATE}
+    settings = {"default": DEFAULT_GATE}
     real = batch_cli.run_batch
     seen: list[object] = []
 

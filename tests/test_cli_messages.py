@@ -159,11 +159,19 @@ def test_ctrl_c_on_run_prints_the_resume_command_that_goes_on(tmp_path: Path) ->
     module.write_text(INTERRUPTED)
     store = tmp_path / "runs.db"
     out = io.StringIO()
-    assert main(["run", str(module), "--store", str(store), "--policy", "las"], out=out) == 130
+    assert main(["run", str(module), "--store", str(store), "--admission", "off"], out=out) == 130
     said = "to go on where it stopped: "
     command = next(line for line in out.getvalue().splitlines() if line.startswith(said))
     argv = shlex.split(command.removeprefix(said))
-    assert argv == ["plait", "resume", str(module), "--store", str(store), "--policy", "las"]
+    assert argv == [
+        "plait",
+        "resume",
+        str(module),
+        "--store",
+        str(store),
+        "--admission",
+        "off",
+    ]
     went_on = plait(*argv[1:])  # the command as printed, in a shell of its own
     assert went_on.returncode == 0, went_on.stderr
     assert "1 workflow(s), 1 succeeded" in went_on.stdout  # the same run, from the store

@@ -37,7 +37,7 @@ RESEARCH = str(EXAMPLES / "research_team.py")
 
 FULL_TOML = """
 [engine]
-policy = "slack"
+admission = "throughput"
 clock = "virtual"
 
 [backends.gpu]
@@ -84,7 +84,7 @@ max_in_flight = 2
 """
 
 FULL_YAML = """
-engine: {policy: slack, clock: virtual}
+engine: {admission: throughput, clock: virtual}
 backends:
   gpu:
     kind: openai
@@ -135,7 +135,7 @@ def test_toml_and_yaml_read_to_the_same_config(tmp_path: Path) -> None:
     yaml = load_config(write(tmp_path, "p.yml", FULL_YAML))
     assert comparable(toml) == comparable(yaml)
     assert toml.source.endswith("p.toml")
-    assert toml.engine.policy == "slack" and toml.engine.clock == "virtual"
+    assert toml.engine.admission == "throughput" and toml.engine.clock == "virtual"
     assert [b.kind.name for b in toml.backends.values()] == ["openai", "router", "sim"]
     assert toml.limits["gpu"].max_in_flight == 8 and toml.limits["gpu"].max_waiting == 100
     assert toml.backends["gpu"].settings.kv_cache_tokens == 50000  # type: ignore[attr-defined]
@@ -204,18 +204,18 @@ def test_a_missing_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_malformed_toml_says_where(tmp_path: Path) -> None:
-    message = error_of(tmp_path, "p.toml", '[engine]\npolicy = "las"\nclock = \n')
+    message = error_of(tmp_path, "p.toml", '[engine]\nadmission = "off"\nclock = \n')
     assert "not valid TOML" in message and "line 3" in message
 
 
 def test_malformed_yaml_says_where(tmp_path: Path) -> None:
-    message = error_of(tmp_path, "p.yaml", "engine:\n  policy: las\n clock: [virtual\n")
+    message = error_of(tmp_path, "p.yaml", "engine:\n  admission: off\n clock: [virtual\n")
     assert "not valid YAML" in message and re.search(r"line [23], column", message)
 
 
 def test_a_yaml_key_given_twice_is_an_error_as_in_toml(tmp_path: Path) -> None:
-    message = error_of(tmp_path, "p.yaml", "engine:\n  policy: las\n  policy: fcfs\n")
-    assert "duplicate key 'policy' (at line 3, column 3)" in message
+    message = error_of(tmp_path, "p.yaml", "engine:\n  admission: off\n  admission: throughput\n")
+    assert "duplicate key 'admission' (at line 3, column 3)" in message
 
 
 def test_a_yaml_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
@@ -225,7 +225,7 @@ def test_a_yaml_file_that_is_not_a_mapping_is_refused(tmp_path: Path) -> None:
 
 def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
     config = load_config(write(tmp_path, "p.yaml", ""))
-    assert config.backends == {} and config.engine.policy == "fcfs"
+    assert config.backends == {} and config.engine.admission == "deadlines"
 
 
 @pytest.mark.parametrize(
@@ -246,8 +246,8 @@ def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
             "api_key_env, timeout_s, slots, kv_cache_tokens",
         ),
         (
-            '[engine]\npolicy = "lifo"\n',
-            "engine.policy: unknown policy 'lifo'; choose one of fcfs, las, slack",
+            '[engine]\nadmission = "lifo"\n',
+            "engine.admission: Input should be 'deadlines', 'throughput' or 'off' (got 'lifo')",
         ),
         (
             '[engine]\nclock = "wall"\n',
@@ -299,28 +299,12 @@ def test_an_empty_file_is_an_empty_config(tmp_path: Path) -> None:
         ),
         (
             "[engine.gate]\nlikely = 1.5\n",
-            "engine.gate: likely: Input should be less than 1 (got 1.5)",
+            'engine.gate: no longer a key: the deadline gate is part of admission = "deadlines"',
         ),
         (
-            "[engine.gate]\nlate_inflight = 1\n",
-            "engine.gate: unknown key 'late_inflight'; allowed: likely, sure, late_in_flight,",
-        ),
-        (
-            "[engine.gate]\nmemory = 3\n",
-            "engine.gate: memory (3) must be at least min_seen (5)",
-        ),
-        (
-            "[engine.gate]\nmemory = 9\n",
-            "engine.gate: memory=9 keeps too few runs to tell what sure=0.9 of them take: "
-            "at least 10",
-        ),
-        (
-            "[engine.gate]\nmemory = 100000000000000000000\n",
-            "engine.gate: memory: Input should be less than or equal to 1000000",
-        ),
-        (
-            '[engine]\ngate = "off"\n',
-            "engine.gate: give false (no gate) or a table of its settings, not 'off'",
+            '[engine]\npolicy = "las"\n',
+            "engine.policy: no longer a key: the order follows the admission mode: admission = "
+            '"deadlines"',
         ),
         (
             '[backends.r]\nkind = "router"\nurls = ["http://a/v1"]\ncache_blocks = 4096\n',
@@ -562,7 +546,7 @@ def test_the_clock_comes_from_the_file_unless_the_command_line_says(tmp_path: Pa
         "    wf.add('a', lambda: 1)\n"
         "    return wf\n",
     )
-    config = write(tmp_path, "p.toml", '[engine]\nclock = "virtual"\npolicy = "las"\n')
+    config = write(tmp_path, "p.toml", '[engine]\nclock = "virtual"\nadmission = "throughput"\n')
     out = io.StringIO()
     assert main(["run", str(flow), "--config", str(config)], out=out) == 0
     assert "on the virtual clock" in out.getvalue()
@@ -662,7 +646,7 @@ def test_config_check_prints_the_resolved_backends(
     out = io.StringIO()
     assert main(["config", "check", str(path)], out=out) == 0
     text = out.getvalue()
-    assert text.splitlines()[:2] == [f"{path}: valid", "engine: policy slack, clock virtual"]
+    assert text.splitlines()[:2] == [f"{path}: valid", "engine: clock virtual"]
     assert (
         "backend 'gpu' (openai): vllm endpoint http://gpu0:8000/v1, model llama, "
         "key from $PLAIT_TEST_KEY (set), timeout 30 s, 4 slots; capacity: KV cache and block "
@@ -687,9 +671,9 @@ def test_config_check_prints_the_resolved_backends(
 def test_config_check_refuses_a_bad_file_and_a_missing_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    bad = write(tmp_path, "bad.yaml", "engine:\n  policy: lifo\n")
+    bad = write(tmp_path, "bad.yaml", "engine:\n  admission: lifo\n")
     assert main(["config", "check", str(bad)], out=io.StringIO()) == 2
-    assert "engine.policy: unknown policy 'lifo'" in capsys.readouterr().err
+    assert "engine.admission: Input should be" in capsys.readouterr().err
     monkeypatch.delenv("PLAIT_TEST_KEY", raising=False)
     secret = write(tmp_path, "p.toml", FULL_TOML)
     out = io.StringIO()
@@ -733,22 +717,22 @@ def test_a_url_that_cannot_work_is_refused_at_the_check(
 
 def test_problems_in_every_section_are_reported_in_one_pass(tmp_path: Path) -> None:
     text = (
-        '[engine]\npolicy = "lifo"\n\n'
+        '[engine]\nadmission = "lifo"\n\n'
         '[backends.a]\nkind = "openai"\nurl = "gpu1:8000/v1"\n\n'
         '[backends.b]\nkind = "sim"\nprofile = "nope"\n\n'
         "[limits.local]\nmax_in_flight = 0\n"
     )
     message = error_of(tmp_path, "p.toml", text)
     assert "4 problems" in message
-    for path in ("engine.policy", "backends.a.url", "backends.b.profile", "limits.local"):
+    for path in ("engine.admission", "backends.a.url", "backends.b.profile", "limits.local"):
         assert path in message
 
 
 def test_load_config_takes_a_dict_too() -> None:
-    config = load_config({"engine": {"policy": "las"}})
-    assert config.source == "<dict>" and config.engine.policy == "las"
-    with pytest.raises(UsageError, match=r"^<dict>: engine.policy: unknown policy"):
-        load_config({"engine": {"policy": "lifo"}})
+    config = load_config({"engine": {"admission": "off"}})
+    assert config.source == "<dict>" and config.engine.admission == "off"
+    with pytest.raises(UsageError, match=r"^<dict>: engine.admission: Input should be"):
+        load_config({"engine": {"admission": "lifo"}})
 
 
 def test_python_api_runs_a_workflow_on_configured_backends(clock: VirtualClock) -> None:
@@ -765,7 +749,7 @@ def test_python_api_runs_a_workflow_on_configured_backends(clock: VirtualClock) 
                 if isinstance(backend, contextlib.AbstractAsyncContextManager):
                     await stack.enter_async_context(backend)
             async with Engine(
-                backends=backends, policy=config.engine.policy, limits=config.limits
+                backends=backends, admission=config.engine.admission, limits=config.limits
             ) as engine:
                 wf = Workflow("w")
                 wf.add("a", Agent("a", "sys").ask("hi", max_tokens=5))
@@ -858,50 +842,65 @@ def test_a_new_lane_is_cleared_of_batch_calls_unless_the_config_says_not(
         clears(lane_clear="sometimes")
 
 
-def test_the_deadline_gate_is_set_or_turned_off_from_the_file(tmp_path: Path) -> None:
-    """`[engine.gate]` sets the engine's `DeadlineGate` (unset keys keep their defaults) and
-    `gate = false` turns it off, in the engine `plait run` builds."""
+def test_the_admission_mode_is_set_from_the_file_and_retired_keys_say_what_to_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`[engine] admission` sets the engine's mode in the engine `plait run` builds, and
+    `plait config check` says what the mode does; `policy` and `[engine.gate]` are refused
+    with what to write instead."""
     import types
 
-    from orchestrator import DeadlineGate
     from orchestrator.admission._gate import DEFAULT_GATE
     from orchestrator.cli._cli import Progress, _engine_for
 
     sim = '[backends.default]\nkind = "sim"\n'
-    tuned = write(tmp_path, "g.toml", sim + "[engine.gate]\nlate_in_flight = 1\nlikely = 0.8\n")
-    off = write(tmp_path, "off.toml", "[engine]\ngate = false\n" + sim)
-    plain = write(tmp_path, "plain.toml", '[engine]\npolicy = "slack"\n' + sim)
-    wanted = DeadlineGate(late_in_flight=1, likely=0.8)
-    assert load_config(tuned).engine.deadline_gate() == wanted
-    assert load_config(off).engine.deadline_gate() is None
-    assert load_config(plain).engine.deadline_gate() == DEFAULT_GATE
+    plain = write(tmp_path, "plain.toml", sim)
+    fast = write(tmp_path, "fast.toml", '[engine]\nadmission = "throughput"\n' + sim)
+    off = write(tmp_path, "off.toml", '[engine]\nadmission = "off"\n' + sim)
+    assert load_config(plain).engine.admission == "deadlines"
+    assert load_config(fast).engine.admission == "throughput"
 
     module = types.ModuleType("flow")  # no backends or lifespan of its own
     module.__file__ = str(tmp_path / "flow.py")
     clock = VirtualClock()
 
-    async def gates() -> list[object]:
+    async def engines() -> list[tuple[str, object, bool, bool]]:
         seen = []
-        for path in (tuned, off, plain):
+        for path in (plain, fast, off):
+            config = load_config(path)
             progress = Progress(io.StringIO(), live=False)
             async with _engine_for(
-                module, clock, "slack", progress, load_config(path), None, None, None
+                module, clock, config.engine.admission, progress, config, None, None, None
             ) as engine:
-                seen.append(None if engine.urgency.gate is None else engine.urgency.gate.settings)
+                gate = engine.urgency.gate
+                seen.append(
+                    (
+                        engine.policy.name,
+                        None if gate is None else gate.settings,
+                        engine.urgency.headroom is not None,
+                        engine.tuning.hold_back,
+                    )
+                )
         return seen
 
-    assert clock.run(gates()) == [wanted, None, DEFAULT_GATE]
+    assert clock.run(engines()) == [
+        ("slack", DEFAULT_GATE, True, True),
+        ("fcfs", None, False, True),
+        ("fcfs", None, False, False),
+    ]
     said = []
-    for path in (tuned, off, plain):
+    for path in (plain, fast, off):
         out = io.StringIO()
         assert main(["config", "check", str(path)], out=out) == 0
-        said.append(out.getvalue().splitlines()[1])
-    assert said == [
-        "engine: policy fcfs, clock the module's CLOCK, deadline gate: likely 0.8, "
-        "late_in_flight 1",
-        "engine: policy fcfs, clock the module's CLOCK, deadline gate off",
-        "engine: policy slack, clock the module's CLOCK",
-    ]
+        said.append(out.getvalue().splitlines()[2])
+    assert said[0].startswith("admission: deadlines: runs with a deadline least slack first")
+    assert said[1].startswith("admission: throughput: runs in arrival order")
+    assert said[2].startswith("admission: off: runs in arrival order")
+    retired = write(tmp_path, "old.toml", '[engine]\npolicy = "slack"\n[engine.gate]\nmemory = 9\n')
+    assert main(["config", "check", str(retired)], out=io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "engine.policy: no longer a key: the order follows the admission mode" in err
+    assert "engine.gate: no longer a key: the deadline gate is part of" in err
 
 
 @pytest.mark.parametrize("kind", ["sim", "router"])
@@ -951,7 +950,7 @@ def test_config_check_accepts_every_example_config(
 
 SEVEN_MISTAKES = """
 [engine]
-policy = "nope"
+admission = "nope"
 clock = "sometimes"
 colour = 1
 
@@ -978,8 +977,8 @@ def test_config_check_lists_every_mistake_in_one_pass(
     err = capsys.readouterr().err
     assert f"{path}: 8 problems:" in err
     for said in (
-        "engine: unknown key 'colour'; allowed: policy, clock, deadline, gate",
-        "engine.policy: unknown policy 'nope'",
+        "engine: unknown key 'colour'; allowed: admission, clock, deadline",
+        "engine.admission: Input should be 'deadlines', 'throughput' or 'off' (got 'nope')",
         "engine.clock: Input should be 'system' or 'virtual' (got 'sometimes')",
         "backends.default.seed: Input should be a valid integer (got 'x')",
         "backends.default.limits: unknown key 'bogus'",
@@ -1007,7 +1006,7 @@ token_sha256 = "abc"
 rate_per_s = 0
 
 [engine]
-policy = "nope"
+admission = "nope"
 shade = 1
 """,
     )
@@ -1019,7 +1018,7 @@ shade = 1
         "tenants[0].rate_per_s: Input should be greater than 0",
         "tenants[0].token_sha256: String should match pattern",
         "engine: unknown key 'shade'",
-        "engine.policy: unknown policy 'nope'",
+        "engine.admission: Input should be 'deadlines', 'throughput' or 'off' (got 'nope')",
     ):
         assert said in err, (said, err)
 

@@ -13,23 +13,14 @@ from pydantic import BaseModel
 
 from executors._config import BACKEND_KINDS, RouterSettings, SimSettings
 from orchestrator.cli._cli import main
-from orchestrator.engine._config import EngineSettings, GateSettings, LimitsSettings
+from orchestrator.engine._config import EngineSettings, LimitsSettings
 from orchestrator.service._config import RetentionSettings, ServiceSettings, TenantSettings
 
 TOKEN = "0" * 64
 
 # A value other than the default for each key, and what else the key needs to be in force.
 VALUES: dict[type[BaseModel], dict[str, Any]] = {
-    EngineSettings: {"policy": "slack", "clock": "virtual", "deadline": 30.0, "gate": False},
-    GateSettings: {
-        "likely": 0.6,
-        "sure": 0.95,
-        "late_in_flight": 1,
-        "late_room": 0.5,
-        "min_seen": 6,
-        "memory": 300,
-        "deadlines": 300,
-    },
+    EngineSettings: {"admission": "throughput", "clock": "virtual", "deadline": 30.0},
     LimitsSettings: {"max_in_flight": 8, "max_waiting": 50, "batch_in_flight": 4},
     RouterSettings: {
         "urls": ["http://gpu7:8000/v1"],
@@ -138,8 +129,6 @@ def table(model: type[BaseModel], settings: dict[str, Any]) -> dict[str, Any]:
     """A config file with `settings` in `model`'s table."""
     if model is EngineSettings:
         return {"engine": settings}
-    if model is GateSettings:
-        return {"engine": {"gate": settings}}
     if model is LimitsSettings:
         return {"limits": {"tools": settings}}
     if model in (ServiceSettings, RetentionSettings, TenantSettings):

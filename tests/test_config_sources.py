@@ -24,9 +24,9 @@ from executors._config import (
     RouterSettings,
     SimSettings,
 )
-from orchestrator import DeadlineGate, Engine, Limits
+from orchestrator import Engine, Limits
 from orchestrator.durability._retention import Retention
-from orchestrator.engine._config import EngineSettings, GateSettings, LimitsSettings
+from orchestrator.engine._config import EngineSettings, LimitsSettings
 from orchestrator.service._config import RetentionSettings, Tenant, TenantSettings
 
 REQUIRED = object()
@@ -92,7 +92,6 @@ GROUPER_OWN = {
 }
 
 PAIRS = [
-    Pair(GateSettings, (DeadlineGate,)),
     Pair(
         LimitsSettings,
         (Limits,),
@@ -111,19 +110,14 @@ PAIRS = [
             "store": "plait run --store, [service] store",
             "retention": "[service.retention]",
             "max_workflows": "internal tuning: a bound on workflows held at once",
-            "default_estimate": "internal tuning: learned from the tasks as they run",
             "threads": "internal tuning: the pool for synchronous functions",
             "keep_alive": "derived from the backends' declared capabilities",
             "call_retry": "internal tuning: the engine's retry of failed calls",
             "breaker": "internal tuning: the engine's circuit breaker",
-            "store_patience": "internal tuning: how long a store outage is waited out",
-            "headroom": "learned: the throughput knee (a backend's batch_in_flight overrides)",
             "cluster": "plait serve with [service] lease_s",
-            "slots": "plait serve with [service] lease_s",
         },
         converted={
             "clock": lambda name: None,  # a name; plait run builds the Clock it names
-            "gate": lambda gate: GateSettings().to_gate() if gate is True else gate,
         },
     ),
     Pair(

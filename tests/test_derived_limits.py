@@ -104,7 +104,9 @@ def agent(name: str) -> Workflow:
     return wf
 
 
-def late_start(said: ServerCapacity, limits: dict[str, Limits] | None = None) -> float:
+def late_start(
+    said: ServerCapacity, limits: dict[str, Limits] | None = None, admission: str = "deadlines"
+) -> float:
     """a and b start at t=0 and pause (a 5 s tool, kept 10 s) holding about 1,010 tokens
     each; c comes at t=2: when does it first call?"""
     clock = VirtualClock()
@@ -113,6 +115,7 @@ def late_start(said: ServerCapacity, limits: dict[str, Limits] | None = None) ->
     async def main() -> None:
         async with Engine(
             backends={"default": llm},
+            admission=admission,  # type: ignore[arg-type]
             clock=clock,
             limits=limits,
             keep_alive=KeepAlive(initial_s=10.0),
@@ -142,6 +145,17 @@ def test_a_server_that_says_its_cache_holds_new_programs_back() -> None:
     assert late_start(ServerCapacity(kv_tokens=1875), given) == pytest.approx(2.0)
     off = {"default": Limits(16, hold_back=False)}
     assert late_start(ServerCapacity(kv_tokens=1875), off) == pytest.approx(2.0)
+
+
+def test_admission_off_derives_no_hold_back_but_keeps_a_budget_given() -> None:
+    """`admission="off"` adds nothing to the limits given: no budget from the server's KV
+    cache (c starts at once), while one given is still the budget (c waits for a's end);
+    `throughput` keeps the hold-back."""
+    small = ServerCapacity(kv_tokens=1875)
+    assert late_start(small, admission="off") == pytest.approx(2.0)
+    assert late_start(small, admission="throughput") == pytest.approx(7.0)
+    given = {"default": Limits(16, kv_tokens=1500)}
+    assert late_start(small, given, admission="off") == pytest.approx(7.0)
 
 
 def test_a_budget_with_hold_back_off_is_refused() -> None:

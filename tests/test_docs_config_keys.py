@@ -17,7 +17,7 @@ from pydantic_core import PydanticUndefined
 from executors._config import EndpointSettings, RouterMember, RouterSettings, SimSettings
 from orchestrator.cli._cli import main
 from orchestrator.durability._retention import Retention
-from orchestrator.engine._config import EngineSettings, GateSettings, LimitsSettings
+from orchestrator.engine._config import EngineSettings, LimitsSettings
 from orchestrator.service._config import RetentionSettings, ServiceSettings, TenantSettings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -78,7 +78,6 @@ def tables(page: Path) -> list[Table]:
 # Which model each key table documents: (page, heading, the start of its intro) -> model.
 DOCUMENTED: dict[tuple[str, str, str], type[BaseModel]] = {
     ("config.md", "`[engine]`", ""): EngineSettings,
-    ("config.md", "`[engine.gate]`", ""): GateSettings,
     ("config.md", "`[backends.NAME]`", '`kind = "openai"`'): EndpointSettings,
     ("config.md", "`[backends.NAME]`", '`kind = "router"`'): RouterSettings,
     ("config.md", "`[backends.NAME]`", '`kind = "sim"`'): SimSettings,
@@ -92,7 +91,6 @@ DOCUMENTED: dict[tuple[str, str, str], type[BaseModel]] = {
 # a value a reader would write: it stands for what is derived or read elsewhere).
 IN_WORDS: dict[tuple[type[BaseModel], str], str] = {
     (EngineSettings, "clock"): "the module's `CLOCK`, else system",
-    (EngineSettings, "gate"): "on, with its defaults",
     (EndpointSettings, "model"): "the request's",
     (EndpointSettings, "api_key"): '`"none"`',  # what is sent when the file gives none
     (LimitsSettings, "max_in_flight"): "32 (backends), 256 (`local`), 64 (`tools`); for a "

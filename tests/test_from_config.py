@@ -12,11 +12,8 @@ from orchestrator import Engine, UsageError, VirtualClock, Workflow
 
 CONFIG = """\
 [engine]
-policy = "slack"
+admission = "deadlines"
 clock = "virtual"
-
-[engine.gate]
-likely = 0.8
 
 [backends.default]
 kind = "sim"
@@ -46,14 +43,14 @@ def test_an_engine_comes_from_a_file_with_its_backends_open(tmp_path: Path) -> N
             settings = (
                 engine.policy.name,
                 {r.name: r.max_in_flight for r in engine.admission.stats()}["default"],
-                engine.urgency.gate is not None and engine.urgency.gate.settings.likely,
+                engine.urgency.gate is not None,
             )
         return result.status, running, server._driver is None, settings  # type: ignore[attr-defined]
 
     status, open_while_running, closed_after, settings = clock.run(main())
     assert status == "succeeded"
     assert open_while_running and closed_after  # the simulated server lived as long as it
-    assert settings == ("slack", 7, 0.8)
+    assert settings == ("slack", 7, True)
 
 
 def test_a_store_path_makes_the_runs_durable(tmp_path: Path) -> None:
@@ -89,11 +86,13 @@ def test_a_virtual_clock_in_the_file_asks_for_a_clock_to_drive(tmp_path: Path) -
 
 def test_a_bad_file_is_refused_before_anything_opens(tmp_path: Path) -> None:
     path = tmp_path / "plait.toml"
-    path.write_text("[engine]\npolicy = 'fastest'\n")
+    path.write_text("[engine]\nadmission = 'fastest'\n")
 
     async def main() -> None:
         async with Engine.from_config(path):
             raise AssertionError("not reached")
 
-    with pytest.raises(UsageError, match="unknown policy 'fastest'"):
+    with pytest.raises(
+        UsageError, match="engine.admission: Input should be 'deadlines', 'throughput' or 'off'"
+    ):
         asyncio.run(main())

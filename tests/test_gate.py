@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 import pytest
 
 from orchestrator import (
-    DeadlineGate,
     Engine,
     Limits,
     TaskContext,
@@ -21,6 +20,7 @@ from orchestrator import (
 )
 from orchestrator.admission._gate import RunGate
 from orchestrator.admission._queue import Admission
+from orchestrator.ext import AdmissionTuning, DeadlineGate
 
 
 @dataclass
@@ -238,7 +238,11 @@ def test_bad_settings_are_refused() -> None:
     with pytest.raises(UsageError, match="late_in_flight"):
         DeadlineGate(late_in_flight=True)
     with pytest.raises(UsageError, match="DeadlineGate or None"):
-        Engine(gate=3)  # type: ignore[arg-type]
+        AdmissionTuning(gate=3)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="choose one of deadlines, throughput, off"):
+        Engine(admission="fast")  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="choose one of fcfs, las, slack"):
+        AdmissionTuning(order="lifo")
 
 
 # --- in the engine ---------------------------------------------------------------------------
@@ -282,7 +286,7 @@ def _overload(gate: DeadlineGate | None) -> tuple[int, int, int, _SharedServer, 
 
     async def main() -> tuple[int, int, int, object]:
         async with Engine(
-            clock=clock, policy="slack", gate=gate, limits={"local": Limits(1_000)}
+            clock=clock, admission=AdmissionTuning(gate=gate), limits={"local": Limits(1_000)}
         ) as engine:
             state = engine.urgency.gate
             if state is not None:
@@ -328,7 +332,7 @@ def test_a_refused_run_leaves_nothing_waiting_at_the_gate() -> None:
     server = _SharedServer(clock)
 
     async def main() -> tuple[object, bool]:
-        async with Engine(clock=clock, gate=DeadlineGate()) as engine:
+        async with Engine(clock=clock, admission=AdmissionTuning(order="fcfs")) as engine:
             wf = Workflow("query")
             wf.add("answer", server.call, resource="nowhere")
             with pytest.raises(UnknownResourceError):

@@ -14,7 +14,6 @@ from executors import FunctionLLM, SimServer
 from orchestrator import (
     Engine,
     Event,
-    Headroom,
     Hints,
     Limits,
     LLMRequest,
@@ -30,7 +29,7 @@ from orchestrator.admission._learned import Durations, RunTimes
 from orchestrator.admission._queue import Admission
 from orchestrator.admission._scheduler import Slack, alone_slack_of, order_programs, slack_of
 from orchestrator.engine._run import task_kind
-from orchestrator.ext import ProgramView
+from orchestrator.ext import AdmissionTuning, Headroom, ProgramView
 
 A, B = 0.005, 0.0001
 """Seconds per token = A + B x calls in flight: the synthetic server of these tests."""
@@ -158,7 +157,7 @@ def _loaded_then_deadline(late: str) -> tuple[float | None, bool]:
         return wf
 
     async def main() -> tuple[float | None, bool]:
-        async with Engine(clock=clock, policy="slack") as engine:
+        async with Engine(clock=clock) as engine:
             # Learned in interactive runs: durations are learned per priority class.
             await engine.run(chain(1), priority="interactive")  # 1 s alone
             seconds["now"] = 4.0
@@ -226,7 +225,7 @@ def test_a_hopeless_deadline_is_reported_as_soon_as_admission_sees_it() -> None:
     clock = VirtualClock()
 
     async def main() -> list[Event]:
-        async with Engine(clock=clock, policy="slack") as engine:
+        async with Engine(clock=clock) as engine:
             flow = _chain(3, 2.0, 2.0)
             return [e async for e in engine.iter(flow, deadline=4, priority="interactive")]
 
@@ -242,7 +241,7 @@ def test_a_feasible_deadline_is_never_called_hopeless() -> None:
     clock = VirtualClock()
 
     async def main() -> list[str]:
-        async with Engine(clock=clock, policy="slack") as engine:
+        async with Engine(clock=clock) as engine:
             return [e.kind async for e in engine.iter(_chain(3, 1.0, 1.0), deadline=4)]
 
     assert "deadline_hopeless" not in clock.run(main())
@@ -268,7 +267,7 @@ def test_what_tasks_took_is_learned_and_decides_hopeless() -> None:
     clock = VirtualClock()
 
     async def main(learn_from: str | None) -> tuple[float | None, float]:
-        async with Engine(clock=clock, policy="slack") as engine:
+        async with Engine(clock=clock) as engine:
             if learn_from is not None:
                 await engine.run(_slow_chain(3), priority=learn_from)  # type: ignore[arg-type]
             started = clock.monotonic()
@@ -315,10 +314,9 @@ def _urgent_delay(headroom: Headroom | None) -> tuple[float, float]:
             SimServer("h100-llama3-8b", clock=clock) as sim,
             Engine(
                 backends={"default": sim},
+                admission=AdmissionTuning(headroom=headroom),
                 clock=clock,
-                policy="slack",
                 limits={"default": Limits(max_in_flight=64)},
-                headroom=headroom,
             ) as engine,
         ):
             batch = _submit_batch(engine, 300, 400)
@@ -391,10 +389,9 @@ def test_behind_a_router_with_lanes_an_urgent_call_finds_the_reserve_free() -> N
         async def main() -> tuple[float, int]:
             async with Engine(
                 backends={"default": Router(llms, clock=clock)},
+                admission=AdmissionTuning(order=policy, headroom=headroom),
                 clock=clock,
-                policy=policy,
                 limits={"default": Limits(max_in_flight=20)},
-                headroom=headroom,
             ) as engine:
                 batch = _submit_batch(engine, 40, 8)
                 await clock.sleep(1.0)
@@ -448,7 +445,7 @@ def test_a_run_with_a_near_deadline_gets_the_lane_whatever_its_class() -> None:
 
     async def main() -> None:
         router = Router(llms, clock=clock)
-        async with Engine(backends={"default": router}, clock=clock, policy="slack") as engine:
+        async with Engine(backends={"default": router}, clock=clock) as engine:
             batch = _submit_batch(engine, 30, 8)
             await clock.sleep(1.0)
             near = await engine.run(chain("near", 6), deadline=20)
@@ -471,7 +468,7 @@ def test_a_late_cancel_run_is_cancelled_when_its_deadline_passes() -> None:
     clock = VirtualClock()
 
     async def main(late: str) -> tuple[str, float, dict[str, str]]:
-        async with Engine(clock=clock, policy="slack") as engine:
+        async with Engine(clock=clock) as engine:
             started = clock.monotonic()
             result = await engine.run(_slow_chain(3), deadline=5, late=late)  # type: ignore[arg-type]
             return result.status, result.finished_at - started, dict(result.cancelled)
@@ -492,7 +489,7 @@ def test_a_late_cancel_run_is_shed_at_once_when_recent_runs_took_longer_than_its
     clock = VirtualClock()
 
     async def main() -> tuple[list[Event], str, str]:
-        async with Engine(clock=clock, policy="slack") as engine:
+        async with Engine(clock=clock) as engine:
             for _ in range(5):
                 assert (await engine.run(_slow_chain(3), deadline=60)).ok
             shed_at = clock.monotonic()
@@ -520,7 +517,7 @@ def test_too_few_recent_runs_shed_nothing() -> None:
     clock = VirtualClock()
 
     async def main() -> str:
-        async with Engine(clock=clock, policy="slack") as engine:
+        async with Engine(clock=clock) as engine:
             for _ in range(4):
                 await engine.run(_slow_chain(3), deadline=60)
             return (await engine.run(_slow_chain(1), deadline=5, late="cancel")).status
@@ -610,7 +607,9 @@ def test_calls_carry_the_slack_their_program_has_to_spare(policy: str) -> None:
 
     async def main() -> None:
         llm = FunctionLLM(answer, latency=0.5, clock=clock)
-        async with Engine(backends={"default": llm}, clock=clock, policy=policy) as engine:
+        async with Engine(
+            backends={"default": llm}, clock=clock, admission=AdmissionTuning(order=policy)
+        ) as engine:
             for deadline in (10.0, None):
                 wf = Workflow("w")
                 wf.add("ask", _ask(4, "q"), resource="default")

@@ -126,8 +126,9 @@ def test_cluster_figures_leases_shared_limits_and_router_peers(make_store: Store
             engine = Engine(
                 backends={"gpu": mine},
                 store=store,
-                cluster=Cluster(lease_s=0.4, engine_id="e1", share_limits=False),
-                slots=LocalSlots(SystemClock()),
+                cluster=Cluster(
+                    lease_s=0.4, engine_id="e1", share_limits=LocalSlots(SystemClock())
+                ),
             )
             async with engine:
                 assert engine.leases is not None

@@ -22,6 +22,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
+from orchestrator.ext import AdmissionTuning
 from orchestrator.model._events import FINAL_STATES
 
 Body = Callable[[TaskContext], Awaitable[float]]
@@ -92,7 +93,7 @@ def test_random_mutations_always_settle(seed: int) -> None:
         # the test instead of hanging it.
         async with (
             asyncio.timeout(100_000),
-            Engine(clock=clock, limits=limits, policy=policy) as engine,
+            Engine(clock=clock, limits=limits, admission=AdmissionTuning(order=policy)) as engine,
         ):
             holder.append(engine)
             flows = [random_workflow(rng, f"w{i}", holder) for i in range(rng.randint(1, 3))]

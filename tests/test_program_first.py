@@ -18,6 +18,7 @@ from orchestrator import (
     VirtualClock,
     Workflow,
 )
+from orchestrator.ext import AdmissionTuning
 
 
 def agent_chain(name: str, agent: Agent, turns: int) -> Workflow:
@@ -42,7 +43,7 @@ def run_programs(
         async with Engine(
             backends={"default": llm},
             limits={"default": Limits(max_in_flight=1)},
-            policy=policy,
+            admission=AdmissionTuning(order=policy),
         ) as engine:
             handles = [engine.submit(wf, **submit) for wf in workflows]  # type: ignore[arg-type]
             return [await h for h in handles]
@@ -75,7 +76,7 @@ def test_slack_serves_the_tightest_deadline_first(clock: VirtualClock) -> None:
 
     async def main() -> dict[str, float]:
         async with Engine(
-            backends={"default": llm}, limits={"default": Limits(max_in_flight=1)}, policy="slack"
+            backends={"default": llm}, limits={"default": Limits(max_in_flight=1)}
         ) as engine:
             relaxed = engine.submit(agent_chain("relaxed", agent, 2), deadline=100)
             tight = engine.submit(agent_chain("tight", agent, 2), deadline=5)

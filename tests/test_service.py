@@ -775,12 +775,15 @@ def test_tenants_need_exactly_one_token_and_env_tokens_must_be_set(
     assert "secret" not in repr(config)
 
 
-@pytest.mark.parametrize(("extra", "gated"), [("", True), ("[engine]\ngate = false\n", False)])
+@pytest.mark.parametrize(
+    ("extra", "gated"), [("", True), ('[engine]\nadmission = "throughput"\n', False)]
+)
 def test_the_services_deadline_gate_comes_from_its_config(
     tmp_path: Path, extra: str, gated: bool
 ) -> None:
-    """`plait serve` builds its engine with the config's `[engine] gate`: off, the service's
-    metrics have no `plait_gate_*` figures."""
+    """`plait serve` builds its engine with the config's `[engine] admission`: under
+    `throughput` there is no deadline gate, and the service's metrics have no `plait_gate_*`
+    figures."""
     config = load_serve_config(write_config(tmp_path, extra))
 
     async def main() -> str:

@@ -88,7 +88,7 @@ def test_a_run_pauses_while_postgresql_is_away_and_goes_on_when_it_is_back(
         url = f"postgresql+asyncpg://{pg_user}@127.0.0.1:{local}/test"
         try:
             async with SQLStore(url, schema=schema) as store:
-                async with Engine(store=store, store_patience=60.0) as engine:
+                async with Engine(store=store) as engine:
                     handle = engine.submit(wf)
                     await reached.wait()
                     assert engine.journal is not None

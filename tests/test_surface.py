@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import re
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +37,61 @@ def test_every_listed_name_resolves_and_is_public(module: ModuleType) -> None:
 
 def test_no_name_is_both_user_and_extension_api() -> None:
     assert set(orchestrator.__all__) & set(orchestrator.ext.__all__) == set()
+
+
+MAX_ENGINE_ARGUMENTS = 12
+
+# Every setting a user has over admission, read from the models that take them; a key added
+# to any of them fails `test_the_admission_settings_a_user_can_set_are_pinned` until
+# docs/admission.md ("What you can set") says what it does and the set below has it.
+ADMISSION_SETTINGS = {
+    "[engine]": {"admission", "deadline"},
+    "[limits.*]": {"max_in_flight", "max_waiting", "batch_in_flight", "hold_back"},
+    "per run": {"deadline", "priority", "late"},
+    "router": {
+        "urgent_lanes",
+        "lane_urgent_calls",
+        "lane_batch_in_flight",
+        "lane_batch_programs",
+        "lane_prefill_tokens",
+        "lane_clear",
+        "lane_share_calls",
+        "lane_share_slack",
+    },
+}
+
+
+def admission_settings() -> dict[str, set[str]]:
+    from executors._config import RouterSettings
+    from orchestrator.engine._config import EngineSettings, LimitsSettings
+
+    run = set(inspect.signature(orchestrator.Engine.submit).parameters)
+    return {
+        "[engine]": set(EngineSettings.model_fields) - {"clock"},
+        "[limits.*]": set(LimitsSettings.model_fields),
+        "per run": run - {"self", "workflow", "tenant", "labels", "_subscriber"},
+        "router": {k for k in RouterSettings.model_fields if "lane" in k},
+    }
+
+
+def test_the_engine_takes_few_arguments() -> None:
+    params = [p for p in inspect.signature(orchestrator.Engine.__init__).parameters if p != "self"]
+    assert len(params) <= MAX_ENGINE_ARGUMENTS, (
+        f"Engine takes {len(params)} arguments ({', '.join(params)}); fold settings that "
+        "belong together into one object, or make them internal tuning"
+    )
+
+
+def test_the_admission_settings_a_user_can_set_are_pinned() -> None:
+    found = admission_settings()
+    for where, keys in ADMISSION_SETTINGS.items():
+        assert found[where] == keys, (
+            f"the admission settings of {where} changed: {sorted(found[where] ^ keys)}; say "
+            "what each does in docs/admission.md and update ADMISSION_SETTINGS"
+        )
+    documented = (ROOT / "docs" / "admission.md").read_text()
+    missing = [k for keys in found.values() for k in keys if f"`{k}`" not in documented]
+    assert missing == [], f"docs/admission.md does not name {missing}"
 
 
 def test_agents_loop_bounds_have_a_name_of_their_own() -> None:

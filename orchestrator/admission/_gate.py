@@ -42,7 +42,7 @@ def _runs_to_tell(share: float) -> int:
 
 @dataclass(frozen=True, slots=True)
 class DeadlineGate:
-    """Settings of the deadline gate (`Engine(gate=DeadlineGate(...))`; None: off)."""
+    """Settings of the deadline gate (`AdmissionTuning(gate=DeadlineGate(...))`; None: off)."""
 
     min_seen: int = 5
     """Runs that must have ended (over at least two levels) before any run waits."""

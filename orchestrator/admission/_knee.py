@@ -29,8 +29,9 @@ from ..model._errors import UsageError
 
 @dataclass(frozen=True, slots=True)
 class Headroom:
-    """How admission keeps LLM backends responsive for urgent work (`Engine(headroom=...)`;
-    None turns it off: every call is admitted up to `Limits.max_in_flight`).
+    """How admission keeps LLM backends responsive for urgent work
+    (`AdmissionTuning(headroom=...)`; None turns it off: every call is admitted up to
+    `Limits.max_in_flight`).
 
     `throughput_share`: the knee is the fewest calls in flight that still give this share of
     the throughput at the backend's full limit. `reserve`: the share of `max_in_flight`

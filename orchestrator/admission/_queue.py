@@ -33,7 +33,7 @@ class Limits:
     `batch_in_flight` (LLM backends, optional): an override of the learned throughput knee
     (docs/admission.md): while urgent work is around, slack-rich work (batch, or a deadline
     far away) is admitted only while fewer than this many calls are in flight. None: learned
-    from the backend's measured per-token latency (with `Engine(headroom=...)`).
+    from the backend's measured per-token latency (under `Engine(admission="deadlines")`).
     """
 
     max_in_flight: int = 32
@@ -118,6 +118,7 @@ class _Resource:
         "held_rounds",
         "in_flight",
         "limits",
+        "moving",
         "name",
         "parked",
         "peak",
@@ -136,6 +137,9 @@ class _Resource:
         self.queues: dict[Hashable, deque[tuple[int, Queued]]] = {}
         self.heap: list[tuple[Any, Hashable]] = []
         """With a static key: the programs that have a queue here, best first."""
+        self.moving: dict[Hashable, None] = {}
+        """With a static key: the programs with a queue here whose key changes (the static
+        key says None of them), ranked with `admit`'s key every round instead."""
         self.parked: dict[Hashable, deque[tuple[int, Queued]]] = {}
         """Queues of programs the deadline gate holds, out of the way of every admission
         pass until `reopen` (not in `queues`, nor in `heap`)."""
@@ -169,13 +173,20 @@ class Admission:
         static_key: Callable[[Any], Any] | None = None,
         held: Callable[[Any, str], bool] | None = None,
         gated: Callable[[Any], bool] | None = None,
+        *,
+        moving: bool = False,
     ) -> None:
-        """`static_key`, if given, ranks programs once and for all (lower first); otherwise
-        `admit` ranks the waiting programs every time with the key it is given. `held`
+        """`static_key`, if given, ranks programs once and for all (lower first); without
+        it, `admit` ranks the waiting programs every round with the key it is given.
+        `moving`: the static key says None of programs whose key changes (those with a
+        deadline, under `slack`); they are ranked every round with `admit`'s key (the two
+        keys must compare alike), and admission then looks past a program that waits, as
+        without a static key, so the order is the same as ranking all every round. `held`
         says whether a program must wait for a resource with `kv_tokens` (hold-back); `gated`
         whether a program must wait for every resource (the deadline gate holds it)."""
         self._resources = {name: _Resource(name, lim) for name, lim in limits.items()}
         self._static_key = static_key
+        self._moving = moving
         self._held = held
         self._gated = gated
         self._pending = False  # some resource may have both free slots and waiting work
@@ -204,7 +215,7 @@ class Admission:
         if queue is None:
             queue = res.queues[program] = deque()
             if self._static_key is not None:
-                heapq.heappush(res.heap, (self._static_key(program), program))
+                self._rank(res, program)
         queue.append((task.ready_seq, task))
         res.waiting += 1
         if res.waiting > res.peak:
@@ -281,8 +292,17 @@ class Admission:
                 continue
             res.queues[program] = queue
             if self._static_key is not None:
-                heapq.heappush(res.heap, (self._static_key(program), program))
+                self._rank(res, program)
             self._pending = True
+
+    def _rank(self, res: _Resource, program: Hashable) -> None:
+        """With a static key: file a program that has just got a queue here."""
+        assert self._static_key is not None
+        rank = self._static_key(program)
+        if rank is None:
+            res.moving[program] = None
+        else:
+            heapq.heappush(res.heap, (rank, program))
 
     def _park(self, res: _Resource, program: Hashable) -> None:
         res.parked[program] = res.queues.pop(program)
@@ -314,7 +334,12 @@ class Admission:
                 continue
             held = self._held if res.limits.kv_tokens is not None else None
             cap = caps(res.name) if caps is not None and rich is not None else None
-            if self._static_key is not None:
+            if self._static_key is not None and (
+                not self._moving or (not res.moving and (cap is None or cap[1] is None))
+            ):
+                # With no moving program waiting here, ranking by the heap is ranking by
+                # the key; and a program that waits under its cap holds back every one
+                # after it (slack-rich: the same cap; urgent: no cap of its own).
                 self._admit_static(res, free, admitted, held, cap, rich)
                 continue
             queues = res.queues
@@ -322,7 +347,10 @@ class Admission:
             if gated is not None:
                 for program in [p for p in queues if gated(p)]:
                     self._park(res, program)
-            programs = sorted(queues, key=key) if len(queues) > 1 else list(queues)
+            if self._static_key is not None:
+                programs = self._merged(res, key)
+            else:
+                programs = sorted(queues, key=key) if len(queues) > 1 else list(queues)
             waited = False
             for program in programs:
                 if held is not None and held(program, res.name):
@@ -336,7 +364,27 @@ class Admission:
                     break
             if waited:
                 res.held_rounds += 1
+            if self._static_key is not None:
+                self._tidy(res)
         return admitted
+
+    def _merged(self, res: _Resource, key: Callable[[Any], Any]) -> list[Any]:
+        """With a static key, where some program's key moves (or urgent work has a cap of
+        its own): every queued program in rank order, the moving ones ranked by `key`.
+        What `_admit_static` would stop at is looked past here, as without a static key."""
+        ranked = [entry for entry in res.heap if entry[1] in res.queues]
+        ranked += [(key(p), p) for p in res.moving if p in res.queues]
+        ranked.sort(key=lambda entry: entry[0])
+        return [program for _, program in ranked]
+
+    def _tidy(self, res: _Resource) -> None:
+        """After `_merged`: only programs that still have a queue stay filed."""
+        queues = res.queues
+        if len(res.heap) != sum(1 for _, p in res.heap if p in queues):
+            res.heap = [entry for entry in res.heap if entry[1] in queues]
+            heapq.heapify(res.heap)
+        for program in [p for p in res.moving if p not in queues]:
+            del res.moving[program]
 
     def _admit_static(
         self,
@@ -428,6 +476,8 @@ class Admission:
         for res in self._resources.values():
             res.parked.pop(program, None)
             if res.queues.pop(program, None) is not None and self._static_key is not None:
+                if res.moving.pop(program, 0) is None:
+                    continue
                 res.heap = [entry for entry in res.heap if entry[1] is not program]
                 heapq.heapify(res.heap)
 

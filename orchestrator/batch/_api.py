@@ -13,7 +13,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import replace
 from typing import Any
 
-from ..admission._gate import DEFAULT_GATE, DeadlineGate
+from ..admission._mode import AdmissionTuning, Mode
 from ..admission._queue import Limits
 from ..durability._store import Store
 from ..engine._engine import Engine
@@ -46,20 +46,19 @@ async def run_batch(
     store: Store | None = None,
     clock: Clock | None = None,
     limits: Mapping[str, Limits] | None = None,
-    policy: str = "fcfs",
+    admission: Mode | AdmissionTuning = "deadlines",
     coalesce: bool = True,
     watch: Watch | None = None,
-    gate: DeadlineGate | None = DEFAULT_GATE,
     breaker: Breaker | None = BATCH_BREAKER,
 ) -> BatchSummary:
     """Open `job.sink` (refusing an output it cannot write before anything runs), enter
     the backends and an engine (durable with `store`, an opened store), run the job, close
     the sink. `coalesce`: identical calls are computed once (`Coalescing` over each backend).
     `watch(job)` runs beside the job (a progress display) and is cancelled when it ends.
-    `gate`: the engine's deadline gate (`Engine(gate=...)`; rows whose workflows carry a
-    deadline start in deadline order). `breaker`: the engine's circuit breaker; the default
-    makes rows wait up to `BACKEND_WAIT_S` for a backend that is down (its `wait_s`), the
-    wait shown in `job.progress().waiting`."""
+    `admission`: the engine's admission mode (`Engine(admission=...)`; under "deadlines",
+    rows whose workflows carry a deadline start in deadline order). `breaker`: the
+    engine's circuit breaker; the default makes rows wait up to `BACKEND_WAIT_S` for a
+    backend that is down (its `wait_s`), the wait shown in `job.progress().waiting`."""
     job.open_sink()
     try:
         async with contextlib.AsyncExitStack() as stack:
@@ -72,9 +71,8 @@ async def run_batch(
                 backends=used,
                 clock=clock,
                 limits=limits,
-                policy=policy,
+                admission=admission,
                 store=store,
-                gate=gate,
                 breaker=breaker,
             )
             async with engine, asyncio.TaskGroup() as tg:

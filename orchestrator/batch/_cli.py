@@ -18,7 +18,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..admission._gate import DEFAULT_GATE
 from ..admission._queue import Limits
 from ..durability._registry import Registry
 from ..engine._config import Config, load_config
@@ -69,7 +68,9 @@ def register(sub: Any) -> None:
         metavar="MODULE:FACTORY",
         help="factory(row) -> Workflow per row (a module name or a .py path, then :name)",
     )
-    run.add_argument("--config", metavar="FILE", help="backends, limits and policy (as plait run)")
+    run.add_argument(
+        "--config", metavar="FILE", help="backends, limits and admission (as plait run)"
+    )
     run.add_argument(
         "--backend",
         metavar="NAME|MODULE:FUNCTION",
@@ -141,8 +142,7 @@ def _run(args: argparse.Namespace) -> int:
     limits = dict(config.limits) if config is not None else {}
     for name in backends:
         limits.setdefault(name, Limits(max_in_flight=args.max_in_flight))
-    policy = config.engine.policy if config is not None else "fcfs"
-    gate = config.engine.deadline_gate() if config is not None else DEFAULT_GATE
+    admission = config.engine.admission if config is not None else "deadlines"
     store_target = args.store or f"{args.output}.plait.db"
     job = BatchJob(
         rows,
@@ -178,10 +178,9 @@ def _run(args: argparse.Namespace) -> int:
                 store=store,
                 clock=clock,
                 limits=limits,
-                policy=policy,
+                admission=admission,
                 coalesce=not args.no_dedup,
                 watch=watch,
-                gate=gate,
                 breaker=replace(BATCH_BREAKER, wait_s=args.backend_wait),
             )
 

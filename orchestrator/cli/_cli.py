@@ -27,8 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TextIO
 
-from ..admission._gate import DEFAULT_GATE
-from ..admission._scheduler import POLICIES
+from ..admission._mode import MODES, Mode
 from ..durability._registry import RebuildError, Registry
 from ..durability._resume import Decision, ResumePlan
 from ..engine._config import Config, read_config_file
@@ -268,7 +267,7 @@ def workflows_of(module: ModuleType) -> list[Workflow]:
 async def run_module(
     module: ModuleType,
     clock: Clock,
-    policy: str,
+    admission: Mode,
     progress: Progress,
     *,
     config: Config | None = None,
@@ -281,7 +280,7 @@ async def run_module(
     """Run the module's workflows (or `flows`, made from it already) to their end."""
     statuses: dict[str, str] = {}
     async with _engine_for(
-        module, clock, policy, progress, config, max_in_flight, max_waiting, store
+        module, clock, admission, progress, config, max_in_flight, max_waiting, store
     ) as engine:
         flows = list(workflows_of(module) if flows is None else flows)
         progress.follow(flows)
@@ -296,7 +295,7 @@ async def run_module(
 async def _engine_for(
     module: ModuleType,
     clock: Clock,
-    policy: str,
+    admission: Mode,
     progress: Progress,
     config: Config | None,
     max_in_flight: int | None,
@@ -313,12 +312,7 @@ async def _engine_for(
         await open_backends(stack, backends)
         opened = None if store is None else await stack.enter_async_context(open_store(store))
         engine = Engine(
-            backends=backends,
-            clock=clock,
-            policy=policy,
-            limits=limits,
-            store=opened,
-            gate=config.engine.deadline_gate() if config is not None else DEFAULT_GATE,
+            backends=backends, admission=admission, clock=clock, limits=limits, store=opened
         )
         async with engine:
             yield engine
@@ -394,7 +388,12 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     run.add_argument("path", help="a .py file defining workflows()")
-    run.add_argument("--policy", choices=sorted(POLICIES), help="default: the config's, else fcfs")
+    run.add_argument(
+        "--admission",
+        choices=list(MODES),
+        help="deadlines, throughput or off (docs/admission.md); default: the config's, "
+        "else deadlines",
+    )
     run.add_argument(
         "--clock",
         choices=["virtual", "system"],
@@ -472,7 +471,7 @@ def _parser() -> argparse.ArgumentParser:
         help="as for plait run; or the config plait serve runs with (its store, registry "
         "and backends), to decide the runs the service holds",
     )
-    resume.add_argument("--policy", choices=sorted(POLICIES), help="as for plait run")
+    resume.add_argument("--admission", choices=list(MODES), help="as for plait run")
     config = sub.add_parser("config", help="configuration files")
     verbs = config.add_subparsers(dest="config_command", required=True)
     check = verbs.add_parser(
@@ -595,7 +594,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if args.store:
         flows = workflows_of(module)
         check_resumable(flows, registry_of(module), args.path)
-    policy = args.policy or (engine.policy if engine is not None else "fcfs")
+    admission = args.admission or (engine.admission if engine is not None else "deadlines")
     deadline = args.deadline or (engine.deadline if engine is not None else None)
     clock: Clock = VirtualClock() if clock_name == "virtual" else SystemClock()
     progress = Progress(out, live=out.isatty())
@@ -609,7 +608,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
                 run_module(
                     module,
                     clock,
-                    policy,
+                    admission,
                     progress,
                     config=settings,
                     max_in_flight=args.max_in_flight,
@@ -643,8 +642,8 @@ def _how_to_go_on(args: argparse.Namespace) -> str:
     command = ["plait", "resume", args.path, "--store", args.store]
     if args.config:
         command += ["--config", args.config]
-    if args.policy:
-        command += ["--policy", args.policy]
+    if args.admission:
+        command += ["--admission", args.admission]
     return f"to go on where it stopped: {shlex.join(command)}"
 
 
@@ -674,13 +673,15 @@ def _resume(args: argparse.Namespace, out: TextIO) -> int:
     else:
         settings = config_of(module, args.config)
     engine_settings = settings.engine if settings is not None else None
-    policy = args.policy or (engine_settings.policy if engine_settings is not None else "fcfs")
+    admission = args.admission or (
+        engine_settings.admission if engine_settings is not None else "deadlines"
+    )
     progress = Progress(out, live=out.isatty())
     started = time.perf_counter()
 
     async def main() -> tuple[list[ResumePlan], Mapping[str, str]]:
         async with _engine_for(
-            module, SystemClock(), policy, progress, settings, None, None, store
+            module, SystemClock(), admission, progress, settings, None, None, store
         ) as engine:
             if args.dry_run:
                 return await engine.plan_resume(registry, decisions=decisions), {}

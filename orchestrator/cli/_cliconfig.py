@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, TextIO
 
-from ..admission._gate import DEFAULT_GATE, DeadlineGate
+from ..admission._mode import SAYS
 from ..admission._queue import Limits
 from ..engine._config import Config, load_config, read_config_file
 from ..model._clock import Clock
@@ -134,17 +134,10 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
     engine = config.engine
     clock = engine.clock or "the module's CLOCK"
     deadline = f", deadline {engine.deadline:g} s" if engine.deadline is not None else ""
-    gate = engine.deadline_gate()
-    if gate is None:
-        deadline += ", deadline gate off"
-    elif gate != DEFAULT_GATE:
-        changed = [
-            f"{name} {getattr(gate, name)!r}"
-            for name in DeadlineGate.__dataclass_fields__
-            if getattr(gate, name) != getattr(DEFAULT_GATE, name)
-        ]
-        deadline += f", deadline gate: {', '.join(changed)}"
-    out.write(f"{config.source}: valid\nengine: policy {engine.policy}, clock {clock}{deadline}\n")
+    out.write(
+        f"{config.source}: valid\nengine: clock {clock}{deadline}\n"
+        f"admission: {engine.admission}: {SAYS[engine.admission]}\n"
+    )
     for name, backend in config.backends.items():
         out.write(f"backend {name!r} ({backend.kind.name}): {backend.describe()}\n")
         if backend.limits is not None:

@@ -37,6 +37,7 @@ from ..durability._store import CancelStore, EventRecord, LeaseStore, StoreBatch
 from ..model._clock import Clock
 from ..model._errors import UsageError
 from ..model._events import Event, TaskCancelled, WorkflowFinished
+from ._slots import SlotBroker
 
 _log = logging.getLogger("plait.cluster")
 REFUSED_LEASES = 10
@@ -53,6 +54,8 @@ class Cluster:
     unique among live engines). `registry`: finds the code of runs taken over (as for
     `Engine.resume`; default: found by import). `take_over`: claim runs whose lease ran out
     (False: this engine only runs what it was given). `claim_batch`: runs claimed at a time.
+    Engines in one process without a store (a simulated cluster) share only their limits,
+    through `share_limits=LocalSlots(clock)`.
     """
 
     lease_s: float = 10.0
@@ -60,13 +63,19 @@ class Cluster:
     registry: Registry | None = None
     take_over: bool = True
     claim_batch: int = 100
-    share_limits: bool = True
+    share_limits: bool | SlotBroker = True
     """Each LLM backend's `Limits.max_in_flight` bounds all engines together (the store
-    keeps each engine's share; give every engine the same limits). False: per engine."""
+    keeps each engine's share; give every engine the same limits). A `SlotBroker`: it keeps
+    the shares instead of the store. False: per engine."""
     share_every_s: float = 0.25
     """How often an engine reports its demand and takes its new share."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.share_limits, bool | SlotBroker):
+            raise UsageError(
+                f"Cluster(share_limits={self.share_limits!r}) takes True (through the store), "
+                "False (per engine) or a SlotBroker (LocalSlots for engines in one process)"
+            )
         if not self.lease_s > 0:
             raise UsageError(f"Cluster(lease_s={self.lease_s}) must be positive")
         if self.claim_batch < 1:
@@ -78,6 +87,11 @@ class Cluster:
                 f"Cluster(share_every_s={self.share_every_s}) must be positive and below "
                 f"lease_s ({self.lease_s})"
             )
+
+    @property
+    def broker(self) -> bool:
+        """Whether `share_limits` names a broker of its own (not the store)."""
+        return not isinstance(self.share_limits, bool)
 
     def owner(self) -> str:
         """This engine's name in the store."""

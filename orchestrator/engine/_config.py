@@ -1,7 +1,7 @@
 """Configuration from a file: engine settings, backends by name, and their limits.
 
     [engine]
-    policy = "slack"
+    admission = "deadlines"
     clock = "virtual"
 
     [backends.default]
@@ -33,14 +33,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
-from ..admission._gate import DEFAULT_GATE, DeadlineGate
+from ..admission._mode import Mode
 from ..admission._queue import Limits
-from ..admission._scheduler import POLICIES
 from ..model._clock import Clock
 from ..model._errors import UsageError
 from ..model._llm import LLMBackend
@@ -111,74 +109,23 @@ def _error(kind: str, message: str) -> PydanticCustomError:
     return PydanticCustomError(kind, "{message}", {"message": message})
 
 
-_MOST_RUNS = 1_000_000
-"""The most runs a gate setting may count (a bound, so a typo cannot ask for a queue that
-does not fit in memory)."""
-
-
-class GateSettings(ConfigSection):
-    """The `[engine.gate]` table: the deadline gate's settings (`DeadlineGate`,
-    docs/admission.md); every key is optional."""
-
-    likely: float = Field(default=DEFAULT_GATE.likely, gt=0, lt=1, allow_inf_nan=False)
-    sure: float = Field(default=DEFAULT_GATE.sure, gt=0, lt=1, allow_inf_nan=False)
-    late_in_flight: int = Field(default=DEFAULT_GATE.late_in_flight, ge=0, le=_MOST_RUNS)
-    late_room: float = Field(default=DEFAULT_GATE.late_room, ge=0, le=1, allow_inf_nan=False)
-    min_seen: int = Field(default=DEFAULT_GATE.min_seen, ge=2, le=_MOST_RUNS)
-    memory: int = Field(default=DEFAULT_GATE.memory, ge=2, le=_MOST_RUNS)
-    deadlines: int = Field(default=DEFAULT_GATE.deadlines, ge=2, le=_MOST_RUNS)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> GateSettings:
-        if self.memory < self.min_seen:
-            raise ValueError(f"memory ({self.memory}) must be at least min_seen ({self.min_seen})")
-        try:
-            self.to_gate()  # what the keys say together (memory against sure and likely)
-        except UsageError as exc:
-            raise ValueError(str(exc).removeprefix("DeadlineGate(").replace(")", "", 1)) from None
-        return self
-
-    def to_gate(self) -> DeadlineGate:
-        return DeadlineGate(**self.model_dump())  # the same names as DeadlineGate's
-
-
 class EngineSettings(ConfigSection):
     """The `[engine]` table."""
 
-    policy: str = "fcfs"
-    """Scheduling policy: fcfs, las or slack."""
+    retired_keys: ClassVar[Mapping[str, str]] = {
+        "policy": 'the order follows the admission mode: admission = "deadlines" (runs with a '
+        'deadline least slack first, the default) or "throughput" (arrival order); '
+        "docs/admission.md",
+        "gate": 'the deadline gate is part of admission = "deadlines" (the default) and off '
+        'with "throughput" or "off"; its settings are internal tuning (docs/admission.md)',
+    }
+
+    admission: Mode = "deadlines"
+    """What the engine does about deadlines and load: deadlines, throughput or off."""
     clock: Literal["system", "virtual"] | None = None
     """`virtual`: simulated latencies cost no wall time. Unset: the workflow module's CLOCK."""
     deadline: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     """Seconds from each workflow's start by which it should be done; `--deadline` overrides."""
-    gate: GateSettings | bool = True
-    """The deadline gate: `false` turns it off, an `[engine.gate]` table sets it."""
-
-    @field_validator("gate", mode="before")
-    @classmethod
-    def _gate_table_or_switch(cls, value: Any) -> Any:
-        # Checked here rather than as a union, whose errors would name both branches.
-        if isinstance(value, bool | GateSettings):
-            return value
-        if not isinstance(value, Mapping):
-            raise ValueError(f"give false (no gate) or a table of its settings, not {value!r}")
-        try:
-            return GateSettings.model_validate(value)
-        except ValidationError as exc:
-            raise ValueError("; ".join(problem_text(e) for e in exc.errors())) from None
-
-    def deadline_gate(self) -> DeadlineGate | None:
-        """The `Engine(gate=...)` these settings ask for."""
-        if isinstance(self.gate, GateSettings):
-            return self.gate.to_gate()
-        return DEFAULT_GATE if self.gate else None
-
-    @field_validator("policy")
-    @classmethod
-    def _known_policy(cls, value: str) -> str:
-        if value not in POLICIES:
-            raise ValueError(f"unknown policy {value!r}; choose one of {', '.join(POLICIES)}")
-        return value
 
 
 _DEFAULT_LIMITS = Limits()

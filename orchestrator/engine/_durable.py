@@ -31,6 +31,10 @@ JOURNAL_MAX_PENDING = 2_000_000
 """Records the journal may hold uncommitted: a 100,000-task workflow is added in one go."""
 JOURNAL_HIGH_WATER = 50_000
 """Past this many uncommitted records the loop waits for the store before going on."""
+STORE_PATIENCE_S = 60.0
+"""How long runs pause while a store that failed in a way that may pass (a database away,
+a full disk) is tried again, before they stop to be resumed: a database's restart or
+fail-over, not an outage someone has to fix."""
 
 _ROW_EVENTS = frozenset({"workflow_started", "workflow_resumed", "workflow_finished"})
 

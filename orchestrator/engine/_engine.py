@@ -33,10 +33,11 @@ from tenacity import (
 )
 
 from ..admission._controller import Hopeless, Shed, UrgencyController
-from ..admission._gate import DEFAULT_GATE, DeadlineGate, GateStats
-from ..admission._knee import DEFAULT_HEADROOM, Headroom, KneeStats
+from ..admission._gate import GateStats
+from ..admission._knee import KneeStats
+from ..admission._mode import AdmissionTuning, Mode, admission_tuning
 from ..admission._queue import DEFAULT_LIMITS, Admission, Limits, ResourceStats, Ticket
-from ..admission._scheduler import CLASS_RANK, Policy, PriorityClass, get_policy, program_key
+from ..admission._scheduler import CLASS_RANK, PriorityClass, Slack, program_key
 from ..cluster._cluster import Cluster, Leases, engine_name
 from ..cluster._slots import SharedLimits, SlotBroker
 from ..durability._journal import Journal
@@ -71,7 +72,7 @@ from ._calls import LLMCalls
 from ._capacity import derived_limits, read_capacities
 from ._config import Config, load_config
 from ._context import TaskContext
-from ._durable import Durability, fail
+from ._durable import STORE_PATIENCE_S, Durability, fail
 from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._open import open_backends, open_store
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
@@ -121,9 +122,10 @@ class EngineStats:
     finished_workflows: int
     resources: tuple[ResourceStats, ...]
     knees: tuple[KneeStats, ...] = ()
-    """What each LLM backend's headroom controller learned (empty with `headroom=None`)."""
+    """What each LLM backend's headroom controller learned (empty without a knee: under
+    `throughput` and `off`, unless `Limits.batch_in_flight` fixes one)."""
     gate: GateStats | None = None
-    """What the deadline gate learned (None with `gate=None`)."""
+    """What the deadline gate learned (None without a gate: under `throughput` and `off`)."""
     reserve_caps: tuple[tuple[str, int], ...] = ()
     """Backends that keep urgent work apart themselves (a router's lanes), which get no
     knee: the calls in flight up to which slack-rich work is admitted there (the limit less
@@ -184,49 +186,49 @@ class Engine:
     async with Engine(backends={"default": llm}) as engine:
         result = await engine.run(workflow)
 
+    `admission` says what the engine does about deadlines and load (docs/admission.md):
+    "deadlines" (the default) runs programs with a deadline least slack first, holds
+    slack-rich work back to each LLM backend's learned throughput knee while urgent work is
+    around, and starts runs with a deadline through the deadline gate; "throughput" runs
+    programs in arrival order (interactive first) and holds nothing back; "off" adds nothing
+    to the limits given (no hold-back for a server's KV cache either). An
+    `orchestrator.ext.AdmissionTuning` spells the settings out, for benchmarks and experts.
+    `limits` bound each resource (`Limits`; `Limits(batch_in_flight=N)` fixes the cap for
+    slack-rich work instead of learning it, in every mode).
     `call_retry` says how often one LLM call is sent before its task sees the error
     (`CallRetry`); `breaker` says when a failing backend's circuit opens (`Breaker`; None
     turns circuit breakers off). `store` (an opened `Store`, e.g. `memory.SQLStore`) makes
     every run durable: each event is appended to its log (grouped commits), and a run's
     result is handed back once its last event is committed (docs/durability.md). A store
     that fails in a way that may pass (unreachable, a full disk) pauses the runs for up to
-    `store_patience` seconds while their commit is tried again; then they stop, with
-    nothing committed lost, to be resumed.
+    `STORE_PATIENCE_S` while their commit is tried again; then they stop, with nothing
+    committed lost, to be resumed.
     `retention` (with a store) compacts and deletes finished runs while the engine runs
-    (`Retention`; its `Sweeper` is `engine.sweeper`).
-    `headroom` (on by default; None turns it off) holds slack-rich work (batch, far
-    deadlines, hopeless ones) back to each LLM backend's learned throughput knee while
-    urgent work is around, so urgent calls find short decode steps (docs/admission.md);
-    over a backend that keeps urgent work apart itself (a router's lanes) it keeps no knee
-    (unless `Limits(batch_in_flight=N)` fixes one), only the reserve (`Headroom.reserve` of
-    the limit) that slack-rich work leaves free.
-    `gate` (on by default; None turns it off) starts runs with a deadline in deadline order,
-    as many at once as it learned meets the most deadlines (`DeadlineGate`).
+    (`Retention`; its `Sweeper` is `engine.sweeper`). `cluster` runs the engine as one of
+    several on its store, and shares each LLM backend's in-flight limit between them
+    (`Cluster`, docs/scaling.md).
     """
 
     def __init__(
         self,
         *,
         backends: Mapping[str, LLMBackend] | None = None,
-        policy: str | Policy = "fcfs",
+        admission: Mode | AdmissionTuning = "deadlines",
         clock: Clock | None = None,
         limits: Mapping[str, Limits] | None = None,
         max_workflows: int = 10_000,
-        default_estimate: float = 1.0,
         threads: int = 64,
         keep_alive: KeepAlive | None = DEFAULT_KEEP_ALIVE,
         call_retry: CallRetry = DEFAULT_CALL_RETRY,
         breaker: Breaker | None = DEFAULT_BREAKER,
         store: Store | None = None,
-        store_patience: float = 60.0,
         retention: Retention | None = None,
-        headroom: Headroom | None = DEFAULT_HEADROOM,
-        gate: DeadlineGate | None = DEFAULT_GATE,
         cluster: Cluster | None = None,
-        slots: SlotBroker | None = None,
     ) -> None:
         backends = dict(backends or {})
-        self.policy = get_policy(policy)
+        self.tuning = tuning = admission_tuning(admission)
+        """What `admission` stands for (`AdmissionTuning`)."""
+        self.policy = tuning.policy
         if clock is not None and not isinstance(clock, Clock):
             raise UsageError(
                 f"Engine(clock={clock!r}) takes a Clock: SystemClock(), or a VirtualClock "
@@ -242,22 +244,24 @@ class Engine:
         self.capacities: dict[str, ServerCapacity] = {}
         """What each backend that can say it said of its server's size when the engine
         started (`CapacityReporting`), and so of the limits derived from it."""
-        if gate is not None and not isinstance(gate, DeadlineGate):
-            raise UsageError(f"Engine(gate=...) takes a DeadlineGate or None, got {gate!r}")
         # A fixed `Limits.batch_in_flight` holds work back even with headroom=None.
         self.urgency = UrgencyController(
             {name: (merged[name].max_in_flight, merged[name].batch_in_flight) for name in backends},
             frozenset(n for n, b in backends.items() if capabilities(b).isolates_urgent),
-            headroom=headroom,
-            gate=gate,
-            default_estimate=default_estimate,
+            headroom=tuning.headroom,
+            gate=tuning.gate,
+            default_estimate=tuning.default_estimate,
         )
         """Decides admission (the gate, the knees, what tasks and runs take); the engine
         applies its plans."""
         urgency = self.urgency
-        static = self._static_key if self.policy.static else None
+        # Under `slack` a program without a deadline keeps its key (it ranks after every
+        # one with a deadline, in arrival order): only programs with one are ranked anew
+        # each round, so a workload without deadlines costs what `fcfs` costs.
+        moving = isinstance(self.policy, Slack)
+        static = self._static_key if self.policy.static or moving else None
         self.admission = Admission(
-            merged, static_key=static, held=self._held_back, gated=urgency.holds
+            merged, static_key=static, held=self._held_back, gated=urgency.holds, moving=moving
         )
         self.bus = EventBus()
         self.calls = LLMCalls(
@@ -275,7 +279,7 @@ class Engine:
             urgent=urgency.urgent,
         )
         self.max_workflows = max_workflows
-        self.default_estimate = default_estimate
+        self.default_estimate = tuning.default_estimate
         if threads < 1:
             raise UsageError(f"Engine(threads={threads}) must be at least 1")
         self.threads = threads
@@ -297,8 +301,6 @@ class Engine:
         """The same task group, kept while the engine winds down (`_tg` refuses new runs)."""
         self._closing = False
         self.store = store
-        check_seconds("Engine", "store_patience", store_patience, zero_ok=True)
-        self.store_patience = store_patience
         if retention is not None and store is None:
             raise UsageError(
                 "Engine(retention=...) needs a store to apply it to; pass store=SQLStore(...) "
@@ -309,10 +311,12 @@ class Engine:
         """The store as the `RetainingStore` that `retention` needs (found here, once)."""
         if retention is not None and store is not None:
             self._retaining = RetainingStore.require(store, "Engine(retention=...)")
-        if cluster is not None and store is None:
+        if cluster is not None and store is None and not cluster.broker:
             raise UsageError(
                 "Engine(cluster=...) shares a store's runs between engines: pass "
-                "store=SQLStore(...) (PostgreSQL for engines on several machines) too"
+                "store=SQLStore(...) (PostgreSQL for engines on several machines) too, or "
+                "Cluster(share_limits=orchestrator.ext.LocalSlots(clock)) for engines in one "
+                "process that share only their limits"
             )
         self.cluster = cluster
         self._shared: tuple[LeaseStore, CancelStore] | None = None
@@ -322,7 +326,10 @@ class Engine:
                 LeaseStore.require(store, "Engine(cluster=...)"),
                 CancelStore.require(store, "Engine(cluster=...)"),
             )
-        if slots is None and cluster is not None and cluster.share_limits:
+        slots: SlotBroker | None = None
+        if cluster is not None and cluster.broker:
+            slots = cast(SlotBroker, cluster.share_limits)
+        elif cluster is not None and cluster.share_limits:
             if not isinstance(store, SlotBroker):
                 raise UsageError(
                     f"Cluster(share_limits=True) needs a store that shares limits "
@@ -340,6 +347,8 @@ class Engine:
         self._lease_task: asyncio.Task[None] | None = None
         self.durable: Durability | None = None
         """The store's side of the engine while it runs with one (journal, memo, sweeper)."""
+        self._stack: contextlib.AsyncExitStack | None = None
+        """The services started on entry, closed on exit in reverse (`__aenter__`)."""
 
     @classmethod
     def from_config(
@@ -350,7 +359,7 @@ class Engine:
         clock: Clock | None = None,
     ) -> contextlib.AbstractAsyncContextManager[Engine]:
         """An engine built from a config file (`.toml`, `.yaml`; or its contents as a dict,
-        or a loaded `Config`): its backends, limits, policy and deadline gate, with the
+        or a loaded `Config`): its backends, limits and admission mode, with the
         backends opened for as long as the engine runs. `store`: a SQLite path or database
         URL to open (or an opened `Store`) to make every run durable.
 
@@ -389,85 +398,109 @@ class Engine:
         if self._clock is None:
             self._clock = running_clock()
         self._clock.check_running_loop()
-        await self._read_capacity()
-        tg = asyncio.TaskGroup()
-        self.calls.start(self._clock, tg, virtual=isinstance(self._clock, VirtualClock))
-        self._services = RunServices(
-            clock=self._clock,
-            policy=self.policy,
-            admission=self.admission,
-            bus=self.bus,
-            next_seq=self.next_seq,
-            changed=self._changed,
-            default_estimate=self.default_estimate,
-            durations=self.urgency.durations,
-        )
-        if self.store is not None:
-            if isinstance(self._clock, VirtualClock):
-                raise UsageError(
-                    "Engine(store=...) needs the system clock: a store does real I/O (a "
-                    "database driver's thread or socket), which virtual time would jump over "
-                    "to its timeouts; use clock=SystemClock(), or no store for simulations"
-                )
-            if self.cluster is not None and self._shared is not None:
-                self.leases = Leases(
-                    self.cluster,
-                    *self._shared,
-                    self._clock,
-                    room=lambda: self.max_workflows - len(self._runs),
-                    resume=self._resume_claimed,
-                    let_go=self._let_go,
-                    mine=lambda: list(self._runs),
-                    cancel=self.cancel_if_running,
-                )
-            self.durable = Durability(
-                self.store,
-                self._clock,
-                self._runs,
-                self.wake,
-                patience_s=self.store_patience,
-                sweeper=(
-                    None
-                    if self.retention is None or self._retaining is None
-                    else Sweeper(self._retaining, self.retention, self._clock)
-                ),
-                owner=None if self.leases is None else self.leases.owner,
-                lease_s=0.0 if self.cluster is None else self.cluster.lease_s,
-                on_lost=None if self.leases is None else self.leases.lost,
+        clock = self._clock
+        # One context per service, each entered once the one before it has started: a
+        # service that fails to start closes those started before it, in reverse.
+        async with contextlib.AsyncExitStack() as stack:
+            await self._read_capacity()
+            tg = asyncio.TaskGroup()
+            self.calls.start(clock, tg, virtual=isinstance(clock, VirtualClock))
+            stack.callback(self._stop_calls)
+            self._services = RunServices(
+                clock=clock,
+                policy=self.policy,
+                admission=self.admission,
+                bus=self.bus,
+                next_seq=self.next_seq,
+                changed=self._changed,
+                default_estimate=self.default_estimate,
+                durations=self.urgency.durations,
             )
-            self.calls.memo = self.durable.memo
-            self.bus.recorder = self.durable.record
-        self._inbox = asyncio.Queue()
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=self.threads, thread_name_prefix="plait-task"
-        )
-        if self.leases is not None:
-            await self.leases.start()
-        self._tg = self._group = tg
-        await self._tg.__aenter__()
-        if self.durable is not None:
-            self.durable.start(tg)
-        self._tg.create_task(self._loop(), name="plait-engine")
-        if self.leases is not None:
-            self._lease_task = tg.create_task(self.leases.run(), name="plait-leases")
-        if self._broker is not None and self._llm_limits:
-            clock = self._clock
-            urgency = self.urgency
-            self.admission.urgent = lambda run: urgency.urgent(run, clock.monotonic())
-            cluster = self.cluster
-            self.shared = SharedLimits(
-                self._broker,
-                self.leases.owner if self.leases is not None else engine_name(),
-                self._llm_limits,
-                clock,
-                demand=self.admission.demand,
-                set_share=self._set_share,
-                every_s=cluster.share_every_s if cluster is not None else 0.25,
-                lease_s=cluster.lease_s if cluster is not None else 10.0,
+            if self.store is not None:
+                self._open_durable(clock)
+            self._inbox = asyncio.Queue()
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self.threads, thread_name_prefix="plait-task"
             )
-            await self.shared.round()  # a first share before any call is admitted
-            self._shared_task = tg.create_task(self.shared.run(), name="plait-shared-limits")
+            stack.callback(self._stop_threads)
+            if self.leases is not None:
+                await self.leases.start()
+                stack.push_async_callback(self._release_leases)
+            if self._broker is not None and self._llm_limits:
+                await self._share_limits(clock)  # a first share before any call is admitted
+                stack.push_async_callback(self._leave_shares)
+            await tg.__aenter__()
+            self._tg = self._group = tg
+            stack.push_async_exit(self._wind_down)
+            if self.durable is not None:
+                self.durable.start(tg)
+            tg.create_task(self._loop(), name="plait-engine")
+            if self.leases is not None:
+                self._lease_task = tg.create_task(self.leases.run(), name="plait-leases")
+            if self.shared is not None:
+                self._shared_task = tg.create_task(self.shared.run(), name="plait-shared-limits")
+            self._stack = stack.pop_all()
         return self
+
+    def _open_durable(self, clock: Clock) -> None:
+        """The store's side of the engine (and the cluster's, with one), not started yet."""
+        assert self.store is not None
+        if isinstance(clock, VirtualClock):
+            raise UsageError(
+                "Engine(store=...) needs the system clock: a store does real I/O (a "
+                "database driver's thread or socket), which virtual time would jump over "
+                "to its timeouts; use clock=SystemClock(), or no store for simulations"
+            )
+        if self.cluster is not None and self._shared is not None:
+            self.leases = Leases(
+                self.cluster,
+                *self._shared,
+                clock,
+                room=lambda: self.max_workflows - len(self._runs),
+                resume=self._resume_claimed,
+                let_go=self._let_go,
+                mine=lambda: list(self._runs),
+                cancel=self.cancel_if_running,
+            )
+        self.durable = Durability(
+            self.store,
+            clock,
+            self._runs,
+            self.wake,
+            patience_s=STORE_PATIENCE_S,
+            sweeper=(
+                None
+                if self.retention is None or self._retaining is None
+                else Sweeper(self._retaining, self.retention, clock)
+            ),
+            owner=None if self.leases is None else self.leases.owner,
+            lease_s=0.0 if self.cluster is None else self.cluster.lease_s,
+            on_lost=None if self.leases is None else self.leases.lost,
+        )
+        self.calls.memo = self.durable.memo
+        self.bus.recorder = self.durable.record
+
+    async def _share_limits(self, clock: Clock) -> None:
+        """Join the broker that shares each LLM backend's limit and take a first share."""
+        assert self._broker is not None
+        urgency = self.urgency
+        self.admission.urgent = lambda run: urgency.urgent(run, clock.monotonic())
+        cluster = self.cluster
+        if self.leases is not None:
+            owner = self.leases.owner
+        else:
+            owner = cluster.owner() if cluster is not None else engine_name()
+        self.shared = SharedLimits(
+            self._broker,
+            owner,
+            self._llm_limits,
+            clock,
+            demand=self.admission.demand,
+            set_share=self._set_share,
+            every_s=cluster.share_every_s if cluster is not None else 0.25,
+            lease_s=cluster.lease_s if cluster is not None else 10.0,
+        )
+        await self.shared.round()
 
     async def __aexit__(
         self,
@@ -475,6 +508,22 @@ class Engine:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        stack, self._stack = self._stack, None
+        assert stack is not None
+        try:
+            await stack.__aexit__(exc_type, exc, tb)
+        finally:
+            self._abandon_runs()
+        return None
+
+    async def _wind_down(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        """Close the task group: the runs left are cancelled and the loop winds them down
+        (their tasks, the store's commit of what they told)."""
         assert self._tg is not None
         self._closing = True
         for task in (self._lease_task, self._shared_task):
@@ -497,17 +546,24 @@ class Engine:
             return None
         finally:
             self._group = None
-            if self.leases is not None and self.durable is not None and not self.durable.error:
-                await self.leases.release()  # the runs left go to other engines at once
-            if self.shared is not None:
-                await self.shared.leave()  # and its slots
-            self._abandon_runs()
-            self.calls.stop()
-            self.calls.memo = None
-            if self._executor is not None:
-                # A stuck sync function keeps its thread; the engine does not wait for it.
-                self._executor.shutdown(wait=False, cancel_futures=True)
-                self._executor = None
+
+    async def _release_leases(self) -> None:
+        if self.leases is not None and self.durable is not None and not self.durable.error:
+            await self.leases.release()  # the runs left go to other engines at once
+
+    async def _leave_shares(self) -> None:
+        if self.shared is not None:
+            await self.shared.leave()  # and its slots
+
+    def _stop_calls(self) -> None:
+        self.calls.stop()
+        self.calls.memo = None
+
+    def _stop_threads(self) -> None:
+        if self._executor is not None:
+            # A stuck sync function keeps its thread; the engine does not wait for it.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
 
     def _abandon_runs(self) -> None:
         """Runs the loop could not wind down (the engine was cancelled from outside) end
@@ -600,7 +656,9 @@ class Engine:
     def _key(self, run: Run, now: float) -> tuple[int, float, int]:
         return program_key(self.policy, run.view(now), now)
 
-    def _static_key(self, run: Run) -> tuple[int, float, int]:
+    def _static_key(self, run: Run) -> tuple[int, float, int] | None:
+        if run.deadline is not None and not self.policy.static:
+            return None  # `slack`: ranked anew each round (`Admission(moving=True)`)
         return program_key(self.policy, run.view(0.0), 0.0)
 
     def _held_back(self, run: Run, resource: str) -> bool:
@@ -965,7 +1023,8 @@ class Engine:
         leave them open. Before any call, so nothing admitted is counted twice."""
         self.capacities = await read_capacities(self.backends)
         for name, capacity in self.capacities.items():
-            limits = derived_limits(self._given_limits.get(name), capacity)
+            told = capacity if self.tuning.hold_back else replace(capacity, kv_tokens=None)
+            limits = derived_limits(self._given_limits.get(name), told)
             if limits is None:
                 continue
             self.admission.set_limits(name, limits)
@@ -1279,11 +1338,10 @@ async def _from_config(
         )
         engine = Engine(
             backends=backends,
+            admission=config.engine.admission,
             clock=clock,
-            policy=config.engine.policy,
             limits=config.limits,
             store=opened,
-            gate=config.engine.deadline_gate(),
         )
         async with engine:
             yield engine

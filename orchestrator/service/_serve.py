@@ -68,10 +68,9 @@ async def serve(
             )
         engine = Engine(
             backends=backends,
+            admission=config.engine.engine.admission,
             clock=clock,
-            policy=config.engine.engine.policy,
             limits=config.engine.limits,
-            gate=config.engine.engine.deadline_gate(),
             store=store,
             cluster=cluster,
             retention=settings.retention.policy(),
