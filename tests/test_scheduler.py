@@ -76,6 +76,16 @@ def test_urgency_agrees_with_the_order() -> None:
         assert urgencies == sorted(urgencies, reverse=True)
 
 
+def test_urgency_keeps_arrival_order_among_programs_without_a_deadline() -> None:
+    # Under `slack` they all rank last; their hints must still say which came first, at
+    # program numbers a long batch reaches (the tie-breaker alone rounds away there).
+    views = [ProgramView(5_000 + i) for i in range(50)] + [ProgramView(1, deadline=30.0)]
+    ordered = order_programs(Slack(), views, now=0)
+    urgencies = [urgency(Slack(), v, now=0) for v in ordered]
+    assert ordered[0].program == 1
+    assert all(a > b for a, b in zip(urgencies, urgencies[1:], strict=False))
+
+
 def test_remaining_critical_path_takes_the_longest_unfinished_chain() -> None:
     graph: nx.DiGraph[str] = nx.DiGraph()
     graph.add_edges_from([("a", "b"), ("b", "d"), ("a", "c"), ("c", "d")])

@@ -172,9 +172,14 @@ def order(
 def urgency(policy: Policy, view: ProgramView, now: float) -> float:
     """A backend-neutral urgency (higher runs sooner) for the hints sent with LLM calls."""
     rank, key, program = program_key(policy, view, now)
-    if math.isinf(key):
-        key = 1e9
+    if math.isinf(key):  # no deadline under `slack`: after every deadline, in arrival order
+        key = NO_DEADLINE_KEY + program
     return -(rank * 1e12 + key + program * 1e-6)
+
+
+NO_DEADLINE_KEY = 1e9
+"""Where `urgency` puts programs a policy ranks last (`slack`: no deadline): after any late
+one (`LATE_KEY`), each by its arrival, which the tie-breaker below would lose to rounding."""
 
 
 def remaining_critical_path(graph: nx.DiGraph[str], unfinished: Mapping[str, float]) -> float:
