@@ -622,7 +622,7 @@ def test_calls_carry_the_slack_their_program_has_to_spare(policy: str) -> None:
     if policy == "fcfs":
         assert [h.slack_s for h in seen] == [None] * 4
         return
-    assert first.deadline_s == 10.0 and first.slack_s is None  # 1 s a task is a guess
+    assert first.slack_s is None  # 1 s a task is a guess
     # The first call took 0.5 s: the next has 9.5 s left and one task (0.5 s lately) to go.
-    assert second.deadline_s == pytest.approx(9.5) and second.slack_s == pytest.approx(9.0)
+    assert second.slack_s == pytest.approx(9.0)
     assert free.slack_s is None
