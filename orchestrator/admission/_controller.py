@@ -285,10 +285,12 @@ class UrgencyController:
         assert slack is not None and alone is not None  # it has a deadline
         if alone < 0:
             return "hopeless"
-        slack = max(0.0, slack)  # late only at this load: urgent, not hopeless
-        if slack_rich(run.priority_class, slack, view.remaining, self._margins):
+        # Late only at this load: urgent, not hopeless.
+        if slack_rich(run.priority_class, max(0.0, slack), view.remaining, self._margins):
             return "slack_rich"
-        return "shareable" if slack >= SHARE_MARGIN * view.remaining else "tight"
+        # Time to spare needs a path estimated, not guessed.
+        roomy = not view.guessed and slack >= SHARE_MARGIN * view.remaining
+        return "shareable" if roomy else "tight"
 
     def slack_rich(self, run: Judged, now: float, view: ProgramView | None = None) -> bool:
         """Whether `run` may wait behind urgent work (slack-rich, or hopeless)."""
