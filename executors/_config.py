@@ -138,9 +138,10 @@ class LaneSettings(ConfigSection):
     }
 
     urgent_lanes: Lanes = "auto"
-    """Replicas kept for calls of urgent work while there are any; batch calls use
-    them only up to `lane_batch_in_flight` at once meanwhile. "auto": while batch calls are
-    around too, one for every `lane_urgent_calls` urgent calls in flight (docs/admission.md)."""
+    """Replicas kept for calls of urgent work and hopeless programs while there are any;
+    batch calls use them only up to `lane_batch_in_flight` at once meanwhile. "auto": while
+    batch calls are around too, one for every `lane_urgent_calls` urgent calls in flight
+    (docs/admission.md)."""
     lane_urgent_calls: int = Field(default=96, ge=1)
     lane_batch_in_flight: int = Field(default=0, ge=0)
     lane_batch_programs: int | None = Field(default=None, ge=0)

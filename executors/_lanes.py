@@ -16,16 +16,20 @@ from orchestrator.ext import URGENT_CLASSES
 
 
 def is_urgent(hints: Hints) -> bool:
-    """The call is of urgent work (`Hints.service` one of `URGENT_CLASSES`): it goes to the
-    lanes. Unjudged calls (`service` None) are not."""
-    return hints.service in URGENT_CLASSES
+    """The call goes to the lanes: its program is urgent work (`Hints.service` one of
+    `URGENT_CLASSES`) or `hopeless`. Admission holds a hopeless program back so that it does
+    not crowd out those that can still make it; once it runs, its calls want short steps
+    as much as any with a deadline, and it is judged at the least its tasks took on loaded
+    replicas, which a lane beats: some make it. Slack-rich calls and calls no engine judged
+    (`service` None) are batch work."""
+    return hints.service in URGENT_CLASSES or hints.service == "hopeless"
 
 
 def is_tight(hints: Hints) -> bool:
-    """The call's program needs short steps (urgent, or tight on its deadline): a lane it is
-    on takes no more batch calls than `Lanes.batch_in_flight`. A `shareable` program can
-    afford longer steps."""
-    return hints.service in ("urgent", "tight")
+    """The call's program needs short steps (urgent, tight on its deadline, or past it even
+    alone): a lane it is on takes no more batch calls than `Lanes.batch_in_flight`. A
+    `shareable` program can afford longer steps."""
+    return hints.service in ("urgent", "tight", "hopeless")
 
 
 @dataclass(frozen=True, slots=True)

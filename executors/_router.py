@@ -88,8 +88,8 @@ class Router(
     `cache_blocks`: each server's KV cache in such blocks, if known (vLLM logs its size at
     start-up): the router then models each server's LRU eviction instead of assuming that
     what it sent somewhere stays there. `urgent_lanes`: replicas kept for calls of urgent
-    work (`Hints.service` in `URGENT_CLASSES`) while there are any, with at most
-    `lane_batch_in_flight` batch calls on each (0, the default: a batch call's prompt would
+    work and hopeless programs (by `Hints.service`: `is_urgent`) while there are any, with
+    at most `lane_batch_in_flight` batch calls on each (0, the default: a batch call's prompt would
     lengthen every step of the lane's urgent calls), or, with `lane_batch_programs`, the
     calls of at most that many batch programs (a program's calls go there together, so its
     shared prefix is computed once; see `Lanes.route`; docs/admission.md, "Urgent lanes").

@@ -41,7 +41,7 @@ def lanes(
         ("tight", True, True),
         ("shareable", True, False),
         ("slack_rich", False, False),
-        ("hopeless", False, False),
+        ("hopeless", True, True),
         (None, False, False),
     ],
 )
