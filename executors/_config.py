@@ -131,10 +131,17 @@ class LaneSettings(ConfigSection):
     """The urgent-lane keys a `router` table and a `sim` table with replicas share (the
     `Router` arguments of the same names; docs/admission.md, "Urgent lanes")."""
 
+    retired_keys: ClassVar[Mapping[str, str]] = {
+        "lane_share_slack": "a lane is shared beside urgent work whose programs have at least "
+        "their remaining path to spare (the engine's shareable class); only lane_share_calls "
+        "is set"
+    }
+
     urgent_lanes: Lanes = "auto"
-    """Replicas kept for urgent (interactive) calls while there are any; batch calls use
-    them only up to `lane_batch_in_flight` at once meanwhile. "auto": while batch calls are
-    around too, one for every `lane_urgent_calls` urgent calls in flight (docs/admission.md)."""
+    """Replicas kept for calls of urgent work and hopeless programs while there are any;
+    batch calls use them only up to `lane_batch_in_flight` at once meanwhile. "auto": while
+    batch calls are around too, one for every `lane_urgent_calls` urgent calls in flight
+    (docs/admission.md)."""
     lane_urgent_calls: int = Field(default=96, ge=1)
     lane_batch_in_flight: int = Field(default=0, ge=0)
     lane_batch_programs: int | None = Field(default=None, ge=0)
@@ -148,9 +155,7 @@ class LaneSettings(ConfigSection):
     `lane_batch_in_flight`: each is cancelled there and routed again."""
     lane_share_calls: int = Field(default=32, ge=0)
     """The batch calls a lane takes while its urgent calls' programs have slack to spare
-    (0: none beyond `lane_batch_in_flight`)."""
-    lane_share_slack: float = Field(default=1.0, ge=0)
-    """Slack to spare: at least this many times the program's remaining path."""
+    (the engine's `shareable` class; 0: none beyond `lane_batch_in_flight`)."""
 
     def lane_options(self) -> LaneOptions:
         """These keys as `Router` arguments (`LaneOptions` names them all)."""
@@ -167,7 +172,6 @@ class LaneOptions(TypedDict):
     lane_prefill_tokens: int | None
     lane_clear: bool
     lane_share_calls: int
-    lane_share_slack: float
 
 
 class RouterSettings(LaneSettings):
@@ -440,7 +444,7 @@ def _lanes_text(settings: LaneSettings) -> str:
     if settings.lane_share_calls and settings.lane_batch_programs is None:
         how.append(
             f"up to {settings.lane_share_calls} batch calls beside urgent work with "
-            f"{settings.lane_share_slack:g}x its remaining time to spare (slack policy)"
+            "its remaining time to spare (slack policy)"
         )
     name = "urgent lanes auto" if lanes == "auto" else f"{lanes} urgent lane(s)"
     return f", {name} ({'; '.join(how)})"

@@ -5,7 +5,8 @@ they do not know, so each spelling is pinned by a test against a recording serve
 
 Urgency is a float, higher sooner. Servers take an integer priority: we send
 `round(urgency * 1000)` (milliseconds of slack keep their order), negated for servers where
-lower runs sooner (vLLM, the simulator).
+lower runs sooner (vLLM, the simulator). How the program is served (`Hints.service`) is said
+only where a server has a word for it: Dynamo's queue head start (`DYNAMO_HEAD_START_S`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from orchestrator import Hints, UsageError
-from orchestrator.ext import OutputSchema
+from orchestrator.ext import URGENT_CLASSES, OutputSchema
 
 DialectName = Literal["vllm", "vllm-continuum", "sglang", "dynamo", "llamacpp", "openai", "sim"]
 DIALECTS: tuple[DialectName, ...] = (
@@ -28,6 +29,12 @@ DIALECTS: tuple[DialectName, ...] = (
     "openai",
     "sim",
 )
+
+DYNAMO_HEAD_START_S = 1.2
+"""Dynamo's `latency_sensitivity` for a call of urgent work (`URGENT_CLASSES`): its router's
+queue treats the call as if it had arrived this many seconds earlier (the value Dynamo
+recommends for latency-sensitive agent requests). Work that may wait sends none: its place
+among programs is the `priority` already sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +76,8 @@ def encode(dialect: str, hints: Hints, *, slots: int | None = None) -> Encoded:
         return Encoded(body)
     if dialect == "dynamo":
         agent_hints: dict[str, Any] = {"priority": _priority(hints)}
-        if hints.deadline_s is not None:
-            agent_hints["latency_sensitivity"] = max(0.0, hints.deadline_s)
+        if hints.service in URGENT_CLASSES:
+            agent_hints["latency_sensitivity"] = DYNAMO_HEAD_START_S
         if hints.expected_output_tokens is not None:
             agent_hints["osl"] = hints.expected_output_tokens
         headers = {}

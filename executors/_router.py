@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -44,6 +43,7 @@ from orchestrator.ext import (
 )
 
 from ._capacity import DEFAULT_BLOCK_TOKENS, combined, size_router
+from ._lanes import NO_PEERS, Heard, Lanes, is_tight, is_urgent, to_move
 from ._peerlink import NotifierRouterLink
 from ._peers import Peering, PeerStats, RouterLink
 from ._prefix import Tokenize, prompt_hashes
@@ -100,23 +100,23 @@ class Router(
     models each server's LRU eviction instead of assuming that what it sent somewhere stays
     there. Given, it counts blocks of `block_tokens` (16 where that is not given). Replicas
     are asked within `health_timeout_s`, all at once; one that fails to answer is logged
-    and taken to be like the others. `urgent_lanes`: replicas kept for urgent
-    (interactive) calls while there are any, with at most `lane_batch_in_flight` batch calls
-    on each (0, the default: a batch call's prompt would lengthen every step of the lane's
-    urgent calls), or, with `lane_batch_programs`, the calls of at most that many batch
-    programs (a program's calls go there together, so its shared prefix is computed once;
-    see `_lanes`; docs/admission.md, "Urgent lanes"). "auto" (the default): while urgent
-    and batch calls are both around, one lane for every `lane_urgent_calls` urgent calls in
-    flight, at most all replicas but one; none otherwise. A number: that many, whenever
-    urgent calls are around. 0: none. `lane_clear` (by count of calls, not with
-    `lane_batch_programs`): as an urgent call is routed while lanes are kept, a lane with
-    more of this router's batch calls than `lane_batch_in_flight` keeps the first sent, and
-    the rest are cancelled there and routed again, so urgent calls find short steps at
-    once, not once those calls end. `lane_share_calls`: while every urgent call around is
-    of a program with slack to spare (`Hints.slack_s` at least `lane_share_slack` times
-    what is left of its path), a lane takes up to this many batch calls instead (longer
-    steps its programs can afford); an urgent call without that slack clears the lane back
-    to `lane_batch_in_flight` (`_lane_cap`).
+    and taken to be like the others. `urgent_lanes`: replicas kept for calls of urgent
+    work and hopeless programs (by `Hints.service`: `is_urgent`) while there are any, with
+    at most `lane_batch_in_flight` batch calls on each (0, the default: a batch call's prompt would
+    lengthen every step of the lane's urgent calls), or, with `lane_batch_programs`, the
+    calls of at most that many batch programs (a program's calls go there together, so its
+    shared prefix is computed once; see `Lanes.route`; docs/admission.md, "Urgent lanes").
+    "auto" (the default): while urgent and batch calls are both around, one lane for every
+    `lane_urgent_calls` urgent calls in flight, at most all replicas but one; none
+    otherwise. A number: that many, whenever urgent calls are around. 0: none. `lane_clear`
+    (by count of calls, not with `lane_batch_programs`): as an urgent call is routed while
+    lanes are kept, a lane with more of this router's batch calls than
+    `lane_batch_in_flight` keeps the first sent, and the rest are cancelled there and
+    routed again, so urgent calls find short steps at once, not once those calls end.
+    `lane_share_calls`: while every urgent call around is of a `shareable` program (slack
+    to spare: `ServiceClass`), a lane takes up to this many batch calls instead (longer
+    steps its programs can afford); an `urgent` or `tight` call clears the lane back to
+    `lane_batch_in_flight` (`Lanes.cap`).
     `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and
@@ -143,7 +143,6 @@ class Router(
         lane_prefill_tokens: int | None = None,
         lane_clear: bool = True,
         lane_share_calls: int = 32,
-        lane_share_slack: float = 1.0,
         peers: RouterLink | None = None,
     ) -> None:
         if not backends:
@@ -206,37 +205,31 @@ class Router(
             or lane_quiet_s < 0
             or (lane_batch_programs is not None and lane_batch_programs < 0)
             or lane_share_calls < 0
-            or lane_share_slack < 0
         ):
             raise UsageError(
                 f"Router(urgent_lanes={urgent_lanes}, lane_batch_in_flight="
                 f"{lane_batch_in_flight}, lane_batch_programs={lane_batch_programs}, "
-                f"lane_quiet_s={lane_quiet_s}, lane_share_calls={lane_share_calls}, "
-                f"lane_share_slack={lane_share_slack}): none may be negative"
+                f"lane_quiet_s={lane_quiet_s}, lane_share_calls={lane_share_calls}): "
+                "none may be negative"
             )
         if lane_prefill_tokens is not None and lane_prefill_tokens < block_tokens:
             raise UsageError(
                 f"Router(lane_prefill_tokens={lane_prefill_tokens}) must be at least "
                 f"block_tokens ({block_tokens}), or None to send prompts whole"
             )
-        self.urgent_lanes = urgent_lanes
-        self.lane_urgent_calls = lane_urgent_calls
-        self._auto_lanes = 1
-        """With `urgent_lanes="auto"`: the lanes the urgent load needs (while batch work is
-        around too)."""
-        self._auto_lanes_at = 0.0
-        self._batch_seen: float | None = None
-        self.lane_batch_in_flight = lane_batch_in_flight
-        self.lane_batch_programs = lane_batch_programs
-        self.lane_quiet_s = lane_quiet_s
+        self.lane_policy = Lanes(
+            n,
+            self._by_name,
+            urgent_lanes=urgent_lanes,
+            urgent_calls=lane_urgent_calls,
+            batch_in_flight=lane_batch_in_flight,
+            batch_programs=lane_batch_programs,
+            quiet_s=lane_quiet_s,
+            share_calls=lane_share_calls,
+        )
+        """Which replicas are urgent lanes and what batch work may go there (`Lanes`)."""
         self.lane_prefill_tokens = lane_prefill_tokens
         self.lane_clear = lane_clear
-        self.lane_share_calls = lane_share_calls
-        self.lane_share_slack = lane_share_slack
-        self._tight_in_flight = 0
-        """Urgent calls in flight whose programs have too little slack to share a lane."""
-        self._tight_seen: float | None = None
-        """When a tight urgent call last ended (`_lane_cap`)."""
         self._batch_sends: list[dict[asyncio.Future[LLMResponse], int]] = [{} for _ in range(n)]
         """Per replica, in the order sent: this router's batch calls there (with
         `lane_clear`), each with the times it was moved before, so that a replica becoming a
@@ -245,17 +238,24 @@ class Router(
         self._moved = [0] * n
         self.pieces = Pieces()
         """Prefill pieces sent ahead of batch calls on lanes (`lane_prefill_tokens`)."""
-        self._batch_in_flight = [0] * n
-        self._batch_programs: list[Counter[str]] = [Counter() for _ in range(n)]
-        """Per replica: batch calls in flight by program (with `lane_batch_programs`)."""
-        self._urgent_seen: float | None = None
-        self._urgent_in_flight = 0
         self._stack: contextlib.AsyncExitStack | None = None
         self._tg: asyncio.TaskGroup | None = None
         self._health: asyncio.Task[None] | None = None
         self.peers = peers
         self.peering = Peering(peers, self.policy, self.names) if peers is not None else None
         """This router's side of its link to its peers (None without `peers`)."""
+
+    @property
+    def urgent_lanes(self) -> int | Literal["auto"]:
+        return self.lane_policy.urgent_lanes
+
+    @property
+    def lane_batch_programs(self) -> int | None:
+        return self.lane_policy.batch_programs
+
+    @property
+    def lane_quiet_s(self) -> float:
+        return self.lane_policy.quiet_s
 
     def join_peers(self, notifier: Notifier, channel: str) -> None:
         """Share placements with the routers of other engines through `notifier` (PostgreSQL
@@ -442,20 +442,26 @@ class Router(
         unavailable: BackendUnavailableError | None = None
         busy: list[BackendOverloadedError] = []
         moves = 0
-        # Interactive by its class, or urgent by the engine's judgement (a deadline too near
-        # to wait). An interactive program found hopeless stays on the lane: taking such
-        # programs off it cost part 1 of bench/deadlines.py 0.085 of its deadlines on seed
-        # 2 (0.966 to 0.881).
-        urgent = hints.priority_class == "interactive" or bool(hints.urgent)
-        tight = urgent and not self._roomy(hints)
+        urgent, tight = is_urgent(hints), is_tight(hints)
+        lanes = self.lane_policy
         tries = n
         while tries > 0:
             tries -= 1
             self._readmit()
             allowed = [h and not t for h, t in zip(self._healthy, tried, strict=True)]
-            lanes = self._lanes(allowed, urgent, hints.program_id, tight)
-            if any(lanes):  # else every lane is tried or down: the others serve it
-                allowed = lanes
+            routed = lanes.route(
+                allowed,
+                self._healthy,
+                urgent=urgent,
+                tight=tight,
+                program=hints.program_id,
+                now=self._now(),
+                heard=self._heard(),
+            )
+            if routed.clear and self._clears_lanes():
+                self._clear(routed.clear, routed.cap)
+            if any(routed.allowed):  # else every lane is tried or down: the others serve it
+                allowed = routed.allowed
             try:
                 # Our calls in flight, or the server's own count if it says it is busier
                 # (other clients share it; its figure is as old as the latest probe).
@@ -471,11 +477,7 @@ class Router(
             seq = self.peering.placed(placement, urgent) if self.peering is not None else -1
             self._in_flight[i] += 1
             self._requests[i] += 1
-            self._batch_in_flight[i] += not urgent
-            self._urgent_in_flight += urgent
-            self._tight_in_flight += tight
-            if not urgent and self.lane_batch_programs is not None:
-                self._batch_programs[i][hints.program_id] += 1
+            lanes.started(i, urgent, tight, hints.program_id)
             send = self._send(i, request, hints, hashes, held if pace else None)
             try:
                 if urgent or not self._clears_lanes():
@@ -515,16 +517,7 @@ class Router(
                 if self.peering is not None:
                     self.peering.served(seq)
                 self._in_flight[i] -= 1
-                self._batch_in_flight[i] -= not urgent
-                self._urgent_in_flight -= urgent
-                self._tight_in_flight -= tight
-                if tight:  # the lane stays unshared for lane_quiet_s after it ends too
-                    self._tight_seen = self._now()
-                if not urgent and self.lane_batch_programs is not None:
-                    on = self._batch_programs[i]
-                    on[hints.program_id] -= 1
-                    if on[hints.program_id] <= 0:
-                        del on[hints.program_id]
+                lanes.ended(i, urgent, tight, hints.program_id, self._now())
         if busy:
             waits = [e.retry_after for e in busy if e.retry_after is not None]
             raise BackendOverloadedError(
@@ -564,53 +557,34 @@ class Router(
             and len(self.backends) > 1
         )
 
-    def _clear(self, lanes: set[int], cap: int) -> None:
+    def _clear(self, lanes: frozenset[int], cap: int) -> None:
         """Take this router's batch calls off `lanes`, all but the first `cap` sent to each
-        (`_lane_cap`; the later have done the least): each is cancelled there (the server
-        drops it) and routed again, where the lanes allow
-        (`complete`: a move is not one of the call's tries; a call is moved at most
-        `MAX_MOVES` times). Else an urgent call on a lane just formed shares its steps with
-        a replica's worth of batch prefill until those calls end (in part 1 of
-        bench/deadlines.py, about 5 s of 300 ms steps)."""
+        (`Lanes.cap`; `to_move` picks them): each is cancelled there (the server drops it)
+        and routed again, where the lanes allow (`complete`: a move is not one of the
+        call's tries; a call is moved at most `MAX_MOVES` times). Else an urgent call on a
+        lane just formed shares its steps with a replica's worth of batch prefill until
+        those calls end (in part 1 of bench/deadlines.py, about 5 s of 300 ms steps)."""
         for i in lanes:
             sends = self._batch_sends[i]
-            if len(sends) <= cap:
-                continue
-            live = [s for s in sends if not s.done() and s not in self._moving]
-            for sent in live[cap:]:
-                if sends[sent] < self.MAX_MOVES:
-                    self._moving.add(sent)
-                    sent.cancel()
-
-    # --- sharing a lane with urgent calls that have slack -----------------------------------
-
-    def _roomy(self, hints: Hints) -> bool:
-        """The call's program has slack (`Hints.slack_s`) of at least `lane_share_slack`
-        times its remaining path (what its deadline leaves less that slack): its steps can
-        be longer and it still makes its deadline."""
-        slack, left = hints.slack_s, hints.deadline_s
-        if self.lane_share_calls == 0 or slack is None or left is None:
-            return False
-        return slack >= self.lane_share_slack * max(0.0, left - slack)
-
-    def _lane_cap(self, tight: bool) -> int:
-        """The batch calls a lane takes beside its urgent calls: `lane_share_calls` while
-        every urgent call being routed, in flight, or ended in the last `lane_quiet_s` is of
-        a program with room to spare (`_roomy`), else `lane_batch_in_flight`. Peers do not say
-        how much slack their urgent calls have: while any is in flight, the lane takes no
-        more."""
-        seen = self._tight_seen
-        peers = self.peering is not None and self.peering.urgent_in_flight > 0
-        if (
-            tight
-            or peers
-            or self._tight_in_flight > 0
-            or (seen is not None and self._now() - seen <= self.lane_quiet_s)
-        ):
-            return self.lane_batch_in_flight
-        return max(self.lane_batch_in_flight, self.lane_share_calls)
+            calls = list(sends)
+            moved = [None if s.done() or s in self._moving else sends[s] for s in calls]
+            for k in to_move(moved, cap, self.MAX_MOVES):
+                self._moving.add(calls[k])
+                calls[k].cancel()
 
     # --- paced prefill on lanes --------------------------------------------------------------
+
+    def _heard(self) -> Heard:
+        """What the peers said they have in flight."""
+        if self.peering is None:
+            return NO_PEERS
+        return Heard(self.peering.urgent_in_flight, self.peering.batch_in_flight)
+
+    def _lane_set(self) -> set[int]:
+        return self.lane_policy.lane_set(self._healthy, self._now(), self._heard())
+
+    def _urgent_around(self) -> bool:
+        return self.lane_policy.urgent_around(self._now(), self._heard())
 
     def _paced(self, replica: int) -> bool:
         """Whether a batch call to `replica` has its prompt computed in pieces first: with
@@ -619,59 +593,12 @@ class Router(
             return False
         return self._urgent_around()
 
-    def _lane_set(self) -> set[int]:
-        """The lanes: the first `urgent_lanes` healthy replicas, while another is left for
-        batch work (else none). With "auto": as many as the urgent load needs, at most all
-        but one, and none unless batch work is around as well."""
-        if self.urgent_lanes == 0:
-            return set()
-        if self.urgent_lanes == "auto":
-            # The first by name: every engine's router in front of these replicas picks
-            # the same ones, whatever order each lists them in.
-            healthy = [i for i in self._by_name if self._healthy[i]]
-            if len(healthy) < 2 or not self._batch_around():
-                return set()
-            return set(healthy[: min(self._auto_lanes, len(healthy) - 1)])
-        healthy = [i for i, h in enumerate(self._healthy) if h]
-        return set(healthy[: self.urgent_lanes]) if len(healthy) > self.urgent_lanes else set()
-
     def lanes(self) -> list[str]:
         """The replicas kept as urgent lanes now: while urgent work is around (with "auto",
         batch work too), else none."""
         if not self._urgent_around():
             return []
         return sorted(self.names[i] for i in self._lane_set())
-
-    def _size_lanes(self, urgent: bool) -> None:
-        """With "auto", as a call is routed: one lane for every `lane_urgent_calls` urgent
-        calls in flight (this router's, an urgent call being routed, and its peers' as
-        heard; at least one). More are taken at once; fewer only once the count has stayed
-        lower for `lane_quiet_s`, so a lull between a program's calls does not hand a lane
-        back to batch work. Needing more lanes than all replicas but one, urgent calls go
-        to any replica (batch calls still keep off the lanes)."""
-        now = self._now()
-        calls = self._urgent_in_flight + urgent
-        if self.peering is not None:
-            calls += self.peering.urgent_in_flight
-        need = max(1, -(-calls // self.lane_urgent_calls))
-        if need >= self._auto_lanes or now - self._auto_lanes_at > self.lane_quiet_s:
-            self._auto_lanes, self._auto_lanes_at = need, now
-
-    def _batch_around(self) -> bool:
-        """A batch call is in flight (this router's, or a peer's as heard), or one was
-        routed here in the last `lane_quiet_s`."""
-        seen = self._batch_seen
-        recent = seen is not None and self._now() - seen <= self.lane_quiet_s
-        peers = self.peering is not None and any(self.peering.batch_in_flight)
-        return recent or peers or any(self._batch_in_flight)
-
-    def _urgent_around(self) -> bool:
-        """An urgent call is in flight (this router's, or a peer's as heard), or one was
-        routed here in the last `lane_quiet_s`."""
-        seen = self._urgent_seen
-        recent = seen is not None and self._now() - seen <= self.lane_quiet_s
-        peers = self.peering is not None and self.peering.urgent_in_flight > 0
-        return recent or peers or self._urgent_in_flight > 0
 
     async def _prime(
         self, replica: int, request: LLMRequest, hints: Hints, hashes: Sequence[int], held: int
@@ -724,46 +651,6 @@ class Router(
     def peer_stats(self) -> PeerStats | None:
         """What this router sent and heard on its link (None without one)."""
         return self.peering.stats() if self.peering is not None else None
-
-    def _lanes(self, allowed: list[bool], urgent: bool, program: str, tight: bool) -> list[bool]:
-        """With `urgent_lanes`: the replicas this call may go to. The first `urgent_lanes`
-        healthy replicas are lanes (while another is left for batch work): urgent calls go
-        only there; batch calls go there only up to `lane_batch_in_flight` at once
-        (`lane_share_calls` while every urgent program around has slack to spare:
-        `_lane_cap`; with `lane_batch_programs`: only calls of a program already there, or
-        of a new one while fewer programs than that are) while an urgent call is in flight
-        or was routed in the last `lane_quiet_s` seconds, so that urgent calls find short
-        steps (a batch's prefill shares every step of its server). `tight`: the call being
-        routed is urgent and its program has no slack to spare."""
-        if self.urgent_lanes == "auto":
-            self._size_lanes(urgent)
-        if urgent:
-            self._urgent_seen = self._now()
-        else:
-            self._batch_seen = self._now()
-        lanes = self._lane_set()
-        if not lanes:
-            return allowed
-        cap = self._lane_cap(tight)
-        if urgent:
-            if self._clears_lanes():
-                self._clear(lanes, cap)
-            if self.urgent_lanes == "auto" and self._auto_lanes > len(lanes):
-                return allowed  # more urgent work than the lanes are for: it goes anywhere
-            return [a and i in lanes for i, a in enumerate(allowed)]
-        if not self._urgent_around():
-            return allowed
-        programs = self.lane_batch_programs
-        if programs is not None:
-            on = self._batch_programs
-            return [
-                a and (i not in lanes or program in on[i] or len(on[i]) < programs)
-                for i, a in enumerate(allowed)
-            ]
-        batch = self._batch_in_flight
-        if self.peering is not None:
-            batch = [a + b for a, b in zip(batch, self.peering.batch_in_flight, strict=True)]
-        return [a and (i not in lanes or batch[i] < cap) for i, a in enumerate(allowed)]
 
     # --- capabilities: the router answers for its replicas ---------------------------------
 

@@ -34,6 +34,7 @@ from .model._clock import running_clock
 from .model._errors import BackendOverloadedError, BackendRequestError, BackendUnavailableError
 from .model._events import ActionSpec, WorkflowStatus
 from .model._llm import (
+    URGENT_CLASSES,
     CapacityReporting,
     FailureIsolating,
     HealthChecked,
@@ -43,6 +44,7 @@ from .model._llm import (
     ProgramAware,
     Sampling,
     ServerCapacity,
+    ServiceClass,
     ToolSpec,
     UrgentIsolating,
     WallClockBackend,
@@ -73,6 +75,8 @@ __all__ = [
     "HealthChecked", "LoadReporting", "LoadReport", "ProgramAware", "FailureIsolating",
     "CapacityReporting", "ServerCapacity",
     "UrgentIsolating", "WallClockBackend", "WrappedBackend",
+    # how a program is served now (`Hints.service`)
+    "ServiceClass", "URGENT_CLASSES",
     # a config file's backend kinds (`kind = "..."`, the `plait.backends` entry points)
     "BackendKind", "ConfigSection",
     # a component's clock when none is given

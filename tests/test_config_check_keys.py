@@ -45,7 +45,6 @@ VALUES: dict[type[BaseModel], dict[str, Any]] = {
         "lane_batch_programs": 1,
         "lane_prefill_tokens": 512,
         "lane_share_calls": 8,
-        "lane_share_slack": 2.0,
     },
     SimSettings: {
         "profile": "cpu-tiny",
@@ -59,7 +58,6 @@ VALUES: dict[type[BaseModel], dict[str, Any]] = {
         "lane_batch_programs": 1,
         "lane_prefill_tokens": 512,
         "lane_share_calls": 8,
-        "lane_share_slack": 2.0,
     },
     ServiceSettings: {
         "host": "0.0.0.0",
@@ -103,7 +101,6 @@ NEEDS: dict[str, dict[str, Any]] = {
     "min_shared_blocks": {"group_prefixes": True},
     "engine_id": {"lease_s": 10.0},
     "notify": {"lease_s": 10.0},
-    "lane_share_slack": {"lane_share_calls": 8},
     "lane_urgent_calls": {"urgent_lanes": "auto"},
 }
 NOT_SHOWN = {

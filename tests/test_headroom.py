@@ -597,7 +597,8 @@ def test_a_task_answered_from_a_record_teaches_no_duration() -> None:
 def test_calls_carry_the_slack_their_program_has_to_spare(policy: str) -> None:
     """`Hints.slack_s`: the deadline's seconds left less the remaining critical path at what
     tasks of its kind took lately; None while that is only the default guess (nothing of
-    the kind has finished), where the policy estimates no path, or without a deadline."""
+    the kind has finished), where the policy estimates no path, or without a deadline.
+    `Hints.service` is `shareable` only with that slack known to cover the path."""
     clock = VirtualClock()
     seen: list[Hints] = []
 
@@ -620,8 +621,10 @@ def test_calls_carry_the_slack_their_program_has_to_spare(policy: str) -> None:
     first, second, free, _ = seen
     if policy == "fcfs":
         assert [h.slack_s for h in seen] == [None] * 4
+        # No path estimated: no time to spare is known, so the lane is not shared.
+        assert [h.service for h in seen] == ["tight", "tight", "urgent", "urgent"]
         return
-    assert first.deadline_s == 10.0 and first.slack_s is None  # 1 s a task is a guess
+    assert first.slack_s is None and first.service == "tight"  # 1 s a task is a guess
     # The first call took 0.5 s: the next has 9.5 s left and one task (0.5 s lately) to go.
-    assert second.deadline_s == pytest.approx(9.5) and second.slack_s == pytest.approx(9.0)
+    assert second.slack_s == pytest.approx(9.0) and second.service == "shareable"
     assert free.slack_s is None

@@ -41,6 +41,7 @@ from orchestrator.ext import (
     BackendUnavailableError,
     OutputSchema,
     Sampling,
+    ServiceClass,
     ToolSpec,
 )
 
@@ -48,7 +49,8 @@ STANDARD = {"model", "messages", "temperature", "top_p", "max_tokens", "seed", "
 HINTS = Hints(
     program_id="prog-7",
     urgency=-3.5,
-    deadline_s=12.0,
+    service="tight",
+    slack_s=4.0,
     expected_output_tokens=64,
     keep_alive_s=2.5,
     last_call=True,
@@ -241,7 +243,7 @@ EXPECTED: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
     "vllm-continuum": ({"priority": 3500, "job_id": "prog-7", "is_last_step": True}, {}),
     "sglang": ({"priority": -3500, "session_id": "prog-7"}, {}),
     "dynamo": (
-        {"nvext": {"agent_hints": {"priority": -3500, "latency_sensitivity": 12.0, "osl": 64}}},
+        {"nvext": {"agent_hints": {"priority": -3500, "latency_sensitivity": 1.2, "osl": 64}}},
         {"X-Dynamo-Session-ID": "prog-7", "X-Dynamo-Session-Final": "true"},
     ),
     "llamacpp": ({"cache_prompt": True, "id_slot": zlib.crc32(b"prog-7") % 4}, {}),
@@ -307,6 +309,21 @@ def test_each_dialect_sends_exactly_its_fields(clock: VirtualClock, dialect: str
     sent = {k.lower(): v for k, v in headers.items() if k.lower() in HINT_HEADERS}
     assert sent == {k.lower(): v for k, v in want_headers.items()}
     assert body["max_tokens"] == 8 and body["messages"][1] == {"role": "user", "content": "hi"}
+
+
+@pytest.mark.parametrize(
+    ("service", "head_start"),
+    [("urgent", 1.2), ("tight", 1.2), ("shareable", 1.2), ("slack_rich", None), (None, None)],
+)
+def test_dynamo_gives_urgent_work_a_queue_head_start(
+    clock: VirtualClock, service: ServiceClass | None, head_start: float | None
+) -> None:
+    """Urgent work (`URGENT_CLASSES`) reaches Dynamo's queue as if it came earlier; work
+    that may wait, or that nothing judged, sends no `latency_sensitivity` at all."""
+    recorder = Recorder()
+    call(clock, "dynamo", recorder, hints=Hints("p", service=service, slack_s=30.0))
+    sent = recorder.seen[0][1]["nvext"]["agent_hints"]
+    assert sent.get("latency_sensitivity") == head_start
 
 
 SALTED: dict[str, dict[str, Any]] = {

@@ -37,6 +37,7 @@ EXPECTED = {
         "HealthChecked", "LoadReporting", "LoadReport", "ProgramAware", "FailureIsolating",
         "CapacityReporting", "ServerCapacity",
         "UrgentIsolating", "WallClockBackend", "WrappedBackend",
+        "ServiceClass", "URGENT_CLASSES",
         "BackendKind", "ConfigSection",
         "running_clock",
         "AdmissionTuning", "Policy", "ProgramView", "Headroom", "DeadlineGate",

@@ -381,10 +381,10 @@ def test_urgent_lanes_keep_urgent_calls_apart_from_batch_calls(clock: VirtualClo
     calls use it for at most two at once; once urgent calls stop for `lane_quiet_s`, batch
     calls use it again."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=10.0) for i in range(3)}
-    urgent = Hints(program_id="q", priority_class="interactive")
+    urgent = Hints(program_id="q", service="urgent")
 
     def batch(n: int) -> Hints:
-        return Hints(program_id=f"b{n}", priority_class="batch")
+        return Hints(program_id=f"b{n}", service="slack_rich")
 
     async def main() -> tuple[list[str], list[str], list[str], int, bool]:
         async with Router(llms, clock=clock, urgent_lanes=1, lane_quiet_s=5.0) as router:
@@ -422,7 +422,7 @@ def test_auto_lanes_only_while_batch_work_is_around(clock: VirtualClock) -> None
     calls are around, urgent calls go only to the first replica, and batch calls use it for
     at most two at once."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=_slow_batch) for i in range(3)}
-    urgent = Hints(program_id="q", priority_class="interactive")
+    urgent = Hints(program_id="q", service="urgent")
 
     async def main() -> tuple[set[str], set[str], int, bool]:
         async with Router(llms, clock=clock) as router:
@@ -455,7 +455,7 @@ def test_auto_lanes_count_batch_work_routed_lately_as_around(clock: VirtualClock
     (a batch job's next rows are coming): urgent calls then keep to the lane; once the
     batch has been quiet for longer, they use every replica."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=1.0) for i in range(3)}
-    urgent = Hints(program_id="q", priority_class="interactive")
+    urgent = Hints(program_id="q", service="urgent")
 
     async def main() -> tuple[set[str], set[str]]:
         async with Router(llms, clock=clock, lane_quiet_s=5.0) as router:
@@ -481,7 +481,7 @@ def test_auto_lanes_grow_with_the_urgent_load_and_shrink_when_it_falls(
     """One lane for every `lane_urgent_calls` urgent calls in flight, never the last replica;
     back to one once fewer have been in flight for `lane_quiet_s`."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=_slow_batch) for i in range(4)}
-    urgent = Hints(program_id="q", priority_class="interactive")
+    urgent = Hints(program_id="q", service="urgent")
 
     async def main() -> tuple[set[str], set[str], set[str]]:
         async with Router(llms, clock=clock, lane_urgent_calls=4, lane_quiet_s=5.0) as router:
@@ -520,7 +520,7 @@ def test_auto_lanes_shrink_as_batch_calls_are_routed(clock: VirtualClock) -> Non
         return 100.0 if long else 1.0
 
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=latency) for i in range(4)}
-    urgent = Hints(program_id="q", priority_class="interactive")
+    urgent = Hints(program_id="q", service="urgent")
 
     async def main() -> int:
         async with (
@@ -550,7 +550,7 @@ def test_batch_calls_on_a_lane_are_capped_while_urgent_work_is_around(clock: Vir
 
     async def main() -> None:
         async with Router(llms, clock=clock, urgent_lanes=1, lane_batch_in_flight=2) as router:
-            lane, urgent = 0, Hints(program_id="q", priority_class="interactive")
+            lane, urgent = 0, Hints(program_id="q", service="urgent")
 
             async def one(i: int) -> None:
                 await router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}"))
@@ -574,7 +574,7 @@ def test_by_default_a_lane_takes_no_batch_call_while_urgent_work_is_around(
     urgent calls (bench/deadlines.py part 1: 0.712 of the deadlines met on seed 1 with 2
     batch calls on the lane, 0.932 with none, at the same batch throughput)."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=10.0) for i in range(2)}
-    urgent = Hints(program_id="q", priority_class="interactive")
+    urgent = Hints(program_id="q", service="urgent")
     batch = [_ask(f"batch {i}") for i in range(20)]
     later = [_ask(f"batch later {i}") for i in range(20)]
 
@@ -618,7 +618,7 @@ def test_a_replica_becoming_a_lane_is_cleared_of_batch_calls_which_finish_elsewh
     the other replica, where each finishes once; the urgent call has the lane to itself at
     once. Without clearing they stay, and the urgent call shares every step with them."""
     llms = _named(2)
-    urgent = Hints(program_id="q", priority_class="interactive")
+    urgent = Hints(program_id="q", service="urgent")
 
     async def main() -> tuple[list[str], int, int, str, float]:
         async with Router(llms, clock=clock, lane_clear=clear) as router:
@@ -671,7 +671,7 @@ def test_a_moved_call_keeps_its_tries_and_returns_to_the_lane_if_nowhere_else_se
             sent = _send_batch(router, 6)
             await clock.sleep(10.0)
             down = True
-            await router.complete(_ask("urgent"), Hints("q", priority_class="interactive"))
+            await router.complete(_ask("urgent"), Hints("q", service="urgent"))
             answers = [r.text for r in await asyncio.gather(*sent)]
             return answers, router.stats()[0].moved
 
@@ -691,7 +691,7 @@ def test_a_lane_keeps_its_first_batch_calls_up_to_the_cap(clock: VirtualClock) -
             await clock.sleep(10.0)
             before = router.stats()[0].in_flight
             asked = asyncio.ensure_future(
-                router.complete(_ask("urgent"), Hints("q", priority_class="interactive"))
+                router.complete(_ask("urgent"), Hints("q", service="urgent"))
             )
             await clock.sleep(0.5)
             on_lane = router.stats()[0].in_flight
@@ -726,7 +726,7 @@ def test_a_call_from_a_task_that_once_swallowed_a_cancellation_is_still_moved(
 
             sent = [asyncio.ensure_future(stubborn(i)) for i in range(10)]
             await clock.sleep(10.0)
-            await router.complete(_ask("urgent"), Hints("q", priority_class="interactive"))
+            await router.complete(_ask("urgent"), Hints("q", service="urgent"))
             answers = await asyncio.gather(*sent)
             assert router.stats()[0].moved >= 1
             return answers
@@ -767,14 +767,14 @@ def test_a_cleared_lane_on_simulated_servers_runs_the_urgent_call_alone(
                     router.complete(
                         LLMRequest((Message("user", f"batch {i} " + "text " * 3000),), "m",
                                    max_tokens=200),
-                        Hints(program_id=f"b{i}", priority_class="batch"),
+                        Hints(program_id=f"b{i}", service="slack_rich"),
                     )
                 )
                 for i in range(200)
             ]  # fmt: skip
             await clock.sleep(0.5)
             started = clock.monotonic()
-            await router.complete(_ask("urgent"), Hints("q", priority_class="interactive"))
+            await router.complete(_ask("urgent"), Hints("q", service="urgent"))
             took = clock.monotonic() - started
             batch_on_lane = len(servers["r0"].engine.running) + len(servers["r0"].engine.waiting)
             for call in batch:
@@ -802,7 +802,7 @@ def test_a_lane_by_programs_takes_a_program_s_calls_together(clock: VirtualClock
         async with Router(
             llms, clock=clock, urgent_lanes=1, lane_batch_in_flight=0, lane_batch_programs=1
         ) as router:
-            urgent = Hints(program_id="q", priority_class="interactive")
+            urgent = Hints(program_id="q", service="urgent")
             async with asyncio.TaskGroup() as tg:
                 tg.create_task(router.complete(_ask("urgent"), urgent))
                 await asyncio.sleep(0)  # in flight on the lane
@@ -837,7 +837,7 @@ def _rendered(request: LLMRequest) -> str:
 async def _lane_in_use(router: Router, tg: asyncio.TaskGroup) -> None:
     """An urgent call in flight on the lane, and three batch calls of another program on the
     other replica (slower), so that the next batch program's calls go to the lane."""
-    tg.create_task(router.complete(_ask("urgent"), Hints("q", priority_class="interactive")))
+    tg.create_task(router.complete(_ask("urgent"), Hints("q", service="urgent")))
     await asyncio.sleep(0)
     for i in range(3):  # one prefix of their own: they stay together
         request = LLMRequest((Message("user", "other work " * 50 + str(i)),), "m", max_tokens=8)
@@ -938,7 +938,7 @@ def test_paced_prefill_only_on_lanes_while_urgent_work_is_around(clock: VirtualC
         ) as router:
             await router.complete(quiet_call, Hints(program_id="a"))  # nothing urgent yet
             quiet = router.pieces.sent
-            urgent = Hints(program_id="q", priority_class="interactive")
+            urgent = Hints(program_id="q", service="urgent")
             await router.complete(_document_calls("u", 1)[0], urgent)  # urgent: not paced
             async with asyncio.TaskGroup() as tg:
                 await _lane_in_use(router, tg)
@@ -1048,14 +1048,13 @@ def test_lanes_need_a_replica_left_for_batch_and_no_negative_settings() -> None:
 def test_a_lane_shares_with_urgent_work_that_has_slack_to_spare_and_not_with_the_rest(
     clock: VirtualClock, share: int
 ) -> None:
-    """While the urgent calls' programs have slack to spare (`Hints.slack_s` at least
-    `lane_share_slack` times what is left of the path), a lane takes up to
-    `lane_share_calls` batch calls beside them. An urgent call of a program without it
+    """While the urgent calls' programs have slack to spare (`Hints.service` "shareable"),
+    a lane takes up to `lane_share_calls` batch calls beside them. A "tight" urgent call
     clears the lane down to `lane_batch_in_flight` (0), and no batch call goes there while
     that call is in flight; the moved calls finish elsewhere, each once."""
     llms = _named(2)
-    roomy = Hints("q", priority_class="interactive", deadline_s=20.0, slack_s=15.0)  # 5 s left
-    tight = Hints("t", priority_class="interactive", deadline_s=20.0, slack_s=5.0)  # 15 s left
+    roomy = Hints("q", service="shareable", slack_s=15.0)  # 5 s of path left
+    tight = Hints("t", service="tight", slack_s=5.0)  # 15 s of path left
 
     def batch(tag: str, n: int) -> list[asyncio.Future[LLMResponse]]:
         return [
@@ -1102,8 +1101,8 @@ def test_a_lane_stays_unshared_for_lane_quiet_s_after_a_tight_call_ends(
     `lane_quiet_s` (5 s) after it ends: batch calls sent beside a roomy urgent call 4.5 s
     after that end keep off the lane; 6 s after it the lane takes `lane_share_calls`."""
     llms = _named(2)
-    roomy = Hints("q", priority_class="interactive", deadline_s=20.0, slack_s=15.0)
-    tight = Hints("t", priority_class="interactive", deadline_s=20.0, slack_s=5.0)
+    roomy = Hints("q", service="shareable", slack_s=15.0)
+    tight = Hints("t", service="tight", slack_s=5.0)
 
     sent: list[asyncio.Future[LLMResponse]] = []
 

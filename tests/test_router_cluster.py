@@ -225,15 +225,13 @@ def test_routers_keep_one_urgent_lane_between_them_by_each_others_calls(
         hub = LocalRouterHub(delay_s=0.001)
         a = Router(llms, clock=clock, peers=hub.link())
         b = Router(dict(reversed(llms.items())), clock=clock, peers=hub.link())
-        batch = Hints(program_id="doc", priority_class="batch")
+        batch = Hints(program_id="doc", service="slack_rich")
         async with asyncio.TaskGroup() as tg:
             for i in range(9):
                 tg.create_task(a.complete(ask(f"batch {i}"), Hints(f"b{i}")))
             await clock.sleep(0.01)  # heard by b
             urgent = [
-                tg.create_task(
-                    b.complete(ask(f"urgent {i}"), Hints("q", priority_class="interactive"))
-                )
+                tg.create_task(b.complete(ask(f"urgent {i}"), Hints("q", service="urgent")))
                 for i in range(3)
             ]
             await clock.sleep(0.01)  # heard by a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import networkx as nx
@@ -83,7 +84,7 @@ def test_urgency_keeps_arrival_order_among_programs_without_a_deadline() -> None
     ordered = order_programs(Slack(), views, now=0)
     urgencies = [urgency(Slack(), v, now=0) for v in ordered]
     assert ordered[0].program == 1
-    assert all(a > b for a, b in zip(urgencies, urgencies[1:], strict=False))
+    assert all(a > b for a, b in itertools.pairwise(urgencies))
 
 
 def test_remaining_critical_path_takes_the_longest_unfinished_chain() -> None:

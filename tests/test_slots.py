@@ -28,7 +28,7 @@ from orchestrator import (
     Workflow,
 )
 from orchestrator.cluster._slots import LocalSlots, fill, targets
-from orchestrator.ext import SlotRow, allot
+from orchestrator.ext import URGENT_CLASSES, SlotRow, allot
 
 
 def test_fill_is_max_min_fair_and_never_gives_more_than_wanted() -> None:
@@ -114,10 +114,10 @@ class Counting:
 
     async def complete(self, request: LLMRequest, hints: Hints) -> LLMResponse:
         if self.now is not None:
-            batch = hints.priority_class != "interactive"
+            batch = hints.service not in URGENT_CLASSES
             self.batch_in_flight += batch
             when = self.now()  # type: ignore[operator]
-            self.starts.append((when, hints.priority_class, self.batch_in_flight, self.urgent_done))
+            self.starts.append((when, hints.service, self.batch_in_flight, self.urgent_done))
         self.in_flight += 1
         self.most = max(self.most, self.in_flight)
         try:
@@ -127,7 +127,7 @@ class Counting:
             self.in_flight -= 1
         self.calls += 1
         if self.now is not None:
-            if hints.priority_class == "interactive":
+            if hints.service in URGENT_CLASSES:
                 self.urgent_done += 1
             else:
                 self.batch_in_flight -= 1
@@ -236,7 +236,7 @@ def test_urgent_work_on_one_engine_takes_the_slots_of_batch_work_on_another() ->
             crowding = [
                 t - started
                 for t, cls, batch_flying, done in backend.starts
-                if cls != "interactive"
+                if cls not in URGENT_CLASSES
                 and started + 0.5 < t < ended
                 and batch_flying + (8 - done) > 8
             ]

@@ -56,7 +56,6 @@ ADMISSION_SETTINGS = {
         "lane_prefill_tokens",
         "lane_clear",
         "lane_share_calls",
-        "lane_share_slack",
     },
 }
 

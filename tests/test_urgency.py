@@ -27,6 +27,7 @@ class _Run:
     started_at: float = 0.0
     complete: bool = False
     late: str = "finish"
+    guessed: bool = False
     workflow_name: str = "w"
     id: str = field(default_factory=lambda: f"run-{next(_numbers)}")
 
@@ -38,7 +39,7 @@ class _Run:
             self.deadline,
             self.remaining,
             self.remaining if self.least is None else self.least,
-            False,
+            self.guessed,
         )
 
 
@@ -61,6 +62,8 @@ def _controller(**kw: object) -> UrgencyController:
         (_Run(deadline=100.0, remaining=10.0), "slack_rich"),
         # 25 s of slack for 10 s of work: at least the path to spare, not past 30 s
         (_Run(deadline=35.0, remaining=10.0), "shareable"),
+        # the same, but the path is only guessed: no time to spare is known
+        (_Run(deadline=35.0, remaining=10.0, guessed=True), "tight"),
         # 5 s of slack for 10 s of work
         (_Run(deadline=15.0, remaining=10.0), "tight"),
         # late at this load (slack < 0) but within reach alone

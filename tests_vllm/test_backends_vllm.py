@@ -355,14 +355,14 @@ def test_a_new_lane_is_cleared_of_batch_calls_on_the_server(vllm_pair: list[VLLM
             async with Router({"a": lane, "b": other}, block_tokens=BLOCK_TOKENS) as router:
                 sent = [
                     asyncio.ensure_future(
-                        router.complete(batch_call(i), Hints(f"b{i}", priority_class="batch"))
+                        router.complete(batch_call(i), Hints(f"b{i}", service="slack_rich"))
                     )
                     for i in range(12)
                 ]
                 await asyncio.gather(lane.started.wait(), other.started.wait())
                 urgent = LLMRequest((Message("user", f"{secrets.token_hex(8)} now"),), MODEL,
                                     max_tokens=8)  # fmt: skip
-                reply = await router.complete(urgent, Hints("q", priority_class="interactive"))
+                reply = await router.complete(urgent, Hints("q", service="urgent"))
                 assert reply.usage.completion_tokens > 0
                 # vLLM aborts a cancelled request at its next step; wait for that, but
                 # not as long as the batch calls' 300 steps would take to end.

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, cast
+from typing import Protocol, cast
 
+from ..model._llm import URGENT_CLASSES, ServiceClass
 from ._gate import DeadlineGate, Gated, GateStats, RunGate
 from ._knee import (
     DEFAULT_HEADROOM,
@@ -26,20 +27,6 @@ from ._knee import (
 )
 from ._learned import Durations, RunTimes
 from ._scheduler import PriorityClass, ProgramView, alone_slack_of, slack_of
-
-ServiceClass = Literal["urgent", "tight", "shareable", "slack_rich", "hopeless"]
-"""How a live program is served now.
-
-- `urgent`: interactive, no deadline: never held back, and its calls need short steps;
-- `tight`: a deadline it can meet, with less slack than its remaining path: short steps;
-- `shareable`: a deadline near enough to be urgent work, with at least its remaining path
-  to spare: it can afford longer steps (a router's lane may take batch work beside it);
-- `slack_rich`: batch work, or a deadline far enough away to wait behind urgent work;
-- `hopeless`: its deadline is out of reach even alone: it must not crowd out the rest.
-"""
-
-URGENT_CLASSES: frozenset[ServiceClass] = frozenset({"urgent", "tight", "shareable"})
-"""The classes that count as urgent work (the others may be held back)."""
 
 SHARE_MARGIN = 1.0
 """A program with a deadline is `shareable` while its slack is at least this many times its
@@ -298,17 +285,19 @@ class UrgencyController:
         assert slack is not None and alone is not None  # it has a deadline
         if alone < 0:
             return "hopeless"
-        slack = max(0.0, slack)  # late only at this load: urgent, not hopeless
-        if slack_rich(run.priority_class, slack, view.remaining, self._margins):
+        # Late only at this load: urgent, not hopeless.
+        if slack_rich(run.priority_class, max(0.0, slack), view.remaining, self._margins):
             return "slack_rich"
-        return "shareable" if slack >= SHARE_MARGIN * view.remaining else "tight"
+        # Time to spare needs a path estimated, not guessed.
+        roomy = not view.guessed and slack >= SHARE_MARGIN * view.remaining
+        return "shareable" if roomy else "tight"
 
     def slack_rich(self, run: Judged, now: float, view: ProgramView | None = None) -> bool:
         """Whether `run` may wait behind urgent work (slack-rich, or hopeless)."""
         return self.service_class(run, now, view) not in URGENT_CLASSES
 
     def urgent(self, run: Judged, now: float, view: ProgramView | None = None) -> bool:
-        """Whether `run` is urgent work now (`Hints.urgent`)."""
+        """Whether `run` is urgent work now (its class is one of `URGENT_CLASSES`)."""
         return self.service_class(run, now, view) in URGENT_CLASSES
 
     def _look_at_deadlines(self, now: float, found: list[Hopeless]) -> bool:

@@ -49,8 +49,8 @@ class ProgramView:
     """The same path at the least its tasks have taken (what it needs even alone; None:
     `remaining`)."""
     guessed: bool = False
-    """Some unfinished task's time in `remaining` is only the default: neither given nor
-    learned from a task of its kind."""
+    """`remaining` is no estimate: some unfinished task's time in it is only the default
+    (neither given nor learned from a task of its kind), or the policy estimates no path."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from ..model._llm import (
     LLMRequest,
     LLMResponse,
     ProgramAware,
+    ServiceClass,
     capabilities,
 )
 from ..model._text import storable
@@ -139,11 +140,11 @@ class LLMCalls:
         call_retry: CallRetry,
         breaker: Breaker | None,
         knees: Mapping[str, KneeController] | None = None,
-        urgent: Callable[[Program, float, ProgramView], bool] | None = None,
+        service: Callable[[Program, float, ProgramView], ServiceClass] | None = None,
     ) -> None:
         self.backends: dict[str, LLMBackend] = dict(backends)
-        self.urgent = urgent
-        """Whether a program is urgent work now (`Hints.urgent`; None: not judged)."""
+        self.service = service
+        """How a program is served now (`Hints.service`; None: not judged)."""
         self.knees: Mapping[str, KneeController] = knees or {}
         """Per backend: fed every call's latency per token and the level in flight."""
         # Keep-alive hints go to LLM backends: without one, nothing to learn pauses for.
@@ -290,16 +291,13 @@ class LLMCalls:
     def hints(self, program: Program, **fields: object) -> Hints:
         assert self._clock is not None
         now = self._clock.monotonic()
-        deadline = program.deadline
         view = program.view(now)
         tenant = program.tenant
         return Hints(
             program_id=program.id,
             cache_salt=None if tenant is None else tenant_salt(self._salt_key, tenant),
             urgency=urgency(self.policy, view, now),
-            priority_class=program.priority_class,
-            deadline_s=None if deadline is None else deadline - now,
-            urgent=None if self.urgent is None else self.urgent(program, now, view),
+            service=None if self.service is None else self.service(program, now, view),
             slack_s=None
             if view.guessed or not self.policy.needs_remaining
             else slack_of(view, now),

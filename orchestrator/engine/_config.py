@@ -57,7 +57,17 @@ class ConfigSection(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     retired_keys: ClassVar[Mapping[str, str]] = {}
-    """Keys a table no longer takes, each with what to write instead."""
+    """Keys a table no longer takes, each with what to write instead (a table's own, added
+    to those of the tables it extends: `retired`)."""
+
+    @classmethod
+    def retired(cls) -> dict[str, str]:
+        """The keys this table no longer takes: its own and its bases' `retired_keys`."""
+        return {
+            key: fix
+            for base in reversed(cls.__mro__)
+            for key, fix in vars(base).get("retired_keys", {}).items()
+        }
 
     @model_validator(mode="before")
     @classmethod
@@ -66,13 +76,14 @@ class ConfigSection(BaseModel):
         # and with it every problem of the keys that are known (all in one pass).
         if not isinstance(data, Mapping):
             return data
-        retired = [key for key in data if key in cls.retired_keys]
+        fixes = cls.retired()
+        retired = [key for key in data if key in fixes]
         unknown = [key for key in data if key not in cls.model_fields and key not in retired]
         if not unknown and not retired:
             return data
         errors = [
             InitErrorDetails(
-                type=_error("value_error", f"no longer a key: {cls.retired_keys[key]}"),
+                type=_error("value_error", f"no longer a key: {fixes[key]}"),
                 loc=(key,),
                 input=data[key],
             )

@@ -276,7 +276,7 @@ class Engine:
             call_retry=call_retry,
             breaker=breaker,
             knees=urgency.knees,
-            urgent=urgency.urgent,
+            service=urgency.service_class,
         )
         self.max_workflows = max_workflows
         self.default_estimate = tuning.default_estimate

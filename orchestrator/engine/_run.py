@@ -210,6 +210,8 @@ class Run:
                 # so one late at this load makes way at once instead of using capacity
                 # others need and being cancelled at its deadline anyway.
                 least = remaining
+        elif self.deadline is not None:
+            guessed = True  # the policy estimates no path: 0 stands for one not known
         return ProgramView(
             self.program,
             self.priority_class,

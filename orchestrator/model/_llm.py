@@ -116,36 +116,52 @@ class LLMRequest:
                 )
 
 
+ServiceClass = Literal["urgent", "tight", "shareable", "slack_rich", "hopeless"]
+"""How a live program is served now (the engine's urgency controller judges it).
+
+- `urgent`: interactive, no deadline: never held back, and its calls need short steps;
+- `tight`: a deadline it can meet, with less slack than its remaining path: short steps;
+- `shareable`: a deadline near enough to be urgent work, with at least its remaining path
+  to spare: it can afford longer steps (a router's lane may take batch work beside it);
+- `slack_rich`: batch work, or a deadline far enough away to wait behind urgent work;
+- `hopeless`: its deadline is out of reach even alone: it must not crowd out the rest.
+"""
+
+URGENT_CLASSES: frozenset[ServiceClass] = frozenset({"urgent", "tight", "shareable"})
+"""The classes that count as urgent work (the others may be held back)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Hints:
     """What the scheduler knows that the server does not.
 
-    `urgency`: higher runs sooner (dialects flip the sign for servers where lower runs
-    sooner, such as vLLM). All calls of one program share it. `keep_alive_s`: how long the
-    server should keep this call's KV cache after it ends, because the same program will be
-    back. `last_call`: the program makes no further calls, so its cache can go at once.
-    `prefix_key`: calls with equal keys share a prompt prefix. `urgent`: the engine counts
-    the program as urgent work (not slack-rich: interactive without a deadline, or a
-    deadline too near to wait; docs/admission.md); None where nothing judged it (a router
-    then goes by `priority_class`). `slack_s`: the seconds the program has to spare at what
-    its tasks take lately (`deadline_s` less its remaining critical path; a router's urgent
-    lane takes batch calls beside programs with enough of it); None without a deadline or
-    where nothing estimated it. `cache_salt`: an opaque string that puts the call's prompt
-    in its own prefix-cache namespace on servers that support it (vLLM, SGLang, Dynamo, the
-    simulator; docs/backends.md): calls share cached prefixes only with calls of the same
-    salt. The engine derives it from the run's tenant (a keyed hash, never the name
-    itself); None (a run without a tenant) shares the cache with every unsalted call.
+    Urgency is said in three fields, each with one meaning. `urgency`: the program's place
+    among programs, higher runs sooner (dialects turn it into the server's priority number,
+    flipping the sign where lower runs sooner, such as vLLM); all calls of one program share
+    it. `service`: how the program is served now (`ServiceClass`): urgent work
+    (`URGENT_CLASSES`) or work that may wait, and whether its calls need short steps; None
+    where nothing judged it (a backend called directly), which counts as slack-rich work.
+    `slack_s`: the seconds the program has to spare at what its tasks take lately (its
+    deadline less its remaining critical path); None without a deadline or where nothing
+    estimated it.
+
+    `keep_alive_s`: how long the server should keep this call's KV cache after it ends,
+    because the same program will be back. `last_call`: the program makes no further calls,
+    so its cache can go at once. `prefix_key`: calls with equal keys share a prompt prefix.
+    `cache_salt`: an opaque string that puts the call's prompt in its own prefix-cache
+    namespace on servers that support it (vLLM, SGLang, Dynamo, the simulator;
+    docs/backends.md): calls share cached prefixes only with calls of the same salt. The
+    engine derives it from the run's tenant (a keyed hash, never the name itself); None (a
+    run without a tenant) shares the cache with every unsalted call.
     """
 
     program_id: str
     urgency: float = 0.0
-    priority_class: str = "batch"
-    deadline_s: float | None = None
+    service: ServiceClass | None = None
     expected_output_tokens: int | None = None
     keep_alive_s: float | None = None
     last_call: bool = False
     prefix_key: str | None = None
-    urgent: bool | None = None
     slack_s: float | None = None
     cache_salt: str | None = None
 
