@@ -150,6 +150,18 @@ def totals(results: Mapping[str, int]) -> int:
     return sum(results.values())
 
 
+def sharing(
+    backend: Counting, broker: LocalSlots, clock: VirtualClock, limits: dict[str, Limits]
+) -> Engine:
+    """An engine whose limits are shared through `broker`."""
+    return Engine(
+        backends={"default": backend},
+        clock=clock,
+        limits=limits,
+        cluster=Cluster(share_limits=broker),
+    )
+
+
 def test_two_engines_with_a_shared_limit_of_8_never_have_more_than_8_in_flight() -> None:
     clock = VirtualClock()
 
@@ -157,18 +169,7 @@ def test_two_engines_with_a_shared_limit_of_8_never_have_more_than_8_in_flight()
         backend = Counting(clock.sleep, 0.5)
         broker = LocalSlots(clock)
         limits = {"default": Limits(max_in_flight=8)}
-        a = Engine(
-            backends={"default": backend},
-            clock=clock,
-            limits=limits,
-            cluster=Cluster(share_limits=broker),
-        )
-        b = Engine(
-            backends={"default": backend},
-            clock=clock,
-            limits=limits,
-            cluster=Cluster(share_limits=broker),
-        )
+        a, b = sharing(backend, broker, clock, limits), sharing(backend, broker, clock, limits)
         async with a, b:
             runs = [a.run(asks(f"a{i}", 10)) for i in range(6)]
             runs += [b.run(asks(f"b{i}", 10)) for i in range(6)]
@@ -211,18 +212,7 @@ def test_urgent_work_on_one_engine_takes_the_slots_of_batch_work_on_another() ->
         backend.now = clock.monotonic
         broker = LocalSlots(clock)
         limits = {"default": Limits(max_in_flight=8)}
-        a = Engine(
-            backends={"default": backend},
-            clock=clock,
-            limits=limits,
-            cluster=Cluster(share_limits=broker),
-        )
-        b = Engine(
-            backends={"default": backend},
-            clock=clock,
-            limits=limits,
-            cluster=Cluster(share_limits=broker),
-        )
+        a, b = sharing(backend, broker, clock, limits), sharing(backend, broker, clock, limits)
         async with a, b:
             batch = asyncio.ensure_future(b.run(asks("batch", 200)))
             await clock.sleep(2.0)
