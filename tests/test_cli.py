@@ -221,3 +221,14 @@ def test_a_lifespan_that_is_not_a_context_manager_is_refused(
     code, _, err = run(["run", flow(tmp_path, body)], capsys)
     assert code == 2
     assert "lifespan() in" in err and "returned int" in err and "asynccontextmanager" in err
+
+
+@pytest.mark.parametrize("command", ["run", "resume"])
+def test_the_retired_policy_flag_names_admission(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([command, str(tmp_path / "flow.py"), "--policy", "las"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--policy is no longer an option" in err and "--admission" in err

@@ -394,6 +394,7 @@ def _parser() -> argparse.ArgumentParser:
         help="deadlines, throughput or off (docs/admission.md); default: the config's, "
         "else deadlines",
     )
+    run.add_argument("--policy", action=_Retired, help=argparse.SUPPRESS)
     run.add_argument(
         "--clock",
         choices=["virtual", "system"],
@@ -472,6 +473,7 @@ def _parser() -> argparse.ArgumentParser:
         "and backends), to decide the runs the service holds",
     )
     resume.add_argument("--admission", choices=list(MODES), help="as for plait run")
+    resume.add_argument("--policy", action=_Retired, help=argparse.SUPPRESS)
     config = sub.add_parser("config", help="configuration files")
     verbs = config.add_subparsers(dest="config_command", required=True)
     check = verbs.add_parser(
@@ -543,6 +545,23 @@ def _serve(args: argparse.Namespace) -> int:
         config = dataclasses.replace(config, service=service)
     asyncio.run(serve(config, out=out))
     return 0
+
+
+class _Retired(argparse.Action):
+    """`--policy`, which `--admission` replaced: an old command line is told what to write."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(
+            f"{option_string} is no longer an option: the order follows --admission "
+            "(deadlines: runs with a deadline least slack first, the default; throughput: "
+            "arrival order; off) (docs/admission.md)"
+        )
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
