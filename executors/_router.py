@@ -235,6 +235,8 @@ class Router(
         `lane_clear`), each with the times it was moved before, so that a replica becoming a
         lane can be cleared of them."""
         self._moving: set[asyncio.Future[LLMResponse]] = set()
+        self._kept: set[asyncio.Future[LLMResponse]] = set()
+        """Batch calls a lane took while shared (`Routed.taken`): clearing leaves them."""
         self._moved = [0] * n
         self.pieces = Pieces()
         """Prefill pieces sent ahead of batch calls on lanes (`lane_prefill_tokens`)."""
@@ -484,6 +486,8 @@ class Router(
                     return await send
                 sent = asyncio.ensure_future(send)
                 self._batch_sends[i][sent] = moves
+                if i in routed.taken:
+                    self._kept.add(sent)
                 current = asyncio.current_task()
                 cancelling = current.cancelling() if current is not None else 0
                 try:
@@ -503,6 +507,7 @@ class Router(
                         sent.cancel()
                     del self._batch_sends[i][sent]
                     self._moving.discard(sent)
+                    self._kept.discard(sent)
             except BackendUnavailableError as exc:
                 self._failures[i] += 1
                 if self._healthy[i]:
@@ -518,6 +523,8 @@ class Router(
                     self.peering.served(seq)
                 self._in_flight[i] -= 1
                 lanes.ended(i, urgent, tight, hints.program_id, self._now())
+                if hints.last_call:
+                    lanes.program_done(hints.program_id)
         if busy:
             waits = [e.retry_after for e in busy if e.retry_after is not None]
             raise BackendOverloadedError(
@@ -567,7 +574,9 @@ class Router(
         for i in lanes:
             sends = self._batch_sends[i]
             calls = list(sends)
-            moved = [None if s.done() or s in self._moving else sends[s] for s in calls]
+            # A call a lane took while it was shared stays: its program had room for it.
+            kept = self._moving | self._kept
+            moved = [None if s.done() or s in kept else sends[s] for s in calls]
             for k in to_move(moved, cap, self.MAX_MOVES):
                 self._moving.add(calls[k])
                 calls[k].cancel()
@@ -672,6 +681,7 @@ class Router(
 
     async def program_done(self, program_id: str) -> None:
         """Pass the engine's note that a program finished to every replica that wants it."""
+        self.lane_policy.program_done(program_id)
         await asyncio.gather(*(b.program_done(program_id) for b in self._program_aware))
 
     async def check(self) -> None:
