@@ -204,10 +204,10 @@ class Lanes:
 
     def cap(self, tight: bool, now: float, heard: Heard = NO_PEERS) -> int:
         """The batch calls a lane takes beside its urgent calls: `share_calls` while every
-        urgent call being routed, in flight, or ended in the last `quiet_s` is of a
-        `shareable` program, else `batch_in_flight`. Peers do not say how their urgent
-        programs are served: while any of their urgent calls is in flight, the lane takes no
-        more."""
+        urgent program around is `shareable` (no call being routed or in flight needs short
+        steps, and no program whose latest call did has ended since), else
+        `batch_in_flight`. Peers do not say how their urgent programs are served: while any
+        of their urgent calls is in flight, the lane takes no more."""
         if tight or heard.urgent_in_flight > 0 or self._tight_now > 0 or self._tight_programs:
             return self.batch_in_flight
         return max(self.batch_in_flight, self.share_calls)

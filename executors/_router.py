@@ -115,8 +115,10 @@ class Router(
     routed again, so urgent calls find short steps at once, not once those calls end.
     `lane_share_calls`: while every urgent call around is of a `shareable` program (slack
     to spare: `ServiceClass`), a lane takes up to this many batch calls instead (longer
-    steps its programs can afford); an `urgent` or `tight` call clears the lane back to
-    `lane_batch_in_flight` (`Lanes.cap`).
+    steps its programs can afford), and the later calls of a batch program it holds; an
+    `urgent` or `tight` call clears the lane back to `lane_batch_in_flight` of the calls it
+    had before it was shared (those taken while shared stay) until that program's next
+    call has room or it ends (`Lanes.cap`).
     `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and

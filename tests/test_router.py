@@ -1119,7 +1119,9 @@ def test_a_tight_program_keeps_the_lane_unshared_until_it_has_room_or_ends(
                 asked = asyncio.ensure_future(router.complete(_ask(f"urgent {tag}"), roomy))
                 await clock.sleep(0.1)
                 sent.extend(
-                    asyncio.ensure_future(router.complete(_ask(f"batch {tag} {i}"), Hints(tag)))
+                    asyncio.ensure_future(
+                        router.complete(_ask(f"batch {tag} {i}"), Hints(f"{tag}{i}"))
+                    )
                     for i in range(10)
                 )
                 await clock.sleep(0.1)
