@@ -52,6 +52,9 @@ class Routed:
     allowed: list[bool]
     clear: frozenset[int] = frozenset()
     cap: int = 0
+    taken: frozenset[int] = frozenset()
+    """Lanes that take this batch call beside urgent work (sharing): sent there, it stays
+    when the lane is cleared."""
 
 
 class Lanes:
@@ -89,12 +92,13 @@ class Lanes:
         """This router's urgent calls in flight."""
         self._tight_now = 0
         """Urgent calls in flight whose programs need short steps."""
-        self._tight_seen: float | None = None
-        """When a tight urgent call last ended (`cap`)."""
+        self._tight_programs: set[str] = set()
+        """Urgent programs whose latest call needed short steps: a lane stays unshared while
+        any is around, until its next call can afford longer steps or it ends (`cap`)."""
         self.batch_now = [0] * n
         """Per replica: this router's batch calls in flight."""
         self.programs: list[Counter[str]] = [Counter() for _ in range(n)]
-        """Per replica: batch calls in flight by program (with `batch_programs`)."""
+        """Per replica: batch calls in flight by program."""
 
     # --- what happened -------------------------------------------------------------------
 
@@ -103,7 +107,7 @@ class Lanes:
         self.batch_now[replica] += not urgent
         self.urgent_now += urgent
         self._tight_now += tight
-        if not urgent and self.batch_programs is not None:
+        if not urgent:
             self.programs[replica][program] += 1
 
     def ended(self, replica: int, urgent: bool, tight: bool, program: str, now: float) -> None:
@@ -111,13 +115,15 @@ class Lanes:
         self.batch_now[replica] -= not urgent
         self.urgent_now -= urgent
         self._tight_now -= tight
-        if tight:  # the lane stays unshared for quiet_s after it ends too
-            self._tight_seen = now
-        if not urgent and self.batch_programs is not None:
+        if not urgent:
             on = self.programs[replica]
             on[program] -= 1
             if on[program] <= 0:
                 del on[program]
+
+    def program_done(self, program: str) -> None:
+        """`program` ended: it keeps no lane unshared any more."""
+        self._tight_programs.discard(program)
 
     # --- deciding ------------------------------------------------------------------------
 
@@ -143,6 +149,10 @@ class Lanes:
             self._size(urgent, now, heard)
         if urgent:
             self._urgent_seen = now
+            if tight:
+                self._tight_programs.add(program)
+            else:
+                self._tight_programs.discard(program)
         else:
             self._batch_seen = now
         lanes = self.lane_set(healthy, now, heard)
@@ -168,7 +178,15 @@ class Lanes:
         batch = self.batch_now
         if heard.batch_in_flight:
             batch = [a + b for a, b in zip(batch, heard.batch_in_flight, strict=True)]
-        return Routed([a and (i not in lanes or batch[i] < cap) for i, a in enumerate(allowed)])
+        if cap <= self.batch_in_flight:
+            return Routed([a and (i not in lanes or batch[i] < cap) for i, a in enumerate(allowed)])
+        # Sharing: a lane takes batch calls up to the cap, and more of a program it holds
+        # (its prefix is cached there); a call it takes stays when the lane is cleared.
+        on = self.programs
+        taken = frozenset(i for i in lanes if batch[i] < cap or program in on[i])
+        return Routed(
+            [a and (i not in lanes or i in taken) for i, a in enumerate(allowed)], taken=taken
+        )
 
     def lane_set(self, healthy: Sequence[bool], now: float, heard: Heard = NO_PEERS) -> set[int]:
         """The lanes: the first `urgent_lanes` healthy replicas, while another is left for
@@ -186,17 +204,11 @@ class Lanes:
 
     def cap(self, tight: bool, now: float, heard: Heard = NO_PEERS) -> int:
         """The batch calls a lane takes beside its urgent calls: `share_calls` while every
-        urgent call being routed, in flight, or ended in the last `quiet_s` is of a
-        `shareable` program, else `batch_in_flight`. Peers do not say how their urgent
-        programs are served: while any of their urgent calls is in flight, the lane takes no
-        more."""
-        seen = self._tight_seen
-        if (
-            tight
-            or heard.urgent_in_flight > 0
-            or self._tight_now > 0
-            or (seen is not None and now - seen <= self.quiet_s)
-        ):
+        urgent program around is `shareable` (no call being routed or in flight needs short
+        steps, and no program whose latest call did has ended since), else
+        `batch_in_flight`. Peers do not say how their urgent programs are served: while any
+        of their urgent calls is in flight, the lane takes no more."""
+        if tight or heard.urgent_in_flight > 0 or self._tight_now > 0 or self._tight_programs:
             return self.batch_in_flight
         return max(self.batch_in_flight, self.share_calls)
 

@@ -115,8 +115,10 @@ class Router(
     routed again, so urgent calls find short steps at once, not once those calls end.
     `lane_share_calls`: while every urgent call around is of a `shareable` program (slack
     to spare: `ServiceClass`), a lane takes up to this many batch calls instead (longer
-    steps its programs can afford); an `urgent` or `tight` call clears the lane back to
-    `lane_batch_in_flight` (`Lanes.cap`).
+    steps its programs can afford), and the later calls of a batch program it holds; an
+    `urgent` or `tight` call clears the lane back to `lane_batch_in_flight` of the calls it
+    had before it was shared (those taken while shared stay) until that program's next
+    call has room or it ends (`Lanes.cap`).
     `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and
@@ -235,6 +237,8 @@ class Router(
         `lane_clear`), each with the times it was moved before, so that a replica becoming a
         lane can be cleared of them."""
         self._moving: set[asyncio.Future[LLMResponse]] = set()
+        self._kept: set[asyncio.Future[LLMResponse]] = set()
+        """Batch calls a lane took while shared (`Routed.taken`): clearing leaves them."""
         self._moved = [0] * n
         self.pieces = Pieces()
         """Prefill pieces sent ahead of batch calls on lanes (`lane_prefill_tokens`)."""
@@ -484,6 +488,8 @@ class Router(
                     return await send
                 sent = asyncio.ensure_future(send)
                 self._batch_sends[i][sent] = moves
+                if i in routed.taken:
+                    self._kept.add(sent)
                 current = asyncio.current_task()
                 cancelling = current.cancelling() if current is not None else 0
                 try:
@@ -503,6 +509,7 @@ class Router(
                         sent.cancel()
                     del self._batch_sends[i][sent]
                     self._moving.discard(sent)
+                    self._kept.discard(sent)
             except BackendUnavailableError as exc:
                 self._failures[i] += 1
                 if self._healthy[i]:
@@ -518,6 +525,8 @@ class Router(
                     self.peering.served(seq)
                 self._in_flight[i] -= 1
                 lanes.ended(i, urgent, tight, hints.program_id, self._now())
+                if hints.last_call:
+                    lanes.program_done(hints.program_id)
         if busy:
             waits = [e.retry_after for e in busy if e.retry_after is not None]
             raise BackendOverloadedError(
@@ -567,7 +576,9 @@ class Router(
         for i in lanes:
             sends = self._batch_sends[i]
             calls = list(sends)
-            moved = [None if s.done() or s in self._moving else sends[s] for s in calls]
+            # A call a lane took while it was shared stays: its program had room for it.
+            kept = self._moving | self._kept
+            moved = [None if s.done() or s in kept else sends[s] for s in calls]
             for k in to_move(moved, cap, self.MAX_MOVES):
                 self._moving.add(calls[k])
                 calls[k].cancel()
@@ -672,6 +683,7 @@ class Router(
 
     async def program_done(self, program_id: str) -> None:
         """Pass the engine's note that a program finished to every replica that wants it."""
+        self.lane_policy.program_done(program_id)
         await asyncio.gather(*(b.program_done(program_id) for b in self._program_aware))
 
     async def check(self) -> None:

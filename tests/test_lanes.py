@@ -114,12 +114,38 @@ def test_a_lane_shares_only_while_every_urgent_program_around_is_shareable() -> 
     policy = lanes(1, batch_in_flight=0, share_calls=3)
     assert policy.cap(tight=False, now=0.0) == 3
     assert policy.cap(tight=True, now=0.0) == 0
+    policy.route(ALL, ALL, urgent=True, tight=True, program="t", now=0.5)
     policy.started(0, urgent=True, tight=True, program="t")
     assert policy.cap(tight=False, now=1.0) == 0  # a tight call in flight
     policy.ended(0, urgent=True, tight=True, program="t", now=2.0)
-    assert policy.cap(tight=False, now=6.9) == 0  # and for quiet_s after it ended
-    assert policy.cap(tight=False, now=7.1) == 3
-    assert policy.cap(tight=False, now=7.1, heard=Heard(1, [0] * 4)) == 0  # a peer's
+    # Its program is still around (between calls): the lane stays unshared, however long.
+    assert policy.cap(tight=False, now=60.0) == 0
+    assert policy.cap(tight=False, now=60.0, heard=Heard(1, [0] * 4)) == 0  # a peer's
+    # Its next call can afford longer steps: sharing again at once.
+    policy.route(ALL, ALL, urgent=True, tight=False, program="t", now=61.0)
+    assert policy.cap(tight=False, now=61.0) == 3
+    policy.route(ALL, ALL, urgent=True, tight=True, program="u", now=62.0)
+    assert policy.cap(tight=False, now=62.0) == 0
+    policy.program_done("u")  # or it ended
+    assert policy.cap(tight=False, now=62.0) == 3
+
+
+def test_a_shared_lane_keeps_what_it_took_and_takes_more_of_a_program_it_holds() -> None:
+    policy = lanes(1, batch_in_flight=0, share_calls=1)
+    policy.route(ALL, ALL, urgent=True, tight=False, program="s", now=0.0)
+    policy.started(0, urgent=True, tight=False, program="s")
+    first = policy.route(ALL, ALL, urgent=False, tight=False, program="b", now=0.1)
+    assert first.allowed == ALL and first.taken == {0}
+    policy.started(0, urgent=False, tight=False, program="b")
+    # The lane is at its cap: another program's call keeps off it, b's next one may go.
+    other = policy.route(ALL, ALL, urgent=False, tight=False, program="c", now=0.2)
+    assert other.allowed == [False, True, True, True] and not other.taken
+    again = policy.route(ALL, ALL, urgent=False, tight=False, program="b", now=0.3)
+    assert again.allowed == ALL and again.taken == {0}
+    # Unshared (a tight program came), nothing more is taken.
+    policy.route(ALL, ALL, urgent=True, tight=True, program="t", now=0.4)
+    unshared = policy.route(ALL, ALL, urgent=False, tight=False, program="b", now=0.5)
+    assert unshared.allowed == [False, True, True, True] and not unshared.taken
 
 
 def test_an_urgent_call_asks_the_lanes_cleared_to_the_cap_it_finds() -> None:

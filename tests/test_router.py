@@ -1050,8 +1050,10 @@ def test_a_lane_shares_with_urgent_work_that_has_slack_to_spare_and_not_with_the
 ) -> None:
     """While the urgent calls' programs have slack to spare (`Hints.service` "shareable"),
     a lane takes up to `lane_share_calls` batch calls beside them. A "tight" urgent call
-    clears the lane down to `lane_batch_in_flight` (0), and no batch call goes there while
-    that call is in flight; the moved calls finish elsewhere, each once."""
+    clears the lane down to `lane_batch_in_flight` (0) of the calls it had before it was
+    shared, keeps those it took beside the roomy call (their programs had room for them),
+    and takes no more while that call is in flight; the moved calls finish elsewhere, each
+    once."""
     llms = _named(2)
     roomy = Hints("q", service="shareable", slack_s=15.0)  # 5 s of path left
     tight = Hints("t", service="tight", slack_s=5.0)  # 15 s of path left
@@ -1086,20 +1088,24 @@ def test_a_lane_shares_with_urgent_work_that_has_slack_to_spare_and_not_with_the
 
     router: Router
     beside, moved, answers, calls = clock.run(main())
-    assert beside == [share, 0, 0]
-    # Moved off for the tight call: what the lane took beside the roomy one. Without
-    # sharing, the roomy call itself moved the first batch call off.
-    assert moved == (4 if share else 1)
-    assert answers == ["r1"] * 17  # each batch call once, all on the other replica
+    kept = share - 1 if share else 0  # taken beside the roomy call (the first was there)
+    assert beside == [share, kept, kept]
+    # Moved off: the batch call the lane had before it was a lane (for the tight call with
+    # sharing; for the roomy one without).
+    assert moved == 1
+    # Each batch call once: the kept ones on the lane, the rest on the other replica.
+    assert answers[:2] == ["r1", "r1"] and answers[12:] == ["r1"] * 5  # a moved; c off it
+    assert sorted(answers) == ["r0"] * kept + ["r1"] * (17 - kept)
     assert calls == 17 + moved + 2
 
 
-def test_a_lane_stays_unshared_for_lane_quiet_s_after_a_tight_call_ends(
+def test_a_tight_program_keeps_the_lane_unshared_until_it_has_room_or_ends(
     clock: VirtualClock,
 ) -> None:
-    """A tight urgent call (1 s) keeps the lane from sharing while it runs and for
-    `lane_quiet_s` (5 s) after it ends: batch calls sent beside a roomy urgent call 4.5 s
-    after that end keep off the lane; 6 s after it the lane takes `lane_share_calls`."""
+    """A tight urgent call keeps the lane from sharing while it runs, and its program keeps
+    it so between its calls, however long (past `lane_quiet_s`): batch calls sent beside a
+    roomy urgent call 6 s after the tight call ended keep off the lane. Once the tight
+    program's next call has room (or it ends), the lane takes `lane_share_calls` again."""
     llms = _named(2)
     roomy = Hints("q", service="shareable", slack_s=15.0)
     tight = Hints("t", service="tight", slack_s=5.0)
@@ -1113,7 +1119,9 @@ def test_a_lane_stays_unshared_for_lane_quiet_s_after_a_tight_call_ends(
                 asked = asyncio.ensure_future(router.complete(_ask(f"urgent {tag}"), roomy))
                 await clock.sleep(0.1)
                 sent.extend(
-                    asyncio.ensure_future(router.complete(_ask(f"batch {tag} {i}"), Hints(tag)))
+                    asyncio.ensure_future(
+                        router.complete(_ask(f"batch {tag} {i}"), Hints(f"{tag}{i}"))
+                    )
                     for i in range(10)
                 )
                 await clock.sleep(0.1)
@@ -1124,14 +1132,20 @@ def test_a_lane_stays_unshared_for_lane_quiet_s_after_a_tight_call_ends(
             sent.extend(_send_batch(router, 2))
             await clock.sleep(1.0)
             await router.complete(_ask("urgent tight"), tight)  # ends 1 s after it was routed
-            await clock.sleep(4.3)  # 5.3 s after it was routed, 4.3 s after it ended
-            soon = await beside_roomy("soon")
             await clock.sleep(6.0)
-            later = await beside_roomy("later")
+            between = await beside_roomy("between")
+            await asyncio.gather(*sent)
+            roomy_now = Hints("t", service="shareable", slack_s=15.0)
+            await router.complete(_ask("urgent t again"), roomy_now)  # its next call has room
+            after = await beside_roomy("after")
+            await asyncio.gather(*sent)
+            await router.complete(_ask("urgent t tight"), tight)
+            await router.program_done("t")  # or it ends
+            done = await beside_roomy("done")
             await asyncio.gather(*sent)  # every batch call answered
-            return [soon, later]
+            return [between, after, done]
 
-    assert clock.run(main()) == [0, 4]
+    assert clock.run(main()) == [0, 4, 4]
 
 
 def test_prefixes_are_known_per_cache_salt(clock: VirtualClock) -> None:
