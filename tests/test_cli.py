@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 import subprocess
 import sys
 from importlib.metadata import version
@@ -106,6 +107,12 @@ def test_an_unknown_backend_says_which_config_table_to_add(
     assert "[backends.gpus]" in err
 
 
+def ctrl_c_reaches_it() -> None:
+    """In the child, before it starts: SIGINT as at a terminal. A shell starts background
+    jobs with SIGINT ignored, which their children inherit and Python then keeps."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_prints_the_partial_summary_and_exits_130(tmp_path: Path) -> None:
     # A real SIGINT, sent by a task once the quick workflow is done, in a child process (an
     # interrupt inside the test process would disturb pytest itself).
@@ -126,7 +133,11 @@ def test_ctrl_c_prints_the_partial_summary_and_exits_130(tmp_path: Path) -> None
     )
     plait = Path(sys.executable).parent / "plait"
     proc = subprocess.run(
-        [str(plait), "run", flow(tmp_path, body)], capture_output=True, text=True, check=False
+        [str(plait), "run", flow(tmp_path, body)],
+        capture_output=True,
+        text=True,
+        check=False,
+        preexec_fn=ctrl_c_reaches_it,
     )
     assert proc.returncode == 130, proc.stderr
     assert "Traceback" not in proc.stderr

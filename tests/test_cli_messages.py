@@ -26,8 +26,21 @@ PLAIT = [sys.executable, "-c", "from orchestrator.cli._cli import main; raise Sy
 def plait(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PLAIT_STORE", "PLAIT_DEBUG")}
     return subprocess.run(
-        [*PLAIT, *args], capture_output=True, text=True, env=env, timeout=120, check=False, cwd=cwd
+        [*PLAIT, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+        cwd=cwd,
+        preexec_fn=ctrl_c_reaches_it,
     )
+
+
+def ctrl_c_reaches_it() -> None:
+    """In the child, before it starts: SIGINT as at a terminal. A shell starts background
+    jobs with SIGINT ignored, which their children inherit and Python then keeps."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 # --- plait serve: a port in use ----------------------------------------------------------------
