@@ -7,19 +7,19 @@ time. Three ways to run the same programs and arrivals:
 - naive: every call sent as soon as it is ready, no hints, round-robin over replicas;
 - priority-only: plait (`slack` policy, prefix routing), the queries' urgency sent to the
   servers (which order their queues by it), nothing held back
-  (`AdmissionTuning(headroom=None, gate=None)`, `Router(urgent_lanes=0)`);
+  (`AdmissionTuning(headroom=None, gate=None)`, `Router(lanes=NO_LANES)`);
 - plait, the defaults: the router keeps urgent lanes as the urgent load needs while batch
-  work is around too (`Router(urgent_lanes="auto")`: one replica here, with no batch call
+  work is around too (`Router()`'s default: one replica here, with no batch call
   on it while queries are around), and queries start in deadline order, as many at
   once as meets the most deadlines (the default `DeadlineGate`);
-- plait, no lane: the same without lanes (`urgent_lanes=0`): slack-rich work held back to
+- plait, no lane: the same without lanes (`NO_LANES`): slack-rich work held back to
   the backend's learned throughput knee while urgent work is around (`Engine()`'s default
   `Headroom`).
 
-Three rows keep one replica as an urgent lane whatever the load (`Router(urgent_lanes=1)`):
+Three rows keep one replica as an urgent lane whatever the load (`LaneTuning(lanes=1)`):
 "plait + lane" lets at most 2 batch calls onto it while queries are around, "lane,
 programs" the calls of one batch program, and "lane, paced" the same with that program's
-uncached prompt computed in pieces of 128 tokens first (`lane_prefill_tokens`); `--lane
+uncached prompt computed in pieces of 128 tokens first (`LaneTuning(prefill_tokens=...)`); `--lane
 P:N` adds rows for other settings.
 
 Reported: the queries' deadline attainment, and the batch's throughput relative to the batch
@@ -78,7 +78,7 @@ from _harness import (  # noqa: E402
     simulate,
 )
 
-from executors import Router, SimServer, get_profile  # noqa: E402
+from executors import LaneTuning, Router, SimServer, get_profile  # noqa: E402
 from orchestrator import Clock, Engine, KeepAlive, Limits, LLMBackend  # noqa: E402
 from orchestrator.admission._gate import DEFAULT_GATE, GateStats  # noqa: E402
 from orchestrator.admission._knee import DEFAULT_HEADROOM, KneeStats  # noqa: E402
@@ -125,14 +125,14 @@ def plait_mixed(
 ) -> Runner:
     """plait with the `slack` policy: queries (programs with a deadline) as interactive,
     the rest as batch; `headroom` and `gate` None is priority-only (nothing held back).
-    `lanes`: the router keeps that many replicas for urgent calls (`Router(urgent_lanes=...)`;
+    `lanes`: the router keeps that many replicas for urgent calls (`LaneTuning(lanes=...)`;
     "auto", the default: as many as the urgent load needs while batch work is around too);
     `lane_programs`: a lane takes the calls of that many batch
-    programs at once instead of a count of calls (`Router(lane_batch_programs=...)`);
+    programs at once instead of a count of calls (`LaneTuning(batch_programs=...)`);
     `lane_prefill`: their uncached prompts are sent ahead in pieces of that many tokens
-    (`Router(lane_prefill_tokens=...)`); `lane_calls`: else the batch calls a lane takes at
-    once (`Router(lane_batch_in_flight=...)`, 0 by default); `lane_share`: the batch calls
-    a lane takes beside queries with slack to spare (`Router(lane_share_calls=...)`; None:
+    (`LaneTuning(prefill_tokens=...)`); `lane_calls`: else the batch calls a lane takes at
+    once (`LaneTuning(batch_in_flight=...)`, 0 by default); `lane_share`: the batch calls
+    a lane takes beside queries with slack to spare (`LaneTuning(share_calls=...)`; None:
     the router's default).
     `late`: queries are submitted with `late="cancel"` (shed when they cannot make their
     deadline at the present load, cancelled when it passes); a cancelled query counts as a
@@ -145,11 +145,13 @@ def plait_mixed(
         if len(servers) > 1:
             backend = Router(  # its block and cache as the servers say them
                 {f"replica{i}": s for i, s in enumerate(servers)},
-                urgent_lanes=lanes,
-                lane_batch_in_flight=lane_calls,
-                lane_batch_programs=lane_programs,
-                lane_prefill_tokens=lane_prefill,
-                **({} if lane_share is None else {"lane_share_calls": lane_share}),
+                lanes=LaneTuning(
+                    lanes=lanes,
+                    batch_in_flight=lane_calls,
+                    batch_programs=lane_programs,
+                    prefill_tokens=lane_prefill,
+                    **({} if lane_share is None else {"share_calls": lane_share}),
+                ),
             )
         limits = {"default": Limits(PER_REPLICA * len(servers)), "tools": Limits(100_000)}
         outcomes: list[Outcome] = []

@@ -10,7 +10,7 @@
   cluster, with the resources they declare (Ray is imported only when they are used).
 - `Router`: replicas of one model as one backend, routed by prompt prefix and load; the
   routers of several engines share what they place over a `RouterLink` (`LocalRouterHub`
-  in one process).
+  in one process); `LaneTuning` spells out its urgent lanes for experiments.
 """
 
 from orchestrator.ext import LoadReport
@@ -19,6 +19,7 @@ from ._config import backends_from_config
 from ._dialects import DIALECTS
 from ._fake import FunctionLLM, RecordedCall, approx_tokens, echo
 from ._grouping import GroupingStats, PrefixGrouper
+from ._lanes import NO_LANES, LaneTuning
 from ._openai import OpenAIBackend
 from ._peerlink import NotifierRouterLink
 from ._peers import LocalRouterHub, PeerStats, Placed, RouterLink, Served
@@ -31,11 +32,13 @@ from ._simprofile import PROFILES, Profile, get_profile
 
 __all__ = [
     "DIALECTS",
+    "NO_LANES",
     "PROFILES",
     "Choice",
     "Faults",
     "FunctionLLM",
     "GroupingStats",
+    "LaneTuning",
     "LoadReport",
     "LocalRouterHub",
     "NotifierRouterLink",

@@ -16,10 +16,10 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal, TypedDict, cast
+from typing import Annotated, Any, ClassVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, Field, PlainValidator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from orchestrator import Clock, LLMBackend, UsageError, load_config
 from orchestrator.ext import BackendKind, ConfigSection
@@ -48,15 +48,8 @@ def _known_profile(value: str) -> str:
     return value
 
 
-def _lanes(value: object) -> int | Literal["auto"]:
-    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        return value
-    raise ValueError(f'give a number of replicas (0 or more) or "auto", got {value!r}')
-
-
 Dialect = Annotated[str, AfterValidator(_known_dialect)]
 ProfileName = Annotated[str, AfterValidator(_known_profile)]
-Lanes = Annotated[int | Literal["auto"], PlainValidator(_lanes)]
 
 
 def _one_key_source(api_key: str | None, api_key_env: str | None) -> None:
@@ -127,51 +120,38 @@ class RouterMember(ConfigSection):
         return self
 
 
+_LANE_TUNING = (
+    "lanes size themselves from the replicas' learned throughput knee, and only lane_clear "
+    "is set in a file; to experiment, pass Router(lanes=LaneTuning(...)) in Python "
+    "(docs/admission.md)"
+)
+
+
 class LaneSettings(ConfigSection):
-    """The urgent-lane keys a `router` table and a `sim` table with replicas share (the
-    `Router` arguments of the same names; docs/admission.md, "Urgent lanes")."""
+    """The urgent-lane key a `router` table and a `sim` table with replicas share (the
+    `Router` argument of the same name; docs/admission.md, "Urgent lanes")."""
 
     retired_keys: ClassVar[Mapping[str, str]] = {
         "lane_share_slack": "a lane is shared beside urgent work whose programs have at least "
-        "their remaining path to spare (the engine's shareable class); only lane_share_calls "
-        "is set"
+        "their remaining path to spare (the engine's shareable class)",
+        **dict.fromkeys(
+            (
+                "urgent_lanes",
+                "lane_urgent_calls",
+                "lane_batch_in_flight",
+                "lane_batch_programs",
+                "lane_prefill_tokens",
+                "lane_share_calls",
+                "lane_quiet_s",
+            ),
+            _LANE_TUNING,
+        ),
     }
 
-    urgent_lanes: Lanes = "auto"
-    """Replicas kept for calls of urgent work and hopeless programs while there are any;
-    batch calls use them only up to `lane_batch_in_flight` at once meanwhile. "auto": while
-    batch calls are around too, one for every `lane_urgent_calls` urgent calls in flight
-    (docs/admission.md)."""
-    lane_urgent_calls: int = Field(default=96, ge=1)
-    lane_batch_in_flight: int = Field(default=0, ge=0)
-    lane_batch_programs: int | None = Field(default=None, ge=0)
-    """Instead of counting calls: the batch programs a lane takes at once (their calls go
-    there together)."""
-    lane_prefill_tokens: int | None = Field(default=None, ge=1)
-    """A batch call's uncached prompt on a lane, while urgent work is around, is computed in
-    pieces of at most this many tokens before the call (paced prefill)."""
     lane_clear: bool = True
-    """A replica becoming a lane is cleared of the router's batch calls beyond
-    `lane_batch_in_flight`: each is cancelled there and routed again."""
-    lane_share_calls: int = Field(default=32, ge=0)
-    """The batch calls a lane takes while its urgent calls' programs have slack to spare
-    (the engine's `shareable` class; 0: none beyond `lane_batch_in_flight`)."""
-
-    def lane_options(self) -> LaneOptions:
-        """These keys as `Router` arguments (`LaneOptions` names them all)."""
-        return cast(LaneOptions, {key: getattr(self, key) for key in LaneOptions.__annotations__})
-
-
-class LaneOptions(TypedDict):
-    """`LaneSettings`' keys, as the `Router` arguments of the same names."""
-
-    urgent_lanes: int | Literal["auto"]
-    lane_urgent_calls: int
-    lane_batch_in_flight: int
-    lane_batch_programs: int | None
-    lane_prefill_tokens: int | None
-    lane_clear: bool
-    lane_share_calls: int
+    """A replica becoming a lane is cleared of the router's batch calls: each is cancelled
+    there and routed again. False (a hosted API that bills a cancelled call anyway): they
+    are left to finish."""
 
 
 class RouterSettings(LaneSettings):
@@ -318,7 +298,7 @@ def build_router(name: str, settings: RouterSettings, clock: Clock | None) -> LL
         health_timeout_s=settings.health_timeout_s,
         tokenize=tokenize,
         clock=clock,
-        **settings.lane_options(),
+        lane_clear=settings.lane_clear,
     )
     if not settings.group_prefixes:
         return router
@@ -360,7 +340,7 @@ def build_sim(name: str, settings: SimSettings, clock: Clock | None) -> LLMBacke
             replicas,
             max_imbalance=settings.max_imbalance,
             clock=clock,
-            **settings.lane_options(),
+            lane_clear=settings.lane_clear,
         )
     if not settings.group_prefixes:
         return backend
@@ -420,34 +400,8 @@ def _blocks_text(block_tokens: int | None) -> str:
 
 
 def _lanes_text(settings: LaneSettings) -> str:
-    lanes = settings.urgent_lanes
-    if not lanes:
-        return ", no urgent lanes"
-    how = []
-    if lanes == "auto":
-        how.append(f"one per {settings.lane_urgent_calls} urgent calls while batch work is around")
-    if settings.lane_batch_programs is not None:
-        how.append(
-            f"the calls of {settings.lane_batch_programs} batch program(s) each, "
-            "batch programs on them left to finish"
-        )
-    else:
-        calls = settings.lane_batch_in_flight
-        beyond = f" beyond {calls}" if calls else ""
-        how.append(
-            f"cleared of batch calls{beyond} as they form"
-            if settings.lane_clear
-            else "left to drain" + (f", then {calls} batch call(s) each" if calls else "")
-        )
-    if settings.lane_prefill_tokens is not None:
-        how.append(f"batch prefill paced in pieces of {settings.lane_prefill_tokens} tokens")
-    if settings.lane_share_calls and settings.lane_batch_programs is None:
-        how.append(
-            f"up to {settings.lane_share_calls} batch calls beside urgent work with "
-            "its remaining time to spare (slack policy)"
-        )
-    name = "urgent lanes auto" if lanes == "auto" else f"{lanes} urgent lane(s)"
-    return f", {name} ({'; '.join(how)})"
+    clear = "cleared of batch calls as they form" if settings.lane_clear else "left to drain"
+    return f", urgent lanes as the urgent load needs (one per learned knee of calls; {clear})"
 
 
 def describe_sim(settings: SimSettings) -> str:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from orchestrator import Hints
+from orchestrator import Hints, UsageError
 from orchestrator.ext import URGENT_CLASSES
 
 
@@ -57,32 +57,80 @@ class Routed:
     when the lane is cleared."""
 
 
+DEFAULT_MAX_SEQS = 256
+"""The sequences a replica is taken to run at once where it does not say (vLLM's default
+`max_num_seqs`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LaneTuning:
+    """How a router keeps urgent lanes, spelled out (`Router(lanes=...)`): for benchmarks and
+    experiments. The defaults are what a router does unless told otherwise; nothing here
+    is read from a config file.
+
+    `lanes`: "auto" (while urgent and batch calls are both around, one lane for every
+    `urgent_calls` urgent calls in flight, at most all replicas but one), a number (that
+    many whenever urgent calls are around) or 0 (no lanes). `urgent_calls`: None (the
+    default) learns it: the throughput knee of the replicas (`KneeController`, one per
+    replica, fed by the calls the router sends; until one is learned, the sequences a
+    replica runs at once as it says, else 256). `batch_in_flight`: the batch calls a lane takes
+    while urgent work is around. `batch_programs`: instead of counting calls, the batch
+    programs a lane takes at once (their calls go there together; no clearing).
+    `quiet_s`: how long urgent (or batch) work counts as around after its last call was
+    routed. `prefill_tokens`: a batch call's uncached prompt on a lane is computed in pieces
+    of at most this many tokens first (paced prefill). `share_calls`: the batch calls a lane
+    takes while every urgent program around is `shareable`."""
+
+    lanes: int | Literal["auto"] = "auto"
+    urgent_calls: int | None = None
+    batch_in_flight: int = 0
+    batch_programs: int | None = None
+    quiet_s: float = 5.0
+    prefill_tokens: int | None = None
+    share_calls: int = 32
+
+    def __post_init__(self) -> None:
+        lanes = self.lanes
+        if lanes != "auto" and (isinstance(lanes, bool) or not isinstance(lanes, int)):
+            raise UsageError(f"LaneTuning(lanes={lanes!r}) takes a number of replicas or 'auto'")
+        if self.urgent_calls is not None and self.urgent_calls < 1:
+            raise UsageError(
+                f"LaneTuning(urgent_calls={self.urgent_calls}) must be at least 1, or None "
+                "to learn it"
+            )
+        if (
+            (lanes != "auto" and lanes < 0)
+            or self.batch_in_flight < 0
+            or self.quiet_s < 0
+            or (self.batch_programs is not None and self.batch_programs < 0)
+            or self.share_calls < 0
+            or (self.prefill_tokens is not None and self.prefill_tokens < 1)
+        ):
+            raise UsageError(f"{self}: none may be negative (prefill_tokens at least 1)")
+
+
+AUTO_LANES = LaneTuning()
+NO_LANES = LaneTuning(lanes=0)
+
+
 class Lanes:
-    """The urgent-lane policy of a router over `n` replicas (`Router` documents the options).
+    """The urgent-lane policy of a router over `n` replicas (`LaneTuning` says the options).
 
     `by_name`: replica indices in name order ("auto" lanes are the first healthy ones in it,
     so every engine's router in front of the same replicas picks the same ones)."""
 
-    def __init__(
-        self,
-        n: int,
-        by_name: Sequence[int],
-        *,
-        urgent_lanes: int | Literal["auto"],
-        urgent_calls: int,
-        batch_in_flight: int,
-        batch_programs: int | None,
-        quiet_s: float,
-        share_calls: int,
-    ) -> None:
+    def __init__(self, n: int, by_name: Sequence[int], tuning: LaneTuning) -> None:
         self.n = n
         self.by_name = list(by_name)
-        self.urgent_lanes = urgent_lanes
-        self.urgent_calls = urgent_calls
-        self.batch_in_flight = batch_in_flight
-        self.batch_programs = batch_programs
-        self.quiet_s = quiet_s
-        self.share_calls = share_calls
+        self.urgent_lanes = tuning.lanes
+        self.urgent_calls = tuning.urgent_calls or DEFAULT_MAX_SEQS
+        """Urgent calls one lane serves: `LaneTuning.urgent_calls`, else what the router
+        learned of its replicas (`Router` sets it as it learns the knee)."""
+        self.learns_calls = tuning.urgent_calls is None
+        self.batch_in_flight = tuning.batch_in_flight
+        self.batch_programs = tuning.batch_programs
+        self.quiet_s = tuning.quiet_s
+        self.share_calls = tuning.share_calls
         self.auto_lanes = 1
         """With "auto": the lanes the urgent load needs (while batch work is around too)."""
         self._auto_lanes_at = 0.0

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -32,6 +33,7 @@ from orchestrator.ext import (
     CapacityReporting,
     FailureIsolating,
     HealthChecked,
+    KneeController,
     LoadReport,
     LoadReporting,
     Notifier,
@@ -43,13 +45,26 @@ from orchestrator.ext import (
 )
 
 from ._capacity import DEFAULT_BLOCK_TOKENS, combined, size_router
-from ._lanes import NO_PEERS, Heard, Lanes, is_tight, is_urgent, to_move
+from ._lanes import (
+    AUTO_LANES,
+    DEFAULT_MAX_SEQS,
+    NO_PEERS,
+    Heard,
+    Lanes,
+    LaneTuning,
+    is_tight,
+    is_urgent,
+    to_move,
+)
 from ._peerlink import NotifierRouterLink
 from ._peers import Peering, PeerStats, RouterLink
 from ._prefix import Tokenize, prompt_hashes
 from ._priming import Pieces, piece_ends, prefix_request, priming_hints
 from ._routing import PrefixRouter
 from ._simtext import CHARS_PER_TOKEN, render
+
+_RELEARN_EVERY = 16
+"""Calls between two readings of the replicas' knees for the lanes' size."""
 
 _log = logging.getLogger("plait.router")
 
@@ -100,25 +115,18 @@ class Router(
     models each server's LRU eviction instead of assuming that what it sent somewhere stays
     there. Given, it counts blocks of `block_tokens` (16 where that is not given). Replicas
     are asked within `health_timeout_s`, all at once; one that fails to answer is logged
-    and taken to be like the others. `urgent_lanes`: replicas kept for calls of urgent
-    work and hopeless programs (by `Hints.service`: `is_urgent`) while there are any, with
-    at most `lane_batch_in_flight` batch calls on each (0, the default: a batch call's prompt would
-    lengthen every step of the lane's urgent calls), or, with `lane_batch_programs`, the
-    calls of at most that many batch programs (a program's calls go there together, so its
-    shared prefix is computed once; see `Lanes.route`; docs/admission.md, "Urgent lanes").
-    "auto" (the default): while urgent and batch calls are both around, one lane for every
-    `lane_urgent_calls` urgent calls in flight, at most all replicas but one; none
-    otherwise. A number: that many, whenever urgent calls are around. 0: none. `lane_clear`
-    (by count of calls, not with `lane_batch_programs`): as an urgent call is routed while
-    lanes are kept, a lane with more of this router's batch calls than
-    `lane_batch_in_flight` keeps the first sent, and the rest are cancelled there and
-    routed again, so urgent calls find short steps at once, not once those calls end.
-    `lane_share_calls`: while every urgent call around is of a `shareable` program (slack
-    to spare: `ServiceClass`), a lane takes up to this many batch calls instead (longer
-    steps its programs can afford), and the later calls of a batch program it holds; an
-    `urgent` or `tight` call clears the lane back to `lane_batch_in_flight` of the calls it
-    had before it was shared (those taken while shared stay) until that program's next
-    call has room or it ends (`Lanes.cap`).
+    and taken to be like the others. Urgent lanes: while calls of urgent work (and of
+    hopeless programs: `is_urgent`) and batch calls are both around, the first replicas by
+    name serve the urgent calls, one lane for as many urgent calls in flight as a replica's
+    learned throughput knee (`knees`), at most all replicas but one, and take no batch call
+    meanwhile (a batch call's prompt would lengthen every step of the lane's urgent calls);
+    while every urgent program around is `shareable` a lane takes some batch calls beside
+    them (docs/admission.md, "Urgent lanes"). `lane_clear`: as an urgent call is routed
+    while lanes are kept, a lane's batch calls (this router's) are cancelled there and
+    routed again, so urgent calls find short steps at once, not once those calls end; False
+    leaves them to finish (each is billed anyway on a hosted API). `lanes`: the lane policy
+    spelled out (`LaneTuning`: no lanes, fixed lanes, counts instead of learned figures), for
+    benchmarks and experiments.
     `peers`: a link to the routers of other engines in front of the same replicas
     (by the same names): each publishes where it placed every call and applies the others'
     placements, so a program's calls stay on one replica whichever engine sends them, and
@@ -137,14 +145,8 @@ class Router(
         tokenize: Tokenize | None = None,
         cache_blocks: int | None = None,
         clock: Clock | None = None,
-        urgent_lanes: int | Literal["auto"] = "auto",
-        lane_urgent_calls: int = 96,
-        lane_batch_in_flight: int = 0,
-        lane_batch_programs: int | None = None,
-        lane_quiet_s: float = 5.0,
-        lane_prefill_tokens: int | None = None,
+        lanes: LaneTuning = AUTO_LANES,
         lane_clear: bool = True,
-        lane_share_calls: int = 32,
         peers: RouterLink | None = None,
     ) -> None:
         if not backends:
@@ -193,44 +195,18 @@ class Router(
         self._overloaded = [0] * n
         self._ejections = [0] * n
         self._checks_failed = [0] * n
-        if urgent_lanes != "auto" and (
-            isinstance(urgent_lanes, bool) or not isinstance(urgent_lanes, int)
-        ):
+        if lanes.prefill_tokens is not None and lanes.prefill_tokens < block_tokens:
             raise UsageError(
-                f"Router(urgent_lanes={urgent_lanes!r}) takes a number of replicas or 'auto'"
-            )
-        if lane_urgent_calls < 1:
-            raise UsageError(f"Router(lane_urgent_calls={lane_urgent_calls}) must be at least 1")
-        if (
-            (urgent_lanes != "auto" and urgent_lanes < 0)
-            or lane_batch_in_flight < 0
-            or lane_quiet_s < 0
-            or (lane_batch_programs is not None and lane_batch_programs < 0)
-            or lane_share_calls < 0
-        ):
-            raise UsageError(
-                f"Router(urgent_lanes={urgent_lanes}, lane_batch_in_flight="
-                f"{lane_batch_in_flight}, lane_batch_programs={lane_batch_programs}, "
-                f"lane_quiet_s={lane_quiet_s}, lane_share_calls={lane_share_calls}): "
-                "none may be negative"
-            )
-        if lane_prefill_tokens is not None and lane_prefill_tokens < block_tokens:
-            raise UsageError(
-                f"Router(lane_prefill_tokens={lane_prefill_tokens}) must be at least "
+                f"LaneTuning(prefill_tokens={lanes.prefill_tokens}) must be at least "
                 f"block_tokens ({block_tokens}), or None to send prompts whole"
             )
-        self.lane_policy = Lanes(
-            n,
-            self._by_name,
-            urgent_lanes=urgent_lanes,
-            urgent_calls=lane_urgent_calls,
-            batch_in_flight=lane_batch_in_flight,
-            batch_programs=lane_batch_programs,
-            quiet_s=lane_quiet_s,
-            share_calls=lane_share_calls,
-        )
+        self.lane_policy = Lanes(n, self._by_name, lanes)
         """Which replicas are urgent lanes and what batch work may go there (`Lanes`)."""
-        self.lane_prefill_tokens = lane_prefill_tokens
+        self.knees = [KneeController(name, DEFAULT_MAX_SEQS) for name in self.names]
+        """Per replica: its throughput knee, learned from the calls sent to it; with
+        "auto" lanes and no `LaneTuning.urgent_calls`, a lane serves as many urgent calls."""
+        self._observed = 0
+        self.lane_prefill_tokens = lanes.prefill_tokens
         self.lane_clear = lane_clear
         self._batch_sends: list[dict[asyncio.Future[LLMResponse], int]] = [{} for _ in range(n)]
         """Per replica, in the order sent: this router's batch calls there (with
@@ -326,10 +302,14 @@ class Router(
             _log.warning("router over %s: %s", ", ".join(self.names), warning)
         self.block_tokens = size.block_tokens
         self._size_policy(size.cache_blocks)
+        for knee, said in zip(self.knees, self._said.values(), strict=True):
+            if said is not None and said.max_seqs:
+                knee.limit = said.max_seqs
+        self._learn_lane_calls()
         prefill = self.lane_prefill_tokens
         if prefill is not None and prefill < size.block_tokens:
             raise UsageError(
-                f"Router(lane_prefill_tokens={prefill}) is less than the replicas' KV block "
+                f"LaneTuning(prefill_tokens={prefill}) is less than the replicas' KV block "
                 f"({size.block_tokens} tokens): give at least that, or None to send prompts whole"
             )
 
@@ -540,6 +520,20 @@ class Router(
             f"last error: {unavailable}",
         ) from unavailable
 
+    def _learn_lane_calls(self) -> None:
+        """With "auto" lanes sized by learning: a lane serves as many urgent calls as the
+        median of the knees learned of the replicas (a lane sees only low levels, whose line
+        extrapolates poorly: the median does not follow one replica's outlier); until one
+        is learned, the fewest sequences a replica runs at once (the limits they said, else
+        the default)."""
+        policy = self.lane_policy
+        if not policy.learns_calls:
+            return
+        learned = [k for knee in self.knees if (k := knee.knee()) is not None]
+        policy.urgent_calls = (
+            round(statistics.median(learned)) if learned else min(k.limit for k in self.knees)
+        )
+
     async def _send(
         self,
         replica: int,
@@ -548,10 +542,18 @@ class Router(
         hashes: Sequence[int],
         held: int | None,
     ) -> LLMResponse:
-        """The call to `replica`; `held`: its prompt paced in pieces first (`_prime`)."""
+        """The call to `replica`; `held`: its prompt paced in pieces first (`_prime`). Its
+        time and the replica's load meanwhile teach the replica's knee (`knees`)."""
         if held is not None:
             await self._prime(replica, request, hints, hashes, held)
-        return await self.backends[replica].complete(request, hints)
+        at_start, began = self._calls()[replica], self._now()
+        response = await self.backends[replica].complete(request, hints)
+        level = (at_start + self._calls()[replica]) / 2
+        self.knees[replica].observe(level, self._now() - began, response.usage.completion_tokens)
+        self._observed += 1
+        if self._observed % _RELEARN_EVERY == 0:
+            self._learn_lane_calls()
+        return response
 
     # --- clearing a new lane ---------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """What implementers of LLM backends, stores, runners, notifiers, actions and policies need."""
 
 from .admission._gate import DeadlineGate
-from .admission._knee import Headroom
+from .admission._knee import Headroom, KneeController
 from .admission._mode import AdmissionTuning
 from .admission._scheduler import Policy, ProgramView
 from .cluster._notify import Notifier
@@ -82,8 +82,9 @@ __all__ = [
     # a component's clock when none is given
     "running_clock",
     # admission spelled out, for benchmarks and experts (`Engine(admission=AdmissionTuning(...))`):
-    # its order (a scheduling policy), the knee's and the deadline gate's settings
-    "AdmissionTuning", "Policy", "ProgramView", "Headroom", "DeadlineGate",
+    # its order (a scheduling policy), the knee's and the deadline gate's settings; a
+    # backend's throughput knee learned from its calls (a router learns one per replica)
+    "AdmissionTuning", "Policy", "ProgramView", "Headroom", "DeadlineGate", "KneeController",
     # stores (`Engine(store=...)`, the `plait.stores` entry points): the durable log
     "Store", "StoreBatch", "CallRecord", "EventRecord", "WorkflowRow", "WorkflowStatus",
     "Claimed", "StoreSize", "BatchRefusedError", "LeaseLostError", "TextNotStorableError",

@@ -776,46 +776,34 @@ def _two_replicas(kind: str) -> dict[str, object]:
 
 
 @pytest.mark.parametrize("kind", ["sim", "router"])
-def test_urgent_lanes_are_auto_by_default_and_a_number_or_auto(kind: str, tmp_path: Path) -> None:
+def test_lanes_are_learned_and_their_old_keys_say_what_became_of_them(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A router from a file keeps "auto" lanes sized by the replicas' learned knee, takes no
+    batch call on a lane beside tight urgent work, and shares 32 beside `shareable` work;
+    the keys that once set these are refused, each saying what to do instead."""
     table = _two_replicas(kind)
-
-    def lanes(**extra: object) -> tuple[object, int, int]:
-        [backend] = backends_from_config({"backends": {"d": {**table, **extra}}}).values()
-        assert isinstance(backend, Router)
-        lanes = backend.lane_policy
-        return lanes.urgent_lanes, lanes.urgent_calls, lanes.batch_in_flight
-
-    assert lanes() == ("auto", 96, 0)  # a lane takes no batch call while urgent work is around
-    assert lanes(urgent_lanes=0) == (0, 96, 0)
-    assert lanes(urgent_lanes="auto", lane_urgent_calls=8, lane_batch_in_flight=2) == ("auto", 8, 2)
-    for bad in ("many", -1, True, 1.5):
-        with pytest.raises(UsageError, match=r"urgent_lanes: give a number of replicas \(0 or"):
-            lanes(urgent_lanes=bad)
-    with pytest.raises(UsageError, match="lane_urgent_calls"):
-        lanes(lane_urgent_calls=0)
-    said = []
-    for extra in ({}, {"urgent_lanes": 0}, {"urgent_lanes": 2}):
-        path = write(tmp_path, f"{kind}.toml", toml_table({**table, **extra}))
-        out = io.StringIO()
-        assert main(["config", "check", str(path)], out=out) == 0
-        said.append(out.getvalue())
-    assert (
-        "urgent lanes auto (one per 96 urgent calls while batch work is around; "
-        "cleared of batch calls as they form; up to 32 batch calls beside urgent work with "
-        "its remaining time to spare (slack policy))"
-    ) in said[0]
-    assert "no urgent lanes" in said[1] and "2 urgent lane(s)" in said[2]
-
-
-def test_paced_prefill_on_lanes_is_configured_and_checked() -> None:
-    lanes = {"kind": "sim", "replicas": 2, "urgent_lanes": 1, "lane_batch_programs": 1}
-    [router] = backends_from_config(
-        {"backends": {"d": {**lanes, "lane_prefill_tokens": 128}}}
-    ).values()
-    assert isinstance(router, Router) and router.lane_prefill_tokens == 128
-    assert router.lane_batch_programs == 1 and router.urgent_lanes == 1
-    with pytest.raises(UsageError, match=r"lane_prefill_tokens=8\) must be at least block"):
-        backends_from_config({"backends": {"d": {**lanes, "lane_prefill_tokens": 8}}})
+    [backend] = backends_from_config({"backends": {"d": table}}).values()
+    assert isinstance(backend, Router)
+    lanes = backend.lane_policy
+    assert (lanes.urgent_lanes, lanes.learns_calls, lanes.batch_in_flight) == ("auto", True, 0)
+    assert lanes.share_calls == 32
+    for key, value in (
+        ("urgent_lanes", 1),
+        ("lane_urgent_calls", 8),
+        ("lane_batch_in_flight", 2),
+        ("lane_batch_programs", 1),
+        ("lane_prefill_tokens", 128),
+        ("lane_share_calls", 0),
+        ("lane_quiet_s", 1.0),
+    ):
+        with pytest.raises(UsageError, match=f"{key}: no longer a key: lanes size themselves"):
+            backends_from_config({"backends": {"d": {**table, key: value}}})
+        path = write(tmp_path, f"{kind}.toml", toml_table({**table, key: value}))
+        assert main(["config", "check", str(path)], out=io.StringIO()) == 2
+        assert "Router(lanes=LaneTuning(...))" in capsys.readouterr().err
+    with pytest.raises(UsageError, match="lane_share_slack.*no longer a key.*shareable"):
+        backends_from_config({"backends": {"d": {**table, "lane_share_slack": 2.0}}})
 
 
 @pytest.mark.parametrize("kind", ["sim", "router"])
@@ -832,13 +820,14 @@ def test_a_new_lane_is_cleared_of_batch_calls_unless_the_config_says_not(
     assert clears() is True
     assert clears(lane_clear=False) is False
     said = []
-    for extra in ({}, {"lane_clear": False}, {"lane_batch_programs": 1}):
+    for extra in ({}, {"lane_clear": False}):
         out = io.StringIO()
         path = write(tmp_path, f"{kind}.toml", toml_table({**table, **extra}))
         assert main(["config", "check", str(path)], out=out) == 0
         said.append(out.getvalue())
+    assert "urgent lanes as the urgent load needs" in said[0]
     assert "cleared of batch calls as they form" in said[0]
-    assert "left to drain" in said[1] and "batch programs on them left to finish" in said[2]
+    assert "left to drain" in said[1]
     with pytest.raises(UsageError, match="lane_clear"):
         clears(lane_clear="sometimes")
 
@@ -902,32 +891,6 @@ def test_the_admission_mode_is_set_from_the_file_and_retired_keys_say_what_to_wr
     err = capsys.readouterr().err
     assert "engine.policy: no longer a key: the order follows the admission mode" in err
     assert "engine.gate: no longer a key: the deadline gate is part of" in err
-
-
-@pytest.mark.parametrize("kind", ["sim", "router"])
-def test_a_lane_shares_with_roomy_urgent_work_as_the_config_says(kind: str, tmp_path: Path) -> None:
-    table = _two_replicas(kind)
-
-    def share(**extra: object) -> int:
-        [backend] = backends_from_config({"backends": {"d": {**table, **extra}}}).values()
-        assert isinstance(backend, Router)
-        return backend.lane_policy.share_calls
-
-    assert share() == 32
-    assert share(lane_share_calls=0) == 0
-    with pytest.raises(UsageError, match="lane_share_calls"):
-        share(lane_share_calls=-1)
-    # The margin is the engine's (its shareable class): an old file's key says so.
-    with pytest.raises(UsageError, match="lane_share_slack.*no longer a key.*shareable"):
-        share(lane_share_slack=2.0)
-    said = []
-    for extra in ({}, {"lane_share_calls": 0}):
-        out = io.StringIO()
-        path = write(tmp_path, f"{kind}.toml", toml_table({**table, **extra}))
-        assert main(["config", "check", str(path)], out=out) == 0
-        said.append(out.getvalue())
-    assert "up to 32 batch calls beside urgent work with its remaining time" in said[0]
-    assert "beside urgent work" not in said[1]
 
 
 # --- plait config check: every example, every mistake at once ----------------------------------

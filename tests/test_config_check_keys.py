@@ -39,12 +39,7 @@ VALUES: dict[type[BaseModel], dict[str, Any]] = {
         "tokenizer": "gpt2",
         "kv_cache_tokens": 50_000,
         "min_shared_blocks": 4,
-        "urgent_lanes": 1,
-        "lane_urgent_calls": 48,
-        "lane_batch_in_flight": 2,
-        "lane_batch_programs": 1,
-        "lane_prefill_tokens": 512,
-        "lane_share_calls": 8,
+        "lane_clear": False,
     },
     SimSettings: {
         "profile": "cpu-tiny",
@@ -52,12 +47,7 @@ VALUES: dict[type[BaseModel], dict[str, Any]] = {
         "replicas": 3,
         "max_imbalance": 2.0,
         "min_shared_blocks": 4,
-        "urgent_lanes": 1,
-        "lane_urgent_calls": 48,
-        "lane_batch_in_flight": 2,
-        "lane_batch_programs": 1,
-        "lane_prefill_tokens": 512,
-        "lane_share_calls": 8,
+        "lane_clear": False,
     },
     ServiceSettings: {
         "host": "0.0.0.0",
@@ -101,7 +91,6 @@ NEEDS: dict[str, dict[str, Any]] = {
     "min_shared_blocks": {"group_prefixes": True},
     "engine_id": {"lease_s": 10.0},
     "notify": {"lease_s": 10.0},
-    "lane_urgent_calls": {"urgent_lanes": "auto"},
 }
 NOT_SHOWN = {
     (TenantSettings, "name"): "the check lists the tenants by name",

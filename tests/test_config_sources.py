@@ -18,7 +18,6 @@ from pydantic_core import PydanticUndefined
 from executors import OpenAIBackend, PrefixGrouper, Router, SimServer
 from executors._config import (
     EndpointSettings,
-    LaneOptions,
     LaneSettings,
     RouterMember,
     RouterSettings,
@@ -84,7 +83,7 @@ ROUTER_OWN = {
     "say it; a sim's profile)",
     "clock": "the run's clock",
     "peers": "set by plait serve when engines share a store (join_peers)",
-    "lane_quiet_s": "internal tuning: how long a lane outlasts its last urgent call",
+    "lanes": "the lane policy spelled out (LaneTuning), for experiments: no config sets it",
 }
 GROUPER_OWN = {
     "backend": "the router (or server) it wraps",
@@ -240,9 +239,11 @@ def test_a_config_models_types_are_the_classes(pair: Pair) -> None:
 
 
 def test_the_lane_keys_are_the_router_arguments_of_the_same_names() -> None:
-    assert set(LaneOptions.__annotations__) == set(LaneSettings.model_fields)
     router = set(inspect.signature(Router).parameters)
     assert set(LaneSettings.model_fields) <= router
+    retired = LaneSettings.retired()
+    assert {"urgent_lanes", "lane_urgent_calls", "lane_quiet_s"} <= set(retired)
+    assert all("LaneTuning" in retired[k] for k in retired if k != "lane_share_slack")
 
 
 def test_a_router_member_takes_the_endpoint_keys_a_router_passes_down() -> None:

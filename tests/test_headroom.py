@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from agents import Agent
-from executors import FunctionLLM, SimServer
+from executors import FunctionLLM, LaneTuning, SimServer
 from orchestrator import (
     Engine,
     Event,
@@ -352,14 +352,14 @@ def test_a_router_with_urgent_lanes_gets_no_knee_over_all_its_replicas() -> None
         return {f"r{i}": FunctionLLM(lambda req, hints: "ok") for i in range(2)}
 
     async def main() -> tuple[list[str], list[str]]:
-        lanes = Router(replicas(), urgent_lanes=1)
-        plain = Router(replicas(), urgent_lanes=0)
+        lanes = Router(replicas(), lanes=LaneTuning(lanes=1))
+        plain = Router(replicas(), lanes=LaneTuning(lanes=0))
         auto = Router(replicas())  # the default: lanes while urgent and batch work meet
         async with Engine(backends={"lanes": lanes, "plain": plain, "auto": auto}) as engine:
             learned = [k.backend for k in engine.stats().knees]
         fixed = {"lanes": Limits(batch_in_flight=8)}
         async with Engine(
-            backends={"lanes": Router(replicas(), urgent_lanes=1)}, limits=fixed
+            backends={"lanes": Router(replicas(), lanes=LaneTuning(lanes=1))}, limits=fixed
         ) as e:
             overridden = [k.backend for k in e.stats().knees]
         return learned, overridden

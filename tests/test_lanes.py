@@ -6,7 +6,7 @@ from typing import Literal
 
 import pytest
 
-from executors._lanes import Heard, Lanes, is_tight, is_urgent, to_move
+from executors._lanes import Heard, Lanes, LaneTuning, is_tight, is_urgent, to_move
 from orchestrator import Hints
 from orchestrator.ext import ServiceClass
 
@@ -25,12 +25,14 @@ def lanes(
     return Lanes(
         n,
         range(n),
-        urgent_lanes=urgent_lanes,
-        urgent_calls=urgent_calls,
-        batch_in_flight=batch_in_flight,
-        batch_programs=batch_programs,
-        quiet_s=5.0,
-        share_calls=share_calls,
+        LaneTuning(
+            lanes=urgent_lanes,
+            urgent_calls=urgent_calls,
+            batch_in_flight=batch_in_flight,
+            batch_programs=batch_programs,
+            quiet_s=5.0,
+            share_calls=share_calls,
+        ),
     )
 
 

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_service import Api, Gate, on_stores
 
 from agents import Agent
-from executors import FunctionLLM, echo
+from executors import FunctionLLM, LaneTuning, echo
 from orchestrator import Engine, Hints, LLMRequest, Message, Usage, VirtualClock, Workflow
 from orchestrator.model._events import CallRetrying, TaskRetrying, TaskSucceeded, WorkflowFinished
 from orchestrator.service._metrics import Metrics
@@ -206,7 +206,9 @@ def test_a_routers_urgent_lanes_are_on_metrics() -> None:
             return "ok"
 
         replicas = {f"r{i}": FunctionLLM(held) for i in range(3)}
-        router = Router(replicas, health_interval_s=None, lane_quiet_s=1.0, clock=clock)
+        router = Router(
+            replicas, health_interval_s=None, lanes=LaneTuning(quiet_s=1.0), clock=clock
+        )
         seen = []
         async with Engine(backends={"default": router}, clock=clock) as engine:
             metrics = Metrics(engine)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from executors import FunctionLLM, SimServer
+from executors import FunctionLLM, LaneTuning, SimServer
 from executors._prefix import prompt_hashes
 from executors._router import Router
 from executors._simtext import render
@@ -387,7 +387,7 @@ def test_urgent_lanes_keep_urgent_calls_apart_from_batch_calls(clock: VirtualClo
         return Hints(program_id=f"b{n}", service="slack_rich")
 
     async def main() -> tuple[list[str], list[str], list[str], int, bool]:
-        async with Router(llms, clock=clock, urgent_lanes=1, lane_quiet_s=5.0) as router:
+        async with Router(llms, clock=clock, lanes=LaneTuning(lanes=1, quiet_s=5.0)) as router:
             lane = router.names[0]
             calls = [_ask(f"urgent {i}") for i in range(6)]
             bulk = [_ask(f"batch {i}") for i in range(30)]
@@ -458,7 +458,7 @@ def test_auto_lanes_count_batch_work_routed_lately_as_around(clock: VirtualClock
     urgent = Hints(program_id="q", service="urgent")
 
     async def main() -> tuple[set[str], set[str]]:
-        async with Router(llms, clock=clock, lane_quiet_s=5.0) as router:
+        async with Router(llms, clock=clock, lanes=LaneTuning(quiet_s=5.0)) as router:
             await asyncio.gather(
                 *(router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}")) for i in range(6))
             )
@@ -484,7 +484,9 @@ def test_auto_lanes_grow_with_the_urgent_load_and_shrink_when_it_falls(
     urgent = Hints(program_id="q", service="urgent")
 
     async def main() -> tuple[set[str], set[str], set[str]]:
-        async with Router(llms, clock=clock, lane_urgent_calls=4, lane_quiet_s=5.0) as router:
+        async with Router(
+            llms, clock=clock, lanes=LaneTuning(urgent_calls=4, quiet_s=5.0)
+        ) as router:
             async with asyncio.TaskGroup() as tg:
                 for i in range(40):  # batch work around throughout
                     tg.create_task(router.complete(_ask(f"batch {i}"), Hints(program_id=f"b{i}")))
@@ -524,7 +526,7 @@ def test_auto_lanes_shrink_as_batch_calls_are_routed(clock: VirtualClock) -> Non
 
     async def main() -> int:
         async with (
-            Router(llms, clock=clock, lane_urgent_calls=4, lane_quiet_s=5.0) as router,
+            Router(llms, clock=clock, lanes=LaneTuning(urgent_calls=4, quiet_s=5.0)) as router,
             asyncio.TaskGroup() as tg,
         ):
             for i in range(4):
@@ -549,7 +551,9 @@ def test_batch_calls_on_a_lane_are_capped_while_urgent_work_is_around(clock: Vir
     seen: list[int] = []
 
     async def main() -> None:
-        async with Router(llms, clock=clock, urgent_lanes=1, lane_batch_in_flight=2) as router:
+        async with Router(
+            llms, clock=clock, lanes=LaneTuning(lanes=1, batch_in_flight=2)
+        ) as router:
             lane, urgent = 0, Hints(program_id="q", service="urgent")
 
             async def one(i: int) -> None:
@@ -579,7 +583,10 @@ def test_by_default_a_lane_takes_no_batch_call_while_urgent_work_is_around(
     later = [_ask(f"batch later {i}") for i in range(20)]
 
     async def main() -> None:
-        async with Router(llms, clock=clock, urgent_lanes=1) as router, asyncio.TaskGroup() as tg:
+        async with (
+            Router(llms, clock=clock, lanes=LaneTuning(lanes=1)) as router,
+            asyncio.TaskGroup() as tg,
+        ):
             tg.create_task(router.complete(_ask("urgent"), urgent))
             await asyncio.sleep(0)  # in flight on the lane
             for i, request in enumerate(batch):
@@ -686,7 +693,7 @@ def test_a_lane_keeps_its_first_batch_calls_up_to_the_cap(clock: VirtualClock) -
     llms = _named(2)
 
     async def main() -> tuple[int, int]:
-        async with Router(llms, clock=clock, lane_batch_in_flight=2) as router:
+        async with Router(llms, clock=clock, lanes=LaneTuning(batch_in_flight=2)) as router:
             sent = _send_batch(router, 20)
             await clock.sleep(10.0)
             before = router.stats()[0].in_flight
@@ -800,7 +807,7 @@ def test_a_lane_by_programs_takes_a_program_s_calls_together(clock: VirtualClock
 
     async def main() -> None:
         async with Router(
-            llms, clock=clock, urgent_lanes=1, lane_batch_in_flight=0, lane_batch_programs=1
+            llms, clock=clock, lanes=LaneTuning(lanes=1, batch_in_flight=0, batch_programs=1)
         ) as router:
             urgent = Hints(program_id="q", service="urgent")
             async with asyncio.TaskGroup() as tg:
@@ -860,7 +867,7 @@ def test_paced_prefill_sends_a_lane_s_batch_prompt_in_aligned_pieces_once(
 
     async def main() -> tuple[int, int]:
         async with Router(
-            llms, clock=clock, urgent_lanes=1, lane_batch_programs=1, lane_prefill_tokens=256
+            llms, clock=clock, lanes=LaneTuning(lanes=1, batch_programs=1, prefill_tokens=256)
         ) as router:
             async with asyncio.TaskGroup() as tg:
                 await _lane_in_use(router, tg)
@@ -901,9 +908,7 @@ def test_paced_prefill_leaves_the_prompt_cached_on_the_simulated_server(
             router = Router(
                 {"lane": lane, "other": other},
                 clock=clock,
-                urgent_lanes=1,
-                lane_batch_programs=1,
-                lane_prefill_tokens=512,
+                lanes=LaneTuning(lanes=1, batch_programs=1, prefill_tokens=512),
             )
             async with router:
                 async with asyncio.TaskGroup() as tg:
@@ -934,7 +939,7 @@ def test_paced_prefill_only_on_lanes_while_urgent_work_is_around(clock: VirtualC
 
     async def main() -> tuple[int, str]:
         async with Router(
-            llms, clock=clock, urgent_lanes=1, lane_batch_programs=1, lane_prefill_tokens=256
+            llms, clock=clock, lanes=LaneTuning(lanes=1, batch_programs=1, prefill_tokens=256)
         ) as router:
             await router.complete(quiet_call, Hints(program_id="a"))  # nothing urgent yet
             quiet = router.pieces.sent
@@ -967,7 +972,7 @@ def test_a_piece_that_does_not_land_is_sent_by_the_call_waiting_for_it(
 
     async def main() -> None:
         async with Router(
-            llms, clock=clock, urgent_lanes=1, lane_batch_programs=1, lane_prefill_tokens=256
+            llms, clock=clock, lanes=LaneTuning(lanes=1, batch_programs=1, prefill_tokens=256)
         ) as router:
             async with asyncio.TaskGroup() as tg:
                 await _lane_in_use(router, tg)
@@ -1010,9 +1015,7 @@ def test_with_a_tokenizer_pieces_are_cut_by_its_tokens(clock: VirtualClock) -> N
             Router(
                 llms,
                 clock=clock,
-                urgent_lanes=1,
-                lane_batch_programs=1,
-                lane_prefill_tokens=256,
+                lanes=LaneTuning(lanes=1, batch_programs=1, prefill_tokens=256),
                 tokenize=tokenize,
             ) as router,
             asyncio.TaskGroup() as tg,
@@ -1029,18 +1032,18 @@ def test_with_a_tokenizer_pieces_are_cut_by_its_tokens(clock: VirtualClock) -> N
 
 def test_lanes_need_a_replica_left_for_batch_and_no_negative_settings() -> None:
     llms = {"a": FunctionLLM(lambda req, hints: "ok"), "b": FunctionLLM(lambda req, hints: "ok")}
-    with pytest.raises(UsageError, match="urgent_lanes=-1"):
-        Router(llms, urgent_lanes=-1)
-    with pytest.raises(UsageError, match="lane_batch_programs=-1"):
-        Router(llms, urgent_lanes=1, lane_batch_programs=-1)
-    with pytest.raises(UsageError, match="lane_prefill_tokens=8"):
-        Router(llms, urgent_lanes=1, lane_prefill_tokens=8)  # less than a block
-    with pytest.raises(UsageError, match="urgent_lanes='many'"):
-        Router(llms, urgent_lanes="many")  # type: ignore[arg-type]
-    with pytest.raises(UsageError, match="lane_urgent_calls=0"):
-        Router(llms, lane_urgent_calls=0)
+    with pytest.raises(UsageError, match="lanes=-1"):
+        Router(llms, lanes=LaneTuning(lanes=-1))
+    with pytest.raises(UsageError, match="batch_programs=-1"):
+        Router(llms, lanes=LaneTuning(lanes=1, batch_programs=-1))
+    with pytest.raises(UsageError, match="prefill_tokens=8"):
+        Router(llms, lanes=LaneTuning(lanes=1, prefill_tokens=8))  # less than a block
+    with pytest.raises(UsageError, match="lanes='many'"):
+        Router(llms, lanes=LaneTuning(lanes="many"))  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="urgent_calls=0"):
+        Router(llms, lanes=LaneTuning(urgent_calls=0))
     assert Router(llms).isolates_urgent()  # "auto" by default
-    assert not Router(llms, urgent_lanes=0).isolates_urgent()
+    assert not Router(llms, lanes=LaneTuning(lanes=0)).isolates_urgent()
     assert not Router({"a": llms["a"]}).isolates_urgent()  # one replica: never a lane
 
 
@@ -1066,7 +1069,7 @@ def test_a_lane_shares_with_urgent_work_that_has_slack_to_spare_and_not_with_the
 
     async def main() -> tuple[list[int], int, list[str], int]:
         nonlocal router
-        async with Router(llms, clock=clock, lane_share_calls=share) as router:
+        async with Router(llms, clock=clock, lanes=LaneTuning(share_calls=share)) as router:
             sent = batch("a", 2)  # one on each replica
             await clock.sleep(1.0)
             asked = asyncio.ensure_future(router.complete(_ask("urgent roomy"), roomy))
@@ -1113,7 +1116,9 @@ def test_a_tight_program_keeps_the_lane_unshared_until_it_has_room_or_ends(
     sent: list[asyncio.Future[LLMResponse]] = []
 
     async def main() -> list[int]:
-        async with Router(llms, clock=clock, lane_share_calls=4, lane_quiet_s=5.0) as router:
+        async with Router(
+            llms, clock=clock, lanes=LaneTuning(share_calls=4, quiet_s=5.0)
+        ) as router:
 
             async def beside_roomy(tag: str) -> int:
                 asked = asyncio.ensure_future(router.complete(_ask(f"urgent {tag}"), roomy))

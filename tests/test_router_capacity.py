@@ -14,7 +14,14 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from executors import OpenAIBackend, PrefixGrouper, Router, SimServer, backends_from_config
+from executors import (
+    LaneTuning,
+    OpenAIBackend,
+    PrefixGrouper,
+    Router,
+    SimServer,
+    backends_from_config,
+)
 from executors._capacity import size_router
 from orchestrator import Engine, UsageError, VirtualClock
 from orchestrator.ext import ServerCapacity
@@ -219,10 +226,10 @@ def test_a_router_the_engine_is_given_unentered_is_sized_as_the_engine_starts() 
 def test_paced_prefill_finer_than_the_replicas_block_is_refused_as_the_router_starts() -> None:
     async def main() -> None:
         sims = {"a": SimServer("cpu-tiny"), "b": SimServer("cpu-tiny", seed=1)}
-        async with Router(sims, health_interval_s=None, lane_prefill_tokens=64):
+        async with Router(sims, health_interval_s=None, lanes=LaneTuning(prefill_tokens=64)):
             pass
 
-    with pytest.raises(UsageError, match=r"lane_prefill_tokens=64\) is less than .* \(128 tokens"):
+    with pytest.raises(UsageError, match=r"prefill_tokens=64\) is less than .* \(128 tokens"):
         VirtualClock().run(main())
 
 

@@ -48,15 +48,7 @@ ADMISSION_SETTINGS = {
     "[engine]": {"admission", "deadline"},
     "[limits.*]": {"max_in_flight", "max_waiting", "batch_in_flight", "hold_back"},
     "per run": {"deadline", "priority", "late"},
-    "router": {
-        "urgent_lanes",
-        "lane_urgent_calls",
-        "lane_batch_in_flight",
-        "lane_batch_programs",
-        "lane_prefill_tokens",
-        "lane_clear",
-        "lane_share_calls",
-    },
+    "router": {"lane_clear"},
 }
 
 
