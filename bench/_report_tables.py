@@ -815,7 +815,63 @@ def gpu_prefill(results: Results) -> str:
 
 @renders
 def gpu_decode(results: Results) -> str:
-    record = results("gpu_profile", GPU)
+    return _decode_table(results("gpu_profile", GPU))
+
+
+@renders
+def gpu_h200_terms(results: Results) -> str:
+    record = results("gpu_profile-h200", GPU)
+    chunks = results("gpu_profile-chunks-h200", "python bench/gpu_profile.py --chunks --out DIR")
+    f = record["figures"]
+    fitted, assumed = f["fitted"], f["assumed_h100_llama3_8b"]
+    rows = [
+        [
+            "step overhead, ms",
+            num(fitted["step_overhead_s"] * 1e3, ".2f"),
+            num(assumed["step_overhead_s"] * 1e3, ".2f"),
+        ],
+        [
+            "prefill, tokens/s",
+            num(fitted["prefill_tokens_per_s"], ",.0f"),
+            num(assumed["prefill_tokens_per_s"], ",.0f"),
+        ],
+        [
+            "decode, us per sequence",
+            num(fitted["decode_s_per_seq"] * 1e6, ".1f"),
+            num(assumed["decode_s_per_seq"] * 1e6, ".1f"),
+        ],
+        [
+            "decode, ns per context token",
+            num(fitted["decode_s_per_context_token"] * 1e9, ".1f"),
+            num(assumed["decode_s_per_context_token"] * 1e9, ".1f"),
+        ],
+    ]
+    terms = table(["term", "H200, fitted", "`h100-llama3-8b` profile"], rows)
+    added: dict[int, dict[int, float]] = {}
+    for step in chunks["figures"]["chunk_steps"]:
+        if step["context"] == 2048 and step["chunk"] and "chunk_added_s" in step:
+            added.setdefault(step["batch"], {})[step["chunk"]] = step["chunk_added_s"]
+    sizes = sorted({c for by in added.values() for c in by})
+    rows = [
+        [f"B = {b}", *(num(added[b][c] * 1e3, ".2f") if c in added[b] else "" for c in sizes)]
+        for b in sorted(added)
+    ]
+    chunk_table = table(
+        ["ms a chunk adds on the H200, L = 2,048", *(f"{c:,} tokens" for c in sizes)], rows
+    )
+    worst = fitted["decode_fit_worst_relative_error"]
+    return (
+        terms
+        + f"\n\nThe fitted decode terms miss the measured steps by at most {worst:.0%}.\n\n"
+        + _decode_table(record)
+        + "\n\n"
+        + chunk_table
+        + "\n\n"
+        + provenance(record, chunks)
+    )
+
+
+def _decode_table(record: dict[str, Any]) -> str:
     f = record["figures"]
     steps = {(d["batch"], d["context"]): d["s"] for d in f["decode"]}
     fused = {(d["batch"], d["context"]): d["compiled_s"] for d in f.get("compiled_decode", [])}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import statistics
 import zlib
 from typing import Any
 
@@ -1171,3 +1172,34 @@ def test_prefixes_are_known_per_cache_salt(clock: VirtualClock) -> None:
     mine, other, unsalted = clock.run(main())
     assert max(mine) == len(prompt_hashes(request, 16))  # where it went, all of it
     assert other == [0, 0] and unsalted == [0, 0]
+
+
+def test_auto_lanes_are_sized_by_the_replicas_learned_knee(clock: VirtualClock) -> None:
+    """Until a knee is learned a lane serves as many urgent calls as a replica runs at once
+    (as the servers say it); each call the router sends teaches its replica's knee, and the
+    lanes' size becomes the median of those learned. A count given in `LaneTuning` stays."""
+
+    def wave(level: int) -> list[LLMRequest]:
+        return [
+            LLMRequest((Message("user", f"w{level}-{i} " + "words " * 200),), "m", max_tokens=64)
+            for i in range(level)
+        ]
+
+    async def main(tuning: LaneTuning) -> tuple[int, int, list[int | None]]:
+        servers = {f"r{i}": SimServer("h100-llama3-8b", clock=clock, seed=i) for i in range(2)}
+        async with Router(servers, clock=clock, health_interval_s=None, lanes=tuning) as router:
+            before = router.lane_policy.urgent_calls
+            for level in (2, 8, 32, 128, 256):  # waves at growing load, over both replicas
+                requests = wave(level)
+                await asyncio.gather(
+                    *(router.complete(r, Hints(program_id=f"b{i}")) for i, r in enumerate(requests))
+                )
+            return before, router.lane_policy.urgent_calls, [k.knee() for k in router.knees]
+
+    before, after, knees = clock.run(main(LaneTuning()))
+    assert before == SimServer("h100-llama3-8b").profile.max_num_seqs
+    learned = [k for k in knees if k is not None]
+    assert len(learned) == 2
+    assert after == round(statistics.median(learned)) and after < before
+    fixed = clock.run(main(LaneTuning(urgent_calls=7)))
+    assert fixed[:2] == (7, 7)
