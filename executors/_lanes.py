@@ -76,8 +76,13 @@ class LaneTuning:
     replica runs at once as it says, else 256). `batch_in_flight`: the batch calls a lane takes
     while urgent work is around. `batch_programs`: instead of counting calls, the batch
     programs a lane takes at once (their calls go there together; no clearing).
-    `quiet_s`: how long urgent (or batch) work counts as around after its last call was
-    routed. `prefill_tokens`: a batch call's uncached prompt on a lane is computed in pieces
+    `pauses`: True (the default) keeps urgent work around after an urgent call ends for
+    the pause its program is expected to take before its next call (`Hints.keep_alive_s`,
+    learned by the engine from the tools' pauses), at most `quiet_s`: a lane held through a
+    short pause is freed as the program moves on; False, or a call without one: for
+    `quiet_s` after it was routed. `quiet_s`: also how long batch work counts as around
+    after its last call was routed, and how long fewer lanes must do before one is given
+    back. `prefill_tokens`: a batch call's uncached prompt on a lane is computed in pieces
     of at most this many tokens first (paced prefill). `share_calls`: the batch calls a lane
     takes while every urgent program around is `shareable`."""
 
@@ -86,6 +91,7 @@ class LaneTuning:
     batch_in_flight: int = 0
     batch_programs: int | None = None
     quiet_s: float = 5.0
+    pauses: bool = True
     prefill_tokens: int | None = None
     share_calls: int = 32
 
@@ -130,6 +136,10 @@ class Lanes:
         self.batch_in_flight = tuning.batch_in_flight
         self.batch_programs = tuning.batch_programs
         self.quiet_s = tuning.quiet_s
+        self.pauses = tuning.pauses
+        self._next_urgent: dict[str, float] = {}
+        """Urgent programs between calls: until when each keeps urgent work around (its
+        last call's end plus the pause it carried, at most `quiet_s`)."""
         self.share_calls = tuning.share_calls
         self.auto_lanes = 1
         """With "auto": the lanes the urgent load needs (while batch work is around too)."""
@@ -158,11 +168,22 @@ class Lanes:
         if not urgent:
             self.programs[replica][program] += 1
 
-    def ended(self, replica: int, urgent: bool, tight: bool, program: str, now: float) -> None:
-        """A call sent to `replica` ended (answered, failed or moved)."""
+    def ended(
+        self,
+        replica: int,
+        urgent: bool,
+        tight: bool,
+        program: str,
+        now: float,
+        pause: float | None = None,
+    ) -> None:
+        """A call sent to `replica` ended (answered, failed or moved); `pause`: how long its
+        program is expected to pause before its next call (`Hints.keep_alive_s`)."""
         self.batch_now[replica] -= not urgent
         self.urgent_now -= urgent
         self._tight_now -= tight
+        if urgent and self.pauses and pause is not None:
+            self._next_urgent[program] = now + min(pause, self.quiet_s)
         if not urgent:
             on = self.programs[replica]
             on[program] -= 1
@@ -172,6 +193,7 @@ class Lanes:
     def program_done(self, program: str) -> None:
         """`program` ended: it keeps no lane unshared any more."""
         self._tight_programs.discard(program)
+        self._next_urgent.pop(program, None)
 
     # --- deciding ------------------------------------------------------------------------
 
@@ -185,18 +207,22 @@ class Lanes:
         program: str,
         now: float,
         heard: Heard = NO_PEERS,
+        pause: float | None = None,
     ) -> Routed:
         """The replicas a call may go to. Urgent calls go only to the lanes; batch calls go
         there only up to `batch_in_flight` at once (`share_calls` while every urgent program
         around can afford longer steps: `cap`; with `batch_programs`: only calls of a
         program already there, or of a new one while fewer programs than that are) while an
-        urgent call is in flight or was routed in the last `quiet_s` seconds, so that urgent
-        calls find short steps (a batch's prefill shares every step of its server). Routing
-        an urgent call also asks for the lanes to be cleared down to the cap."""
+        urgent call is around (`urgent_around`), so that urgent calls find short steps (a
+        batch's prefill shares every step of its server). Routing an urgent call also asks
+        for the lanes to be cleared down to the cap. `pause`: the call's program is expected
+        to pause that long after it (`Hints.keep_alive_s`; None: not known)."""
         if self.urgent_lanes == "auto":
             self._size(urgent, now, heard)
         if urgent:
-            self._urgent_seen = now
+            self._next_urgent.pop(program, None)
+            if not (self.pauses and pause is not None):
+                self._urgent_seen = now
             if tight:
                 self._tight_programs.add(program)
             else:
@@ -261,11 +287,17 @@ class Lanes:
         return max(self.batch_in_flight, self.share_calls)
 
     def urgent_around(self, now: float, heard: Heard = NO_PEERS) -> bool:
-        """An urgent call is in flight (this router's, or a peer's as heard), or one was
-        routed here in the last `quiet_s`."""
+        """An urgent call is in flight (this router's, or a peer's as heard), an urgent
+        program is within the pause expected after its last call, or an urgent call without
+        an expected pause was routed here in the last `quiet_s`."""
         seen = self._urgent_seen
         recent = seen is not None and now - seen <= self.quiet_s
-        return recent or heard.urgent_in_flight > 0 or self.urgent_now > 0
+        if recent or heard.urgent_in_flight > 0 or self.urgent_now > 0:
+            return True
+        waiting = self._next_urgent
+        for program in [p for p, until in waiting.items() if until < now]:
+            del waiting[program]
+        return bool(waiting)
 
     def batch_around(self, now: float, heard: Heard = NO_PEERS) -> bool:
         """A batch call is in flight (this router's, or a peer's as heard), or one was

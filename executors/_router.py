@@ -441,6 +441,7 @@ class Router(
                 program=hints.program_id,
                 now=self._now(),
                 heard=self._heard(),
+                pause=hints.keep_alive_s,
             )
             if routed.clear and self._clears_lanes():
                 self._clear(routed.clear, routed.cap)
@@ -504,7 +505,7 @@ class Router(
                 if self.peering is not None:
                     self.peering.served(seq)
                 self._in_flight[i] -= 1
-                lanes.ended(i, urgent, tight, hints.program_id, self._now())
+                lanes.ended(i, urgent, tight, hints.program_id, self._now(), hints.keep_alive_s)
                 if hints.last_call:
                     lanes.program_done(hints.program_id)
         if busy:

@@ -415,7 +415,7 @@ def test_behind_a_router_with_lanes_an_urgent_call_finds_the_reserve_free() -> N
 
 
 def test_a_run_with_a_near_deadline_gets_the_lane_whatever_its_class() -> None:
-    """Behind the default router (`urgent_lanes="auto"`), while batch work runs: a run of
+    """Behind the default router ("auto" lanes), while batch work runs: a run of
     the default class ("batch") whose deadline is near is urgent work, and its calls go
     to the lane only; one whose deadline is far off is slack-rich, and its calls go where
     batch calls go. The engine tells the router (`Hints.urgent`)."""

@@ -112,6 +112,41 @@ def test_batch_calls_keep_off_a_lane_beyond_its_cap_while_urgent_work_is_around(
     assert later.allowed == ALL
 
 
+def test_a_lane_outlasts_an_urgent_call_by_the_pause_its_program_is_expected_to_take() -> None:
+    """With the learned pause (`Hints.keep_alive_s`) the lane is kept for it after the call
+    ends, at most `quiet_s`, and freed when the program calls again or ends; without one,
+    for `quiet_s` after the call was routed."""
+
+    def batch_allowed(policy: Lanes, now: float) -> bool:
+        routed = policy.route(ALL, ALL, urgent=False, tight=False, program="b", now=now)
+        return routed.allowed == ALL
+
+    policy = lanes(1, share_calls=0)
+    policy.route(ALL, ALL, urgent=True, tight=True, program="q", now=0.0, pause=1.0)
+    policy.started(0, urgent=True, tight=True, program="q")
+    policy.ended(0, urgent=True, tight=True, program="q", now=2.0, pause=1.0)
+    assert not batch_allowed(policy, 2.9)  # within the pause after the call
+    assert batch_allowed(policy, 3.1)  # the pause has passed: 5 s had not
+
+    policy.route(ALL, ALL, urgent=True, tight=True, program="q", now=10.0, pause=60.0)
+    policy.started(0, urgent=True, tight=True, program="q")
+    policy.ended(0, urgent=True, tight=True, program="q", now=11.0, pause=60.0)
+    assert not batch_allowed(policy, 15.9)
+    assert batch_allowed(policy, 16.1)  # a long pause holds the lane quiet_s at most
+    policy.route(ALL, ALL, urgent=True, tight=True, program="q", now=20.0, pause=3.0)
+    policy.started(0, urgent=True, tight=True, program="q")
+    policy.ended(0, urgent=True, tight=True, program="q", now=21.0, pause=3.0)
+    policy.program_done("q")
+    assert batch_allowed(policy, 21.1)  # its program ended: nothing to wait for
+
+    fixed = Lanes(4, range(4), LaneTuning(lanes=1, share_calls=0, pauses=False))
+    fixed.route(ALL, ALL, urgent=True, tight=True, program="q", now=0.0, pause=1.0)
+    fixed.started(0, urgent=True, tight=True, program="q")
+    fixed.ended(0, urgent=True, tight=True, program="q", now=2.0, pause=1.0)
+    assert not batch_allowed(fixed, 4.9)  # quiet_s after it was routed, whatever the pause
+    assert batch_allowed(fixed, 5.1)
+
+
 def test_a_lane_shares_only_while_every_urgent_program_around_is_shareable() -> None:
     policy = lanes(1, batch_in_flight=0, share_calls=3)
     assert policy.cap(tight=False, now=0.0) == 3

@@ -191,8 +191,8 @@ def test_the_knee_and_the_deadline_gate_are_on_metrics() -> None:
 
 def test_a_routers_urgent_lanes_are_on_metrics() -> None:
     """`plait_router_lanes`: none while only batch work runs, one once an interactive run's
-    call is in flight beside it (the default `urgent_lanes="auto"`), none once both have been
-    gone for longer than `lane_quiet_s` (virtual time)."""
+    call is in flight beside it ("auto" lanes, the default), none once both have been
+    gone for longer than `LaneTuning.quiet_s` (virtual time)."""
     from executors import Router
 
     clock = VirtualClock()
@@ -236,7 +236,7 @@ def test_a_routers_urgent_lanes_are_on_metrics() -> None:
             assert engine.stats().reserve_caps == (("default", 30),)
             answered.set()
             assert (await rows.result()).ok and (await asked.result()).ok
-            await clock.sleep(2.0)  # quiet for longer than lane_quiet_s
+            await clock.sleep(2.0)  # quiet for longer than the quiet time
             seen.append(lanes())
         return seen
 

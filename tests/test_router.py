@@ -379,7 +379,7 @@ def _ask(tag: str) -> LLMRequest:
 
 def test_urgent_lanes_keep_urgent_calls_apart_from_batch_calls(clock: VirtualClock) -> None:
     """One lane of three replicas: urgent calls go only to it; while they are around, batch
-    calls use it for at most two at once; once urgent calls stop for `lane_quiet_s`, batch
+    calls use it for at most two at once; once urgent calls stop for `LaneTuning.quiet_s`, batch
     calls use it again."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=10.0) for i in range(3)}
     urgent = Hints(program_id="q", service="urgent")
@@ -401,7 +401,7 @@ def test_urgent_lanes_keep_urgent_calls_apart_from_batch_calls(clock: VirtualClo
             urgent_at = [served_by(llms, r) for r in calls]
             bulk_on_lane = sum(served_by(llms, r) == lane for r in bulk)
             later = [_ask(f"later {i}") for i in range(30)]
-            await clock.sleep(6.0)  # no urgent call for longer than lane_quiet_s
+            await clock.sleep(6.0)  # no urgent call for longer than the quiet time
             await asyncio.gather(*(router.complete(r, batch(100 + i)) for i, r in enumerate(later)))
             later_on_lane = [served_by(llms, r) for r in later if served_by(llms, r) == lane]
             return urgent_at, [lane], later_on_lane, bulk_on_lane, router.isolates_urgent()
@@ -419,7 +419,7 @@ def _slow_batch(request: LLMRequest) -> float:
 
 
 def test_auto_lanes_only_while_batch_work_is_around(clock: VirtualClock) -> None:
-    """The default (`urgent_lanes="auto"`): urgent calls alone use every replica; once batch
+    """The default ("auto" lanes): urgent calls alone use every replica; once batch
     calls are around, urgent calls go only to the first replica, and batch calls use it for
     at most two at once."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=_slow_batch) for i in range(3)}
@@ -452,7 +452,7 @@ def test_auto_lanes_only_while_batch_work_is_around(clock: VirtualClock) -> None
 
 
 def test_auto_lanes_count_batch_work_routed_lately_as_around(clock: VirtualClock) -> None:
-    """Batch calls that ended less than `lane_quiet_s` ago still count as batch work around
+    """Batch calls that ended less than `LaneTuning.quiet_s` ago still count as batch work around
     (a batch job's next rows are coming): urgent calls then keep to the lane; once the
     batch has been quiet for longer, they use every replica."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=1.0) for i in range(3)}
@@ -466,7 +466,7 @@ def test_auto_lanes_count_batch_work_routed_lately_as_around(clock: VirtualClock
             await clock.sleep(2.0)  # the batch calls ended 2 s ago
             soon = [_ask(f"urgent {i}") for i in range(9)]
             await asyncio.gather(*(router.complete(r, urgent) for r in soon))
-            await clock.sleep(6.0)  # no batch call for longer than lane_quiet_s
+            await clock.sleep(6.0)  # no batch call for longer than the quiet time
             late = [_ask(f"urgent late {i}") for i in range(9)]
             await asyncio.gather(*(router.complete(r, urgent) for r in late))
         return {served_by(llms, r) for r in soon}, {served_by(llms, r) for r in late}
@@ -479,8 +479,8 @@ def test_auto_lanes_count_batch_work_routed_lately_as_around(clock: VirtualClock
 def test_auto_lanes_grow_with_the_urgent_load_and_shrink_when_it_falls(
     clock: VirtualClock,
 ) -> None:
-    """One lane for every `lane_urgent_calls` urgent calls in flight, never the last replica;
-    back to one once fewer have been in flight for `lane_quiet_s`."""
+    """One lane for every `LaneTuning.urgent_calls` urgent calls in flight, never the last replica;
+    back to one once fewer have been in flight for `LaneTuning.quiet_s`."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=_slow_batch) for i in range(4)}
     urgent = Hints(program_id="q", service="urgent")
 
@@ -495,7 +495,7 @@ def test_auto_lanes_grow_with_the_urgent_load_and_shrink_when_it_falls(
                 burst = [_ask(f"urgent {i}") for i in range(16)]
                 await asyncio.gather(*(router.complete(r, urgent) for r in burst))
                 soon = [_ask(f"urgent soon {i}") for i in range(3)]
-                for request in soon:  # one at a time, within lane_quiet_s: lanes kept
+                for request in soon:  # one at a time, within the quiet time: lanes kept
                     await router.complete(request, urgent)
                 await clock.sleep(6.0)
                 calm = [_ask(f"urgent calm {i}") for i in range(6)]
@@ -689,7 +689,7 @@ def test_a_moved_call_keeps_its_tries_and_returns_to_the_lane_if_nowhere_else_se
 
 
 def test_a_lane_keeps_its_first_batch_calls_up_to_the_cap(clock: VirtualClock) -> None:
-    """With `lane_batch_in_flight=2` a new lane keeps the first 2 of its batch calls and
+    """With `LaneTuning(batch_in_flight=2)` a new lane keeps the first 2 of its batch calls and
     moves the rest."""
     llms = _named(2)
 
@@ -799,7 +799,7 @@ def test_a_cleared_lane_on_simulated_servers_runs_the_urgent_call_alone(
 
 
 def test_a_lane_by_programs_takes_a_program_s_calls_together(clock: VirtualClock) -> None:
-    """With `lane_batch_programs=1` the lane takes the calls of one batch program while
+    """With `LaneTuning(batch_programs=1)` the lane takes the calls of one batch program while
     urgent work is around, and none of another's; the count of calls no longer applies
     (here 0, which alone would keep every batch call off the lane)."""
     llms = {f"r{i}": FunctionLLM(lambda req, hints: "ok", latency=10.0) for i in range(2)}
@@ -856,7 +856,7 @@ async def _lane_in_use(router: Router, tg: asyncio.TaskGroup) -> None:
 def test_paced_prefill_sends_a_lane_s_batch_prompt_in_aligned_pieces_once(
     clock: VirtualClock,
 ) -> None:
-    """With `lane_prefill_tokens=256` a batch call on the lane while urgent work is around is
+    """With `LaneTuning(prefill_tokens=256)` a batch call on the lane while urgent work is around is
     preceded by one-token requests for its prompt's prefix, each 256 tokens (1,024
     characters) longer than the last, until at most 256 uncached tokens are left. The five
     calls of one document share the pieces: each is sent once, in order, before any call."""
@@ -994,7 +994,7 @@ def test_a_piece_that_does_not_land_is_sent_by_the_call_waiting_for_it(
 
 def test_with_a_tokenizer_pieces_are_cut_by_its_tokens(clock: VirtualClock) -> None:
     """Text denser in tokens than the prompt's average (digits, one token each) still gets
-    pieces of about `lane_prefill_tokens` tokens, not twice that."""
+    pieces of about `LaneTuning.prefill_tokens` tokens, not twice that."""
 
     def tokenize(text: str) -> list[int]:
         out: list[int] = []
@@ -1053,8 +1053,8 @@ def test_a_lane_shares_with_urgent_work_that_has_slack_to_spare_and_not_with_the
     clock: VirtualClock, share: int
 ) -> None:
     """While the urgent calls' programs have slack to spare (`Hints.service` "shareable"),
-    a lane takes up to `lane_share_calls` batch calls beside them. A "tight" urgent call
-    clears the lane down to `lane_batch_in_flight` (0) of the calls it had before it was
+    a lane takes up to `LaneTuning.share_calls` batch calls beside them. A "tight" urgent call
+    clears the lane down to `LaneTuning.batch_in_flight` (0) of the calls it had before it was
     shared, keeps those it took beside the roomy call (their programs had room for them),
     and takes no more while that call is in flight; the moved calls finish elsewhere, each
     once."""
@@ -1107,9 +1107,9 @@ def test_a_tight_program_keeps_the_lane_unshared_until_it_has_room_or_ends(
     clock: VirtualClock,
 ) -> None:
     """A tight urgent call keeps the lane from sharing while it runs, and its program keeps
-    it so between its calls, however long (past `lane_quiet_s`): batch calls sent beside a
+    it so between its calls, however long (past `LaneTuning.quiet_s`): batch calls sent beside a
     roomy urgent call 6 s after the tight call ended keep off the lane. Once the tight
-    program's next call has room (or it ends), the lane takes `lane_share_calls` again."""
+    program's next call has room (or it ends), the lane takes `LaneTuning.share_calls` again."""
     llms = _named(2)
     roomy = Hints("q", service="shareable", slack_s=15.0)
     tight = Hints("t", service="tight", slack_s=5.0)

@@ -244,7 +244,7 @@ def test_routers_keep_one_urgent_lane_between_them_by_each_others_calls(
             by_a = batch_on_lane() - before
             on_lane = {(await task).text for task in urgent}
             # b's urgent calls have ended (urgent work is still around at b for
-            # lane_quiet_s): only the count of a's batch calls on the lane keeps b's off it.
+            # the quiet time): only the count of a's batch calls on the lane keeps b's off it.
             for i in range(12):
                 tg.create_task(b.complete(ask(f"batch b {i}"), batch))
             await asyncio.sleep(0)
