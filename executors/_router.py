@@ -523,14 +523,14 @@ class Router(
 
     def _learn_lane_calls(self) -> None:
         """With "auto" lanes sized by learning: a lane serves as many urgent calls as the
-        median of the knees learned of the replicas (a lane sees only low levels, whose line
-        extrapolates poorly: the median does not follow one replica's outlier); until one
-        is learned, the fewest sequences a replica runs at once (the limits they said, else
-        the default)."""
+        median of the knees measured on the replicas (`KneeController.measured_knee`: three
+        or more load levels seen often enough; a line fitted to fewer extrapolates too far,
+        and a lane sees only low levels); until one is measured, the fewest sequences a
+        replica runs at once (the limits they said, else the default)."""
         policy = self.lane_policy
         if not policy.learns_calls:
             return
-        learned = [k for knee in self.knees if (k := knee.knee()) is not None]
+        learned = [k for knee in self.knees if (k := knee.measured_knee()) is not None]
         policy.urgent_calls = (
             round(statistics.median(learned)) if learned else min(k.limit for k in self.knees)
         )

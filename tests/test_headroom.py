@@ -59,6 +59,20 @@ def test_with_two_levels_the_fitted_line_gives_the_knee() -> None:
     assert knee.knee() == 124
 
 
+def test_a_measured_knee_needs_three_levels_seen_often_enough() -> None:
+    """`measured_knee` (what a router sizes its lanes by) is the knee only where three load
+    levels were each measured, up to near the limit; a line through two is extrapolated,
+    and levels far below the limit cannot tell where throughput flattens."""
+    knee = KneeController("gpu", 256)
+    _feed(knee, [32, 256])
+    assert knee.knee() == 124 and knee.measured_knee() is None
+    low = KneeController("gpu", 256)
+    _feed(low, [4, 8, 16, 32])
+    assert low.knee() is not None and low.measured_knee() is None
+    _feed(knee, [8, 16, 64, 128])
+    assert knee.measured_knee() == knee.knee() == 128
+
+
 def test_the_cap_applies_while_urgent_work_is_around_and_lifts_without() -> None:
     knee = KneeController("gpu", 256)
     _feed(knee, [8, 16, 32, 64, 128, 256])

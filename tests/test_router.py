@@ -1189,12 +1189,16 @@ def test_auto_lanes_are_sized_by_the_replicas_learned_knee(clock: VirtualClock) 
         servers = {f"r{i}": SimServer("h100-llama3-8b", clock=clock, seed=i) for i in range(2)}
         async with Router(servers, clock=clock, health_interval_s=None, lanes=tuning) as router:
             before = router.lane_policy.urgent_calls
-            for level in (2, 8, 32, 128, 256):  # waves at growing load, over both replicas
+            for level in (2, 8, 32, 128, 512):  # waves at growing load, up to full replicas
                 requests = wave(level)
                 await asyncio.gather(
                     *(router.complete(r, Hints(program_id=f"b{i}")) for i, r in enumerate(requests))
                 )
-            return before, router.lane_policy.urgent_calls, [k.knee() for k in router.knees]
+            return (
+                before,
+                router.lane_policy.urgent_calls,
+                [k.measured_knee() for k in router.knees],
+            )
 
     before, after, knees = clock.run(main(LaneTuning()))
     assert before == SimServer("h100-llama3-8b").profile.max_num_seqs

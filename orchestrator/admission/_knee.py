@@ -183,7 +183,18 @@ class KneeController:
         full limit; None until it can be fitted."""
         return self.level(self.headroom.throughput_share)
 
-    def level(self, share: float) -> int | None:
+    def measured_knee(self) -> int | None:
+        """The knee as measured: three or more in-flight levels each seen often enough, the
+        highest of them near the limit (at least `throughput_share` of it, so the best
+        throughput measured is about the limit's); None while it could only be extrapolated,
+        from a fitted line or from levels well below the limit."""
+        share = self.headroom.throughput_share
+        top = max((x for w, x, _ in self._levels.values() if w >= _MIN_WEIGHT), default=0.0)
+        if top < share * self.limit:
+            return None
+        return self.level(share, measured_only=True)
+
+    def level(self, share: float, measured_only: bool = False) -> int | None:
         """The fewest calls in flight that give `share` of the throughput at the full limit;
         None until it can be fitted. Where three or more levels were each seen often
         enough, the measured throughputs (level / seconds per token) decide directly: the
@@ -194,6 +205,8 @@ class KneeController:
             best = max(t for _, t in seen)
             first = next(x for x, t in seen if t >= share * best)
             return min(self.limit, max(self.headroom.min_cap, math.ceil(first)))
+        if measured_only:
+            return None
         fitted = self.fit()
         if fitted is None:
             return None
