@@ -74,8 +74,9 @@ class LaneTuning:
     default) learns it: the median of the throughput knees measured on the replicas
     (`KneeController.measured_knee`, one per replica, fed by the calls the router sends;
     until one is measured, the sequences a replica runs at once as it says, else 256).
-    `batch_in_flight`: the batch calls a lane takes while urgent work is around. `batch_programs`: instead of counting calls, the batch
-    programs a lane takes at once (their calls go there together; no clearing).
+    `batch_in_flight`: the batch calls a lane takes while urgent work is around.
+    `batch_programs`: instead of counting calls, the batch programs a lane takes at once
+    (their calls go there together; no clearing).
     `pauses`: True (the default) keeps urgent work around after an urgent call ends for
     the pause its program is expected to take before its next call (`Hints.keep_alive_s`,
     learned by the engine from the tools' pauses), at most `quiet_s`: a lane held through a
