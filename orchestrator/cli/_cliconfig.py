@@ -144,6 +144,13 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
             out.write(f"  limits: {_limits_text(backend.limits)}\n")
     if not config.backends:
         out.write("no backends defined\n")
+    telemetry = config.telemetry
+    if telemetry is not None:
+        where = telemetry.endpoint or "the OTEL_EXPORTER_OTLP_* endpoint (or localhost:4318)"
+        out.write(
+            f"telemetry: traces of every run exported over OTLP/HTTP to {where}, "
+            f"service {telemetry.service_name!r}\n"
+        )
     for name, limits in config.limits.items():
         if name not in config.backends:
             out.write(f"resource {name!r}: {_limits_text(limits)}\n")

@@ -47,6 +47,7 @@ from ._resilience import (
     call_with_retries,
     through_circuit,
 )
+from ._tracing import CallSpan, Tracing
 
 
 class Program(Protocol):
@@ -185,6 +186,8 @@ class LLMCalls:
         """Keys the tenants' cache salts (`tenant_salt`): one per engine, so a tenant's
         salt holds for the engine's life and is unknown outside it."""
         self.memo: CallMemo | None = None
+        self.tracing: Tracing | None = None
+        """Spans of the calls, while the engine traces (`Tracing`)."""
         """Set by a durable engine: call results are recorded and reused from there."""
         self._replayed: set[tuple[str, str]] = set()
         """(program, task) whose results came (in part) from a record, not from running:
@@ -332,6 +335,8 @@ class LLMCalls:
         Failed sends are retried as `call_retry` says, each retry an event, and every send
         passes the backend's circuit breaker. With a `memo`, a call whose result is recorded
         is answered from the record, and every answer is recorded."""
+        tracing = self.tracing
+        call = None if tracing is None else tracing.call(program.id, site.task_id, backend, request)
         send = functools.partial(
             self._send,
             program,
@@ -342,7 +347,27 @@ class LLMCalls:
             keep_alive_s=keep_alive_s,
             last_call=last_call,
             prefix_key=prefix_key,
+            traced=call,
         )
+        if call is None:
+            return await self._remembered(program, site, request, send)
+        try:
+            response = await self._remembered(program, site, request, send)
+        except BaseException as exc:
+            call.ended(None, exc)
+            raise
+        call.ended(response, replayed=(program.id, site.task_id) in self._replayed)
+        return response
+
+    async def _remembered(
+        self,
+        program: Program,
+        site: CallSite,
+        request: LLMRequest,
+        send: Callable[[], Awaitable[LLMResponse]],
+    ) -> LLMResponse:
+        """`send()`'s answer; with a `memo`, the recorded answer if there is one, and every
+        answer recorded."""
         memo = self.memo
         if memo is None:
             return await send()
@@ -366,6 +391,7 @@ class LLMCalls:
         keep_alive_s: float | None,
         last_call: bool,
         prefix_key: str | None,
+        traced: CallSpan | None = None,
     ) -> LLMResponse:
         clock = self._clock
         if clock is None:
@@ -423,7 +449,10 @@ class LLMCalls:
                 keep_alive_s=keep_alive_s,
                 last_call=last_call,
                 prefix_key=prefix_key,
+                traceparent=None if traced is None else traced.traceparent,
             )
+            if traced is not None:
+                traced.hinted(hints)
             return await llm.complete(request, hints)
 
         if site.holds_slot:

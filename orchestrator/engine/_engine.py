@@ -77,6 +77,7 @@ from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._open import open_backends, open_store
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
 from ._run import Late, Run, RunResult, RunServices, task_kind
+from ._tracing import Tracing, find_tracer
 
 
 class _Outcome:
@@ -406,6 +407,8 @@ class Engine:
             tg = asyncio.TaskGroup()
             self.calls.start(clock, tg, virtual=isinstance(clock, VirtualClock))
             stack.callback(self._stop_calls)
+            self._start_tracing()
+            stack.callback(self._stop_tracing)
             self._services = RunServices(
                 clock=clock,
                 policy=self.policy,
@@ -554,6 +557,19 @@ class Engine:
     async def _leave_shares(self) -> None:
         if self.shared is not None:
             await self.shared.leave()  # and its slots
+
+    def _start_tracing(self) -> None:
+        """Trace runs, tasks and calls when an OpenTelemetry SDK tracer is set (`Tracing`)."""
+        tracer = find_tracer()
+        if tracer is None:
+            return
+        tracing = Tracing(tracer)
+        self.bus.tracer = tracing.hear
+        self.calls.tracing = tracing
+
+    def _stop_tracing(self) -> None:
+        self.bus.tracer = None
+        self.calls.tracing = None
 
     def _stop_calls(self) -> None:
         self.calls.stop()

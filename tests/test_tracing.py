@@ -1,0 +1,238 @@
+"""OpenTelemetry traces: a span per run, task, LLM call and tool call with the GenAI
+attributes, parents and DAG links right, the call's trace context sent to the server, and
+nothing traced while no SDK tracer provider is set."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from otlp_receiver import OTLPReceiver
+
+from agents import Agent, tool
+from executors import FunctionLLM
+from orchestrator import (
+    Engine,
+    Hints,
+    LLMRequest,
+    LLMResponse,
+    ToolCall,
+    Usage,
+    UsageError,
+    Workflow,
+    load_config,
+)
+from orchestrator.cli._cli import main as plait_cli
+from orchestrator.engine._tracing import SCHEMA_URL, use_tracer_provider
+
+
+@pytest.fixture
+def spans() -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    use_tracer_provider(provider)
+    yield exporter
+    use_tracer_provider(None)
+    provider.shutdown()
+
+
+@tool
+def lookup(city: str) -> str:
+    """The weather in a city."""
+    return f"{city}: sunny"
+
+
+@tool
+def broken(city: str) -> str:
+    """Always fails."""
+    raise ConnectionError("down")
+
+
+helper = Agent("helper", "You look things up.", model="m1", tools=(lookup,))
+
+
+def reply(request: LLMRequest, hints: Hints) -> LLMResponse | str:
+    if not any(m.role == "tool" for m in request.messages):
+        call = ToolCall("c0", "lookup", '{"city": "Oslo"}')
+        return LLMResponse("", Usage(30, 5, cached_prompt_tokens=16), "tool_calls", (call,))
+    return LLMResponse("Oslo is sunny.", Usage(40, 4), "stop")
+
+
+def by_name(found: tuple[ReadableSpan, ...], name: str) -> ReadableSpan:
+    [span] = [s for s in found if s.name == name]
+    return span
+
+
+def test_a_run_traces_its_tasks_calls_and_tools_with_the_genai_attributes(
+    spans: InMemorySpanExporter,
+) -> None:
+    seen: list[Hints] = []
+
+    def recorded(request: LLMRequest, hints: Hints) -> LLMResponse | str:
+        seen.append(hints)
+        return reply(request, hints)
+
+    async def main() -> None:
+        llm = FunctionLLM(recorded)
+        wf = Workflow("weather")
+        wf.add("city", lambda ctx: "Oslo")
+        helper.solve(wf, "answer", "Weather in Oslo?", after=["city"])
+        async with Engine(backends={"default": llm}) as engine:
+            result = await engine.run(wf, deadline=60)
+        assert result.ok, result.failures
+
+    asyncio.run(main())
+    found = spans.get_finished_spans()
+    run = by_name(found, "invoke_workflow weather")
+    assert run.parent is None and run.kind == SpanKind.INTERNAL
+    assert run.attributes is not None
+    assert run.attributes["gen_ai.operation.name"] == "invoke_workflow"
+    assert run.attributes["plait.status"] == "succeeded"
+    assert run.attributes["plait.deadline_met"] is True
+    assert run.instrumentation_scope is not None
+    assert run.instrumentation_scope.schema_url == SCHEMA_URL
+
+    task = {
+        s.attributes["plait.task.id"]: s
+        for s in found
+        if s.attributes and "plait.task.id" in s.attributes and s.kind == SpanKind.INTERNAL
+    }
+    assert set(task) == {"city", "answer.turn1", "answer.turn1.0.lookup", "answer.turn2", "answer"}
+    for span in task.values():
+        assert span.parent is not None and span.parent.span_id == run.context.span_id
+    turn1, tool_span = task["answer.turn1"], task["answer.turn1.0.lookup"]
+    assert turn1.name == "invoke_agent helper"
+    assert tool_span.name == "execute_tool lookup"
+    assert tool_span.attributes is not None and tool_span.attributes["gen_ai.tool.name"] == "lookup"
+    # The DAG: each task's span links to the spans of the tasks it waited for.
+    assert [link.context.span_id for link in tool_span.links] == [turn1.context.span_id]
+    assert [link.context.span_id for link in turn1.links] == [task["city"].context.span_id]
+    assert task["city"].name.startswith("task ")
+
+    chats = sorted((s for s in found if s.name == "chat m1"), key=lambda s: s.start_time or 0)
+    assert len(chats) == 2
+    first = chats[0]
+    assert first.kind == SpanKind.CLIENT
+    assert first.parent is not None and first.parent.span_id == turn1.context.span_id
+    attributes = first.attributes
+    assert attributes is not None
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.request.model"] == "m1"
+    assert attributes["gen_ai.usage.input_tokens"] == 30
+    assert attributes["gen_ai.usage.output_tokens"] == 5
+    assert attributes["gen_ai.usage.cache_read.input_tokens"] == 16
+    assert attributes["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    assert attributes["plait.program_id"] == seen[0].program_id
+    assert attributes["plait.service"] == seen[0].service
+    # The server was sent the call span's trace context.
+    context = first.context
+    assert (
+        seen[0].traceparent
+        == f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    )
+    assert all(s.context.trace_id == run.context.trace_id for s in found)
+
+
+def test_a_failed_task_and_its_run_carry_the_error(spans: InMemorySpanExporter) -> None:
+    async def main() -> None:
+        wf = Workflow("fails")
+        wf.add("boom", broken.call({"city": "Oslo"}))
+        async with Engine(backends={"default": FunctionLLM(reply)}) as engine:
+            result = await engine.run(wf)
+        assert not result.ok
+
+    asyncio.run(main())
+    found = spans.get_finished_spans()
+    tool_span = by_name(found, "execute_tool broken")
+    assert tool_span.status.status_code == StatusCode.ERROR
+    assert tool_span.attributes is not None
+    assert tool_span.attributes["error.type"] == "ConnectionError"
+    run = by_name(found, "invoke_workflow fails")
+    assert run.status.status_code == StatusCode.ERROR
+    assert "boom" in (run.status.description or "")
+
+
+def test_without_a_tracer_provider_nothing_is_traced_or_sent() -> None:
+    seen: list[Hints] = []
+
+    def recorded(request: LLMRequest, hints: Hints) -> Any:
+        seen.append(hints)
+        return "ok"
+
+    async def main() -> None:
+        wf = Workflow("plain")
+        wf.add("ask", helper.ask("hi"))
+        async with Engine(backends={"default": FunctionLLM(recorded)}) as engine:
+            assert engine.bus.tracer is None and engine.calls.tracing is None
+            result = await engine.run(wf)
+        assert result.ok
+
+    asyncio.run(main())
+    assert seen[0].traceparent is None
+
+
+def test_traces_go_over_otlp_http_to_a_collector_as_the_config_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`plait run` with a `[telemetry]` table exports every span over OTLP/HTTP, here to a
+    receiver started by the test; `OTEL_SERVICE_NAME` names the service."""
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "nightly-agents")
+    for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    module = tmp_path / "flow.py"
+    module.write_text(FLOW)
+    with OTLPReceiver() as receiver:
+        config = tmp_path / "plait.toml"
+        config.write_text(
+            f'[telemetry]\nendpoint = "{receiver.endpoint}"\n\n'
+            '[engine]\nclock = "virtual"\n\n[backends.default]\nkind = "sim"\n'
+        )
+        out = io.StringIO()
+        code = plait_cli(["run", str(module), "--config", str(config)], out=out)
+        assert code == 0, out.getvalue()
+        received = receiver.wait_for(5)
+    assert "traces exported over OTLP/HTTP" in out.getvalue()
+    names = {span["name"] for span in received}
+    assert {"invoke_workflow traced", "invoke_agent writer", "chat sim"} <= names
+    run = next(s for s in received if s["name"] == "invoke_workflow traced")
+    chat = next(s for s in received if s["name"] == "chat sim")
+    agent = next(s for s in received if s["name"] == "invoke_agent writer")
+    assert agent["parent"] == run["span_id"] and chat["parent"] == agent["span_id"]
+    assert {s["trace_id"] for s in received} == {run["trace_id"]}
+    assert run["resource"]["service.name"] == "nightly-agents"
+    assert chat["attributes"]["gen_ai.operation.name"] == "chat"
+    assert chat["attributes"]["gen_ai.usage.output_tokens"] > 0
+    assert run["schema_url"] == SCHEMA_URL
+
+
+FLOW = """
+from agents import Agent
+from orchestrator import Workflow
+
+writer = Agent("writer", "You write.", model="sim")
+
+
+def workflows():
+    wf = Workflow("traced")
+    wf.add("draft", writer.ask("Write a line."))
+    return wf
+"""
+
+
+def test_a_bad_telemetry_table_is_refused_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "plait.toml"
+    config.write_text('[telemetry]\nendpoint = "collector:4318"\nsampling = 0.5\n')
+    with pytest.raises(UsageError) as caught:
+        load_config(config)
+    text = str(caught.value)
+    assert "telemetry: endpoint must be an http:// or https:// URL" in text or "telemetry" in text
+    assert "sampling" in text
