@@ -181,8 +181,11 @@ class Agent:
                     server.listing_task,
                     Listing(server),
                     retry=server.attempts,
+                    timeout=2 * server.connect_timeout_s,  # connecting, then listing
                     resource=server.resource,
                 )
+            else:
+                _same_server(workflow, server)
             after.append(server.listing_task)
         workflow.add(f"{task_id}.turn1", Turn(loop), after=after)
         workflow.add(task_id, Answer(loop), after=[f"{task_id}.turn1"])
@@ -249,6 +252,18 @@ class Agent:
             label=f"{self.name} asks {self.model}",
             expected_output_tokens=expected_output_tokens or max_tokens or self.max_tokens,
             description=ActionSpec("llm", self.name, args),
+        )
+
+
+def _same_server(workflow: WorkflowEditor, server: MCPTools) -> None:
+    """The workflow's listing task of `server.name` lists `server` itself, not another
+    server of the same name (whose tools the loop would be offered instead)."""
+    task = getattr(workflow, "task", None)
+    action = task(server.listing_task).action if callable(task) else None
+    if isinstance(action, Listing) and action.server is not server:
+        raise UsageError(
+            f"two MCP servers are named {server.name!r} in workflow {workflow.name!r} "
+            f"({action.server!r} and {server!r}); give them different names"
         )
 
 

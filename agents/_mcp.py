@@ -72,10 +72,14 @@ class MCPTools:
     `name`: what plait calls the server (the listing task, the calls' resource, errors).
     `command` (stdio: the program and its arguments, with `env` and `cwd`) or `url`
     (streamable HTTP, with `headers`). `prefix`: put before each tool's name as the model
-    sees it (two servers with a tool of the same name need one). `timeout_s` and `retry`:
-    each call's task timeout and retries (a retry reconnects a dropped server; give 0 for
-    tools with side effects that must not run twice). `connect_timeout_s`: opening the
-    connection and listing the tools. Use it as an async context manager to close the
+    sees it (two servers with a tool of the same name need one; characters a model cannot
+    call, such as `.` and `/`, become `_`). `timeout_s` and `retry`: each call's task timeout
+    and retries (a retry after a dropped connection opens a new one; give 0 for tools with
+    side effects that must not run twice). `connect_timeout_s`: opening the connection, and
+    listing the tools. `max_result_chars`: an answer longer than this (as text) is cut there,
+    with a note of the cut, before it reaches the model and the log. `env` is laid over the
+    SDK's small default environment of a stdio server (HOME, PATH, ...), not over this
+    process's. Use it as an async context manager to close the
     connection (a stdio server's process) at a point of your choosing; otherwise it is
     opened at the first use and closed with the event loop. `resource`: what its listing
     and calls take, the engine's `tools` by default; name one of your own to give the
@@ -96,6 +100,7 @@ class MCPTools:
         retry: int = 1,
         connect_timeout_s: float = 30.0,
         resource: str = DEFAULT_TOOL_RESOURCE,
+        max_result_chars: int = 100_000,
     ) -> None:
         if not _NAME.fullmatch(name):
             raise UsageError(
@@ -117,10 +122,10 @@ class MCPTools:
             raise UsageError(f"MCP server {name!r}: url must be http:// or https://, got {url!r}")
         if prefix and not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", prefix):
             raise UsageError(f"MCP server {name!r}: prefix {prefix!r} must be letters, digits, _ -")
-        if timeout_s <= 0 or connect_timeout_s <= 0 or retry < 0:
+        if timeout_s <= 0 or connect_timeout_s <= 0 or retry < 0 or max_result_chars < 1:
             raise UsageError(
-                f"MCP server {name!r}: timeout_s and connect_timeout_s must be positive and "
-                "retry not negative"
+                f"MCP server {name!r}: timeout_s, connect_timeout_s and max_result_chars must "
+                "be positive and retry not negative"
             )
         self.name = name
         self.command = tuple(command) if command is not None else None
@@ -133,7 +138,12 @@ class MCPTools:
         self.retry = retry
         self.connect_timeout_s = connect_timeout_s
         self.resource = resource
+        self.max_result_chars = max_result_chars
         self._link: _Link | None = None
+        # Imported now, not at the first call: importing the SDK takes a second or more,
+        # which would stall the event loop mid-run.
+        with contextlib.suppress(ImportError):
+            import mcp.client.streamable_http  # noqa: F401
 
     def __repr__(self) -> str:
         target = " ".join(self.command) if self.command is not None else self.url
@@ -218,6 +228,7 @@ def mcp_tools(
     retry: int = 1,
     connect_timeout_s: float = 30.0,
     resource: str = DEFAULT_TOOL_RESOURCE,
+    max_result_chars: int = 100_000,
 ) -> MCPTools:
     """An MCP server's tools for an agent: `Agent(tools=(mcp_tools("files", command=[...]),
     ...))` (see `MCPTools`)."""
@@ -233,6 +244,7 @@ def mcp_tools(
         retry=retry,
         connect_timeout_s=connect_timeout_s,
         resource=resource,
+        max_result_chars=max_result_chars,
     )
 
 
@@ -255,16 +267,8 @@ class MCPTool(Tool):
 
     @classmethod
     def of(cls, server: MCPTools, listed: Listed) -> MCPTool:
-        shown = f"{server.prefix}{listed.name}"
-        if not _NAME.fullmatch(shown):
-            raise MCPServerError(
-                server.name,
-                listed.name,
-                "its name is not one a model can call (1-64 letters, digits, '_' or '-'); "
-                "a server of such tools cannot be offered as they are",
-            )
         return cls(
-            shown,
+            shown_name(server.prefix, listed.name),
             _no_direct_call,
             listed.description or f"{listed.name} (MCP server {server.name})",
             dict(listed.input_schema),
@@ -308,6 +312,17 @@ class MCPTool(Tool):
         }
 
 
+def shown_name(prefix: str, name: str) -> str:
+    """A server's tool name as a model can call it (1-64 letters, digits, `_`, `-`): other
+    characters (`.`, `/`, ...) become `_`, and a name too long keeps its start and a hash
+    of the whole, so two long names stay apart."""
+    shown = re.sub(r"[^A-Za-z0-9_-]", "_", f"{prefix}{name}")
+    if len(shown) > 64:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        shown = f"{shown[:55]}_{digest}"
+    return shown
+
+
 def _no_direct_call(**_: Any) -> Any:
     raise UsageError("an MCP tool is called through its server (MCPUse), not as a function")
 
@@ -319,9 +334,10 @@ def _schema_problems(schema: Mapping[str, Any], value: dict[str, Any]) -> str:
 
     try:
         validator_cls = jsonschema.validators.validator_for(schema)
+        validator_cls.check_schema(dict(schema))
         validator = validator_cls(schema)
         errors = sorted(validator.iter_errors(value), key=lambda e: list(e.path))
-    except jsonschema.exceptions.SchemaError:
+    except Exception:  # a schema it cannot read (a bad pattern, a $ref to nowhere)
         return ""
     return "; ".join(
         f"{'.'.join(str(p) for p in e.path) or 'arguments'}: {e.message}" for e in errors[:5]
@@ -353,8 +369,17 @@ class Listing:
     async def run(self, ctx: TaskContext) -> Any:
         _real_time(ctx, self.server)
         tools = await self.server.list()
+        shown: dict[str, str] = {}
         for listed in tools:
-            self.server.tool(listed)  # a name a model cannot call fails here, with its name
+            name = self.server.tool(listed).name
+            if name in shown:
+                raise MCPServerError(
+                    self.server.name,
+                    listed.name,
+                    f"its name reads {name!r} to a model, as {shown[name]!r} does; the server "
+                    "must name them apart",
+                )
+            shown[name] = listed.name
         return [t.data() for t in tools]
 
 
@@ -394,15 +419,20 @@ class MCPUse:
             self.tool.validate(self.args)
         except ToolArgumentsError as exc:
             return {TOOL_ERROR: str(exc)}
-        result = await self.server.link.call(listed, self.args)
+        try:
+            result = await self.server.link.call(listed, self.args)
+        except _Refused as exc:
+            return {TOOL_ERROR: f"tool {self.tool.name!r}: {exc}"}
         if result.is_error:
             return {TOOL_ERROR: f"tool {self.tool.name!r} answered with an error: {_text(result)}"}
         structured = result.structured_content
         if isinstance(structured, dict) and set(structured) == {"result"}:
-            return structured["result"]  # a plain value, wrapped by the server's SDK
-        if structured is not None:
-            return structured
-        return _text(result)
+            answer = structured["result"]  # a plain value, wrapped by the server's SDK
+        elif structured is not None:
+            answer = structured
+        else:
+            answer = _text(result)
+        return _capped(answer, self.server.max_result_chars, self.tool.name)
 
 
 def _real_time(ctx: TaskContext, server: MCPTools) -> None:
@@ -413,6 +443,16 @@ def _real_time(ctx: TaskContext, server: MCPTools) -> None:
             f"MCP server {server.name!r} answers in real time; run its workflows on the system "
             "clock (CLOCK = 'system', [engine] clock = \"system\" or plait run --clock system)"
         )
+
+
+def _capped(answer: Any, limit: int, tool: str) -> Any:
+    """`answer`, or its JSON text cut at `limit` characters with a note of the cut: a
+    server's answer goes to the model and the run's log, and neither is the place for
+    megabytes."""
+    text = answer if isinstance(answer, str) else json.dumps(answer, default=str)
+    if len(text) <= limit:
+        return answer
+    return f"{text[:limit]}\n[tool {tool!r} answered {len(text):,} characters; cut at {limit:,}]"
 
 
 def _text(result: Any) -> str:
@@ -427,10 +467,16 @@ def _text(result: Any) -> str:
 # --- the connection ---------------------------------------------------------------------------
 
 
+class _Refused(Exception):
+    """The server answered the call with a protocol error the model can act on (invalid
+    parameters, say): the tool's reply, not a broken connection."""
+
+
 class _Link:
     """One open connection to a server, owned by a task of its own (the SDK's client must be
     entered and left in one task); calls from any task go through it. A connection that
-    broke is opened again by the next use."""
+    broke is opened again by the next use; each opening has a generation, so a call that
+    failed closes only the connection it used."""
 
     def __init__(self, server: MCPTools) -> None:
         self.server = server
@@ -439,10 +485,11 @@ class _Link:
         self._stop: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._generation = 0
         self._listed: dict[str, Listed] | None = None
-        """The server's tools as listed on this connection."""
+        """The server's tools as listed on the current connection."""
 
-    def _target(self) -> Any:
+    def _target(self, http: Any) -> Any:
         from mcp import StdioServerParameters
         from mcp.client.streamable_http import streamable_http_client
 
@@ -455,61 +502,64 @@ class _Link:
                 cwd=server.cwd,
             )
         assert server.url is not None
-        if not server.headers:
+        if http is None:
             return server.url
-        from mcp.shared._httpx_utils import create_mcp_http_client
-
-        return streamable_http_client(
-            server.url, http_client=create_mcp_http_client(headers=server.headers)
-        )
+        return streamable_http_client(server.url, http_client=http)
 
     def _describe(self) -> str:
         server = self.server
         return f"`{' '.join(server.command)}`" if server.command else str(server.url)
 
-    async def open(self) -> Any:
-        try:
-            import mcp  # noqa: F401  (the SDK is an optional dependency)
-        except ImportError:
-            raise UsageError(
-                f"MCP server {self.server.name!r}: MCP servers need the official SDK, which is "
-                "not installed: pip install 'plait[mcp]'"
-            ) from None
+    async def open(self) -> tuple[Any, int]:
+        """The connection's client and its generation, opened if need be."""
+        _sdk(self.server.name)
         loop = asyncio.get_running_loop()
         if self._loop is not loop:  # a new event loop: nothing of the old one is usable
             self._loop, self._lock, self._client, self._owner = loop, asyncio.Lock(), None, None
         assert self._lock is not None
         async with self._lock:
             if self._client is not None and self._owner is not None and not self._owner.done():
-                return self._client
+                return self._client, self._generation
             self._listed = None
             ready: asyncio.Future[Any] = loop.create_future()
-            self._stop = asyncio.Event()
-            self._owner = loop.create_task(self._own(ready), name=f"plait-mcp-{self.server.name}")
+            stop = self._stop = asyncio.Event()
+            owner = loop.create_task(self._own(ready, stop), name=f"plait-mcp-{self.server.name}")
+            self._owner = owner
             try:
                 async with asyncio.timeout(self.server.connect_timeout_s):
-                    self._client = await asyncio.shield(ready)
+                    client = await asyncio.shield(ready)
             except TimeoutError:
-                self._owner.cancel()
+                owner.cancel()
                 raise MCPServerError(
                     self.server.name,
                     None,
                     f"{self._describe()} did not answer within {self.server.connect_timeout_s:g} s "
                     "(connect_timeout_s)",
                 ) from None
-            return self._client
+            except BaseException:
+                owner.cancel()  # the caller was cancelled: no connection is left behind
+                raise
+            self._generation += 1
+            self._client = client
+            return client, self._generation
 
-    async def _own(self, ready: asyncio.Future[Any]) -> None:
+    async def _own(self, ready: asyncio.Future[Any], stop: asyncio.Event) -> None:
         from mcp import Client
 
-        assert self._stop is not None
-        stop = self._stop
         try:
-            async with Client(self._target(), mode="legacy") as client:
+            async with contextlib.AsyncExitStack() as stack:
+                http = None
+                if self.server.url is not None and self.server.headers:
+                    from mcp.shared._httpx_utils import create_mcp_http_client
+
+                    http = await stack.enter_async_context(
+                        create_mcp_http_client(headers=self.server.headers)
+                    )
+                client = await stack.enter_async_context(Client(self._target(http), mode="legacy"))
                 if not ready.done():
                     ready.set_result(client)
                 await stop.wait()
-        except BaseException as exc:  # the SDK wraps what broke in exception groups
+        except Exception as exc:  # the SDK wraps what broke in exception groups
             if not ready.done():
                 ready.set_exception(
                     MCPServerError(
@@ -518,8 +568,12 @@ class _Link:
                         f"cannot connect to {self._describe()}: {_cause(exc)}",
                     )
                 )
-            if isinstance(exc, asyncio.CancelledError) and stop.is_set():
-                return
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError | BaseExceptionGroup):
+                if not ready.done():
+                    ready.cancel()
+                return  # closed, or cancelled while connecting
+            raise
         finally:
             if self._owner is asyncio.current_task():
                 self._client = None
@@ -529,35 +583,54 @@ class _Link:
         if owner is None or stop is None or owner.get_loop() is not asyncio.get_running_loop():
             return
         stop.set()
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await owner
-        self._owner = self._client = None
+        await asyncio.wait({owner})  # the caller's own cancellation still reaches it
+        if self._owner is owner:  # not a connection opened meanwhile by another task
+            self._owner = self._client = None
+
+    async def _broken(self, generation: int) -> None:
+        """Forget the connection of `generation` if it is still the current one: the next
+        use opens a new one."""
+        if generation == self._generation and self._client is not None:
+            self._listed = None
+            await self.close()
 
     async def listed(self) -> list[Listed]:
-        client = await self.open()
+        """The server's tools (every page), within `connect_timeout_s`."""
+        client, generation = await self.open()
         tools: list[Listed] = []
         cursor = None
         try:
-            while True:
-                page = await client.list_tools(cursor=cursor)
-                tools += [
-                    Listed(t.name, t.description or "", dict(t.input_schema or {}))
-                    for t in page.tools
-                ]
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
+            async with asyncio.timeout(self.server.connect_timeout_s):
+                while True:
+                    page = await client.list_tools(cursor=cursor)
+                    tools += [
+                        Listed(t.name, t.description or "", dict(t.input_schema or {}))
+                        for t in page.tools
+                    ]
+                    cursor = page.next_cursor
+                    if cursor is None:
+                        break
+        except TimeoutError:
+            await self._broken(generation)
+            raise MCPServerError(
+                self.server.name,
+                None,
+                f"did not list its tools within {self.server.connect_timeout_s:g} s "
+                "(connect_timeout_s)",
+            ) from None
         except Exception as exc:
-            await self._broken()
+            await self._broken(generation)
             raise MCPServerError(
                 self.server.name, None, f"listing its tools failed: {_cause(exc)}"
             ) from exc
-        self._listed = {t.name: t for t in tools}
+        if generation == self._generation:
+            self._listed = {t.name: t for t in tools}
         return tools
 
     async def call(self, listed: Listed, args: dict[str, Any]) -> Any:
         """The server's answer to `listed` called with `args`, once the server still offers
-        it with the schema the run listed."""
+        it with the schema the run listed. `_Refused` where the server refused the call in
+        a way the model can act on."""
         try:
             return await self._call(listed, args)
         except MCPServerError as exc:
@@ -565,6 +638,7 @@ class _Link:
 
     async def _call(self, listed: Listed, args: dict[str, Any]) -> Any:
         from mcp import MCPError
+        from mcp.types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
         name = self.server.name
         current = self._listed if self._client is not None else None
@@ -584,28 +658,38 @@ class _Link:
                 "the tool's input schema changed since the run listed it; the model was "
                 "shown the old one. Start a new run to use the new schema",
             )
-        client = await self.open()
+        client, generation = await self.open()
         try:
             return await client.call_tool(listed.name, args)
         except MCPError as exc:
-            await self._broken()
-            raise MCPServerError(name, listed.name, f"the call failed: {exc}") from exc
+            if exc.code in (CONNECTION_CLOSED, REQUEST_TIMEOUT):
+                await self._broken(generation)
+                raise MCPServerError(name, listed.name, f"the call failed: {exc}") from exc
+            raise _Refused(f"the server refused the call: {exc}") from exc  # the model's to fix
         except asyncio.CancelledError:
             current_task = asyncio.current_task()
             if current_task is not None and current_task.cancelling():
                 raise  # our own cancellation (a timeout, the run cancelled)
-            await self._broken()
+            await self._broken(generation)
             raise MCPServerError(
                 name, listed.name, "the connection dropped during the call"
             ) from None
+        except RuntimeError as exc:  # the SDK checked a structured answer against its schema
+            raise _Refused(f"its answer did not fit its own output schema: {exc}") from exc
         except Exception as exc:
-            await self._broken()
+            await self._broken(generation)
             raise MCPServerError(name, listed.name, f"the call failed: {_cause(exc)}") from exc
 
-    async def _broken(self) -> None:
-        """Forget a connection that failed: the next use opens a new one."""
-        self._listed = None
-        await self.close()
+
+def _sdk(server: str) -> None:
+    """The SDK is importable (it is an optional dependency), or a clear error."""
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            f"MCP server {server!r}: MCP servers need the official SDK, which is not "
+            "installed: pip install 'plait[mcp]'"
+        ) from None
 
 
 def _cause(exc: BaseException) -> str:

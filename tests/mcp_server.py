@@ -3,7 +3,8 @@
 
 Its tools: `echo` (text back; with MCP_TEST_VARIANT=wider it takes a second, required
 argument, so its schema changes), `add` (structured output), `fail` (an error result),
-`die` (the process exits mid-call) and `slow`. Each call is appended to the file named by
+`refuse` (a JSON-RPC error), `big` (a long answer), `files.read` (a dotted name), `die`
+(the process exits mid-call) and `slow`. Each call is appended to the file named by
 MCP_TEST_LOG, if set, so a test can count what the server was asked.
 """
 
@@ -13,6 +14,7 @@ import os
 import sys
 
 import anyio
+from mcp import MCPError
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel
@@ -62,6 +64,25 @@ def fail(why: str) -> str:
     """Always answers with an error."""
     note("fail")
     raise ToolError(f"cannot: {why}")
+
+
+@server.tool()
+def refuse(path: str) -> str:
+    """Answers with a JSON-RPC error (invalid params), as a server that checks its input."""
+    note("refuse")
+    raise MCPError(code=-32602, message=f"invalid params: no such path {path!r}")
+
+
+@server.tool()
+def big(chars: int) -> str:
+    """Answers with this many characters."""
+    return "x" * chars
+
+
+@server.tool(name="files.read")
+def files_read(path: str) -> str:
+    """A tool whose name has a dot, as the protocol allows."""
+    return f"read {path}"
 
 
 @server.tool()

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from conftest import StoreFactory
 
-from agents import Agent, MCPServerError, MCPTools, mcp_tools
+from agents import Agent, MCPServerError, MCPTools, ToolArgumentsError, mcp_tools
+from agents._mcp import Listed, shown_name
 from executors import FunctionLLM
 from orchestrator import (
     Engine,
@@ -157,11 +158,12 @@ def test_an_agent_calls_an_mcp_server_s_tools(server: Callable[..., Any], log: P
         assert result.status == "succeeded", result.failures
         assert result["answer"] == 'hi | {"total":6,"count":3}'
         offered = {t.name: t for t in llm.calls[0].request.tools}
-        assert set(offered) == {"echo", "add", "fail", "die", "slow"}
+        assert set(offered) == {"echo", "add", "fail", "refuse", "big", "files_read", "die", "slow"}
         assert offered["echo"].parameters["required"] == ["text"]
         assert offered["echo"].description == "Say the text back."
         listing = result["mcp demo"]
-        assert [t["name"] for t in listing] == ["echo", "add", "fail", "die", "slow"]
+        names = ["echo", "add", "fail", "refuse", "big", "files.read", "die", "slow"]
+        assert [t["name"] for t in listing] == names
         assert sorted(said(log)) == ["add", "echo hi"]
 
     asyncio.run(main())
@@ -173,20 +175,33 @@ def test_misfit_arguments_and_error_answers_go_back_to_the_model(
     def reply(request: LLMRequest) -> LLMResponse | str:
         answers = tool_replies(request)
         if not answers:
-            return calls(("echo", {"txt": 1}), ("fail", {"why": "no disk"}), ("nope", {}))
+            return calls(
+                ("echo", {"txt": 1}),
+                ("fail", {"why": "no disk"}),
+                ("nope", {}),
+                ("refuse", {"path": "/x"}),
+                ("slow", {"seconds": 0.5}),
+                ("files_read", {"path": "a"}),
+            )
         return "\n".join(answers)
 
     async def main() -> None:
         result, _ = await run_loop(await server(), reply)
         assert result.status == "succeeded", result.failures
-        misfit, failed, unknown = result["answer"].split("\n")
+        misfit, failed, unknown, refused, slow, dotted = result["answer"].split("\n")
         assert "tool 'echo' do not fit its schema" in misfit and "'text' is a required" in misfit
-        assert (
-            failed
-            == "tool 'fail' answered with an error: Error executing tool fail: cannot: no disk"
+        assert failed == (
+            "tool 'fail' answered with an error: Error executing tool fail: cannot: no disk"
         )
         assert "there is no tool 'nope'" in unknown and "echo" in unknown
-        assert said(log) == ["fail"]  # the misfit call never reached the server
+        # A JSON-RPC error is the model's to fix, and the connection stays: the slow call
+        # made beside it on the same connection is answered.
+        assert refused == (
+            "tool 'refuse': the server refused the call: invalid params: no such path '/x'"
+        )
+        assert slow == "late"
+        assert dotted == "read a"  # offered as files_read, called by its own name
+        assert sorted(said(log)) == ["fail", "refuse"]  # the misfit call never reached it
 
     asyncio.run(main())
 
@@ -354,10 +369,8 @@ def test_tools_of_one_name_from_two_sources_need_a_prefix(log: Path) -> None:
         agent.solve(wf, "answer", "Go.")
         async with a, b, Engine(backends={"default": llm}) as engine:
             result = await engine.run(wf)
-        assert (
-            "offers tools named ['add', 'die', 'echo', 'fail', 'slow'] twice"
-            in (result.failures["answer.turn1"])
-        )
+        twice = "['add', 'big', 'die', 'echo', 'fail', 'files_read', 'refuse', 'slow'] twice"
+        assert f"offers tools named {twice}" in result.failures["answer.turn1"]
         prefixed = mcp_tools("b", command=command, env=env, prefix="b_")
         agent = Agent("helper", "p", tools=(a, prefixed))
         wf = Workflow("two")
@@ -417,3 +430,69 @@ def test_the_mcp_example_runs_with_plait_run_on_the_simulated_server() -> None:
     assert plait_cli(["run", str(EXAMPLES / "mcp_agent.py")], out=out) == 0
     text = out.getvalue()
     assert "2 workflow(s), 2 succeeded" in text
+
+
+def test_a_long_answer_is_cut_before_the_model_and_the_log(log: Path) -> None:
+    async def main() -> None:
+        tools = mcp_tools("demo", command=[sys.executable, SERVER, "stdio"], max_result_chars=1_000)
+
+        def reply(request: LLMRequest) -> LLMResponse | str:
+            answers = tool_replies(request)
+            return answers[0] if answers else calls(("big", {"chars": 50_000}))
+
+        result, _ = await run_loop(tools, reply)
+        assert result.status == "succeeded", result.failures
+        answer = result["answer"]
+        assert answer.startswith("x" * 1_000 + "\n")
+        assert answer.endswith("[tool 'big' answered 50,000 characters; cut at 1,000]")
+
+    asyncio.run(main())
+
+
+def test_a_server_that_never_lists_its_tools_is_given_up_within_the_connect_timeout() -> None:
+    async def main() -> None:
+        tools = mcp_tools("demo", command=[sys.executable, SERVER, "stdio"], connect_timeout_s=2)
+        async with tools:
+            client, _ = await tools.link.open()
+
+            async def never(**_: Any) -> Any:
+                await asyncio.Event().wait()
+
+            object.__setattr__(client, "list_tools", never)
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(MCPServerError, match="did not list its tools within 2 s"):
+                await tools.list()
+            assert asyncio.get_running_loop().time() - started < 10
+
+    asyncio.run(main())
+
+
+def test_arguments_are_checked_only_against_a_schema_that_can_be_read() -> None:
+    """A schema the validator cannot read (a bad pattern, a $ref to nowhere) leaves the
+    arguments for the server to judge instead of failing the turn."""
+    tools = mcp_tools("demo", url="http://127.0.0.1:1/mcp")
+    bad = {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}}
+    nowhere = {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}
+    for schema in (bad, nowhere):
+        tool = tools.tool(Listed("t", "", schema))
+        assert tool.validate({"a": "b"}) == {"a": "b"}
+    strict = tools.tool(Listed("t", "", {"type": "object", "required": ["a"]}))
+    with pytest.raises(ToolArgumentsError, match="'a' is a required property"):
+        strict.validate("{}")
+
+
+def test_tool_names_a_model_cannot_call_are_mapped_and_kept_apart() -> None:
+    assert shown_name("", "files.read") == "files_read"
+    assert shown_name("gh_", "repos/list") == "gh_repos_list"
+    long_a, long_b = shown_name("", "a" * 80), shown_name("", "a" * 79 + "b")
+    assert len(long_a) == len(long_b) == 64 and long_a != long_b
+
+
+def test_two_servers_of_one_name_in_a_workflow_are_refused() -> None:
+    a = mcp_tools("files", url="http://127.0.0.1:1/a")
+    b = mcp_tools("files", url="http://127.0.0.1:1/b")
+    wf = Workflow("two")
+    Agent("one", "p", tools=(a,)).solve(wf, "x", "Go.")
+    with pytest.raises(UsageError, match="two MCP servers are named 'files'"):
+        Agent("two", "p", tools=(b,)).solve(wf, "y", "Go.")
+    Agent("three", "p", tools=(a,)).solve(wf, "z", "Go.")  # the same server: one listing
