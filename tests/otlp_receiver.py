@@ -10,6 +10,7 @@ import gzip
 import socket
 import threading
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -37,8 +38,7 @@ class OTLPReceiver:
         self.spans: list[dict[str, Any]] = []
         self.port = 0
         self._got = threading.Condition()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._stop: Callable[[], None] = lambda: None
 
     @property
     def endpoint(self) -> str:
@@ -84,37 +84,48 @@ class OTLPReceiver:
         )
 
     def __enter__(self) -> OTLPReceiver:
-        ready = threading.Event()
-
-        def serve() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            app = web.Application()
-            app.router.add_post("/v1/traces", self._receive)
-            runner = web.AppRunner(app, access_log=None)
-            loop.run_until_complete(runner.setup())
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-            loop.run_until_complete(web.SockSite(runner, sock).start())
-            ready.set()
-            loop.run_forever()
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
-        self._thread = threading.Thread(target=serve, name="otlp-receiver", daemon=True)
-        self._thread.start()
-        if not ready.wait(10):
-            raise RuntimeError("the OTLP receiver did not start")
+        app = web.Application()
+        app.router.add_post("/v1/traces", self._receive)
+        self.port, self._stop = serve_in_thread(app)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._thread is not None
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._stop()
 
     def wait_for(self, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
         """The spans received once there are at least `count` (or `timeout` passed)."""
         with self._got:
             self._got.wait_for(lambda: len(self.spans) >= count, timeout)
             return list(self.spans)
+
+
+def serve_in_thread(app: web.Application) -> tuple[int, Callable[[], None]]:
+    """Serve `app` on a free port of 127.0.0.1 from a thread with its own event loop: the
+    port, and a function that stops it."""
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+        box["loop"] = loop
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        box["port"] = sock.getsockname()[1]
+        loop.run_until_complete(web.SockSite(runner, sock).start())
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, name="test-http", daemon=True)
+    thread.start()
+    if not ready.wait(10):
+        raise RuntimeError("the server did not start")
+
+    def stop() -> None:
+        box["loop"].call_soon_threadsafe(box["loop"].stop)
+        thread.join(10)
+
+    return box["port"], stop

@@ -39,7 +39,7 @@ EXPECTED = {
         "UrgentIsolating", "WallClockBackend", "WrappedBackend",
         "ServiceClass", "URGENT_CLASSES",
         "BackendKind", "ConfigSection",
-        "running_clock",
+        "running_clock", "use_tracer_provider",
         "AdmissionTuning", "Policy", "ProgramView", "Headroom", "DeadlineGate", "KneeController",
         "Store", "StoreBatch", "CallRecord", "EventRecord", "WorkflowRow", "WorkflowStatus",
         "Claimed", "StoreSize", "BatchRefusedError", "LeaseLostError", "TextNotStorableError",

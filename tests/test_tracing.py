@@ -5,6 +5,7 @@ nothing traced while no SDK tracer provider is set."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import io
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
-from otlp_receiver import OTLPReceiver
+from otlp_receiver import OTLPReceiver, serve_in_thread
 
 from agents import Agent, tool
 from executors import FunctionLLM
@@ -214,6 +215,8 @@ def test_traces_go_over_otlp_http_to_a_collector_as_the_config_says(
     assert run["schema_url"] == SCHEMA_URL
 
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
 FLOW = """
 from agents import Agent
 from orchestrator import Workflow
@@ -236,3 +239,38 @@ def test_a_bad_telemetry_table_is_refused_naming_the_key(tmp_path: Path) -> None
     text = str(caught.value)
     assert "telemetry: endpoint must be an http:// or https:// URL" in text or "telemetry" in text
     assert "sampling" in text
+
+
+def test_the_trace_collector_example_prints_a_plait_run_as_a_tree(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/tracing.md's recipe: examples/trace_collector.py receives what `plait run
+    examples/tool_agent.py` sends with OTEL_EXPORTER_OTLP_ENDPOINT set, and prints each run
+    as a tree of its spans."""
+    spec = importlib.util.spec_from_file_location(
+        "trace_collector", EXAMPLES / "trace_collector.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    collector = module.Collector(out=io.StringIO())
+    port, stop = serve_in_thread(collector.app())
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        for name in (
+            "OTEL_SDK_DISABLED",
+            "OTEL_TRACES_EXPORTER",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        ):
+            monkeypatch.delenv(name, raising=False)
+        out = io.StringIO()
+        assert plait_cli(["run", str(EXAMPLES / "tool_agent.py")], out=out) == 0, out.getvalue()
+    finally:
+        stop()
+    assert len(collector.printed) == 2  # one tree per workflow of the example
+    first = collector.printed[0].splitlines()
+    assert first[1].startswith("invoke_workflow analysis-")
+    assert any(line.startswith("  invoke_agent analyst") for line in first)
+    assert any(
+        line.startswith("    chat llama-3.1-8b") and "input_tokens=" in line for line in first
+    )
