@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import StoreFactory
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -25,6 +26,9 @@ from orchestrator import (
     Hints,
     LLMRequest,
     LLMResponse,
+    Message,
+    Registry,
+    TaskContext,
     ToolCall,
     Usage,
     UsageError,
@@ -32,7 +36,7 @@ from orchestrator import (
     load_config,
 )
 from orchestrator.cli._cli import main as plait_cli
-from orchestrator.engine._tracing import SCHEMA_URL, use_tracer_provider
+from orchestrator.engine._tracing import SCHEMA_URL, find_tracer, use_tracer_provider
 
 
 @pytest.fixture
@@ -274,3 +278,115 @@ def test_the_trace_collector_example_prints_a_plait_run_as_a_tree(
     assert any(
         line.startswith("    chat llama-3.1-8b") and "input_tokens=" in line for line in first
     )
+
+
+def test_error_messages_stay_off_spans_only_their_type_goes(spans: InMemorySpanExporter) -> None:
+    """A task's error can quote what it was given (a key in a URL, a prompt): spans carry
+    the error's type, never its message."""
+
+    @tool
+    def leaky(city: str) -> str:
+        """Fails with a secret in its message."""
+        raise RuntimeError(f"GET /weather?api_key=sk-SECRET&city={city}")
+
+    async def main() -> None:
+        wf = Workflow("leaks")
+        wf.add("boom", leaky.call({"city": "Oslo"}), retry=2)
+        async with Engine(backends={"default": FunctionLLM(reply)}) as engine:
+            assert not (await engine.run(wf)).ok
+
+    asyncio.run(main())
+    found = spans.get_finished_spans()
+    text = repr(
+        [(s.status.description, s.attributes, [e.attributes for e in s.events]) for s in found]
+    )
+    assert "sk-SECRET" not in text
+    tool_span = by_name(found, "execute_tool leaky")
+    assert tool_span.status.description == "RuntimeError"
+    assert [e.name for e in tool_span.events] == ["retry"]
+
+
+def test_spans_of_a_run_refused_at_submit_or_left_by_the_engine_are_ended(
+    spans: InMemorySpanExporter,
+) -> None:
+    async def main() -> None:
+        refused = Workflow("refused")
+        refused.add("x", lambda ctx: 1, resource="nowhere")
+        gate = asyncio.Event()
+
+        async def wait(ctx: object) -> None:
+            await gate.wait()
+
+        left = Workflow("left")
+        left.add("waits", wait)
+        async with Engine(backends={"default": FunctionLLM(reply)}) as engine:
+            with pytest.raises(UsageError):
+                engine.submit(refused)
+            engine.submit(left)
+            await asyncio.sleep(0.05)  # the task is running as the engine closes
+
+    asyncio.run(main())
+    found = spans.get_finished_spans()
+    abandoned = {s.name: (s.attributes or {}).get("plait.abandoned") for s in found}
+    assert abandoned["invoke_workflow refused"] == "refused at submit"
+    assert "invoke_workflow left" in abandoned  # ended, not leaked
+    assert all(s.end_time is not None for s in found)
+
+
+def test_a_resumed_run_traces_its_tasks_and_says_which_calls_were_replayed(
+    spans: InMemorySpanExporter, make_store: StoreFactory
+) -> None:
+    """The resumed run's tasks get spans (no task_added tells them), and of a task's two
+    calls only the one answered from the log is `plait.replayed`."""
+
+    class Gate:
+        stop: asyncio.Event
+        reached: asyncio.Event
+
+    async def twice(ctx: TaskContext) -> str:
+        first = await ctx.complete(LLMRequest((Message("user", "first"),), "m1"))
+        if not Gate.stop.is_set():
+            Gate.reached.set()
+            await asyncio.Event().wait()  # the first process stops here
+        second = await ctx.complete(LLMRequest((Message("user", "second"),), "m1"))
+        return first.text + second.text
+
+    async def main() -> None:
+        Gate.stop, Gate.reached = asyncio.Event(), asyncio.Event()
+        llm = FunctionLLM(lambda request, hints: request.messages[-1].content)
+        async with make_store() as store:
+            async with Engine(backends={"default": llm}, store=store) as engine:
+                wf = Workflow("resumable")
+                wf.add("calls", twice, resource="default")
+                engine.submit(wf)
+                await Gate.reached.wait()
+                assert engine.journal is not None
+                await engine.journal.durable()
+            Gate.stop.set()
+            spans.clear()
+            async with Engine(backends={"default": llm}, store=store) as engine:
+                report = await engine.resume(Registry(twice))
+                result = await report.runs[0]
+        assert result.ok and result["calls"] == "firstsecond"
+
+    asyncio.run(main())
+    found = spans.get_finished_spans()
+    task = next(s for s in found if s.name.startswith("task ") and "twice" in s.name)
+    run = next(s for s in found if s.name == "invoke_workflow resumable")
+    assert task.parent is not None and task.parent.span_id == run.context.span_id
+    assert (run.attributes or {}).get("plait.resumed") is True
+    chats = sorted((s for s in found if s.name == "chat m1"), key=lambda s: s.start_time or 0)
+    assert [(s.attributes or {}).get("plait.replayed", False) for s in chats] == [True, False]
+    assert all(c.parent is not None and c.parent.span_id == task.context.span_id for c in chats)
+
+
+def test_an_sdk_provider_disabled_by_the_environment_traces_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    provider = TracerProvider()
+    use_tracer_provider(provider)
+    try:
+        assert find_tracer() is None
+    finally:
+        use_tracer_provider(None)

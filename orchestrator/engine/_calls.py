@@ -186,9 +186,9 @@ class LLMCalls:
         """Keys the tenants' cache salts (`tenant_salt`): one per engine, so a tenant's
         salt holds for the engine's life and is unknown outside it."""
         self.memo: CallMemo | None = None
+        """Set by a durable engine: call results are recorded and reused from there."""
         self.tracing: Tracing | None = None
         """Spans of the calls, while the engine traces (`Tracing`)."""
-        """Set by a durable engine: call results are recorded and reused from there."""
         self._replayed: set[tuple[str, str]] = set()
         """(program, task) whose results came (in part) from a record, not from running:
         what such a task took says nothing of what its kind takes (`take_replayed`)."""
@@ -336,7 +336,11 @@ class LLMCalls:
         passes the backend's circuit breaker. With a `memo`, a call whose result is recorded
         is answered from the record, and every answer is recorded."""
         tracing = self.tracing
-        call = None if tracing is None else tracing.call(program.id, site.task_id, backend, request)
+        call = None
+        if tracing is not None:
+            llm = self.backends.get(backend)
+            provider = getattr(llm, "dialect", None) or type(llm).__name__.lower()
+            call = tracing.call(program.id, site.task_id, backend, request, str(provider))
         send = functools.partial(
             self._send,
             program,
@@ -350,13 +354,14 @@ class LLMCalls:
             traced=call,
         )
         if call is None:
-            return await self._remembered(program, site, request, send)
+            response, _ = await self._remembered(program, site, request, send)
+            return response
         try:
-            response = await self._remembered(program, site, request, send)
+            response, replayed = await self._remembered(program, site, request, send)
         except BaseException as exc:
             call.ended(None, exc)
             raise
-        call.ended(response, replayed=(program.id, site.task_id) in self._replayed)
+        call.ended(response, replayed=replayed)
         return response
 
     async def _remembered(
@@ -365,20 +370,20 @@ class LLMCalls:
         site: CallSite,
         request: LLMRequest,
         send: Callable[[], Awaitable[LLMResponse]],
-    ) -> LLMResponse:
-        """`send()`'s answer; with a `memo`, the recorded answer if there is one, and every
-        answer recorded."""
+    ) -> tuple[LLMResponse, bool]:
+        """`send()`'s answer, and whether it came from the record instead: with a `memo`,
+        the recorded answer if there is one, and every answer recorded."""
         memo = self.memo
         if memo is None:
-            return await send()
+            return await send(), False
         key = call_key(site, request)
         recorded = await memo.recall(program.id, key)
         if recorded is not None:
             self._replayed.add((program.id, site.task_id))
-            return RESPONSE_ADAPTER.validate_json(recorded)
+            return RESPONSE_ADAPTER.validate_json(recorded), True
         response = await send()
         memo.remember(program.id, key, RESPONSE_ADAPTER.dump_json(response))
-        return response
+        return response, False
 
     async def _send(
         self,

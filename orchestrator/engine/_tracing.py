@@ -20,13 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..model._errors import UsageError
-from ..model._events import Event
+from ..model._events import ActionSpec, Event
 from ..model._llm import Hints, LLMRequest, LLMResponse
 from ._config import TelemetrySettings
 
@@ -41,6 +42,11 @@ carry (`gen_ai.operation.name`, `gen_ai.provider.name`, `gen_ai.request.*`,
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV}"
 
 _override: TracerProvider | None = None
+
+EXPORT_TIMEOUT_S = 5.0
+"""How long one export to the collector may take (`OTEL_EXPORTER_OTLP_TIMEOUT` overrides)."""
+FLUSH_S = 10.0
+"""How long `plait run` and `plait serve` wait, as they exit, for the last spans to go."""
 
 
 def use_tracer_provider(provider: TracerProvider | None) -> None:
@@ -61,7 +67,10 @@ def find_tracer() -> Tracer | None:
     provider = _override if _override is not None else trace.get_tracer_provider()
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
         return None
-    return provider.get_tracer("plait", schema_url=SCHEMA_URL)
+    tracer = provider.get_tracer("plait", schema_url=SCHEMA_URL)
+    if isinstance(tracer, trace.NoOpTracer):  # an SDK provider with OTEL_SDK_DISABLED=true
+        return None
+    return tracer
 
 
 def _env_off() -> bool:
@@ -108,15 +117,27 @@ async def exporting(settings: TelemetrySettings | None) -> AsyncIterator[TracerP
     resource = Resource.create({SERVICE_NAME: name}).merge(OTELResourceDetector().detect())
     provider = SDKProvider(resource=resource)
     endpoint = settings.endpoint if settings is not None else None
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    # A collector that does not answer holds each export this long (unless the environment
+    # says otherwise), and the exit waits for the last ones at most FLUSH_S.
+    timeout = None if os.environ.get("OTEL_EXPORTER_OTLP_TIMEOUT") else EXPORT_TIMEOUT_S
+    exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     previous = _override
     use_tracer_provider(provider)
     try:
         yield provider
     finally:
         use_tracer_provider(previous)
-        # Sent from a thread: the collector may be served by this very event loop.
-        await asyncio.to_thread(provider.shutdown)
+        # From a thread of its own (the collector may be served by this very event loop),
+        # waited for at most FLUSH_S: spans a dead collector cannot take are dropped.
+        done = threading.Event()
+
+        def shut() -> None:
+            provider.shutdown()
+            done.set()
+
+        threading.Thread(target=shut, name="plait-trace-flush", daemon=True).start()
+        await asyncio.to_thread(done.wait, FLUSH_S)
 
 
 def _now_ns() -> int:
@@ -125,7 +146,7 @@ def _now_ns() -> int:
 
 @dataclass(slots=True)
 class _Task:
-    after: tuple[str, ...]
+    after: list[str]
     kind: str
     name: str
     resource: str
@@ -136,10 +157,12 @@ class _Task:
 class Tracing:
     """Spans of one engine's runs, tasks and LLM calls (see the module's docstring)."""
 
-    def __init__(self, tracer: Tracer) -> None:
+    def __init__(self, tracer: Tracer, name_of: Callable[[str], str] = lambda run: run) -> None:
         from opentelemetry import trace
 
         self.tracer = tracer
+        self.name_of = name_of
+        """A run's workflow name, from its id."""
         self._trace = trace
         self._runs: dict[str, Span] = {}
         self._tasks: dict[str, dict[str, _Task]] = {}
@@ -154,17 +177,22 @@ class Tracing:
             self._run_started(run, event)
         elif kind == "task_added":
             spec = event.action
-            name = spec.name
-            listed = spec.args.get("listed") if spec.kind == "tool" else None
-            if isinstance(listed, dict):  # an MCP server's tool: by the tool's own name
-                name = str(listed.get("name", name))
             self._tasks.setdefault(run, {})[event.task] = _Task(
-                tuple(event.after), spec.kind, name, event.options.resource
+                list(event.after), spec.kind, _shown(spec), event.options.resource
             )
+        elif kind == "task_replaced":
+            task = self._task(run, event.task)
+            if task is not None:
+                task.kind, task.name = event.action.kind, _shown(event.action)
+                task.resource = event.options.resource
         elif kind == "edge_added":
             task = self._task(run, event.target)
             if task is not None:
-                task.after = (*task.after, event.source)
+                task.after.append(event.source)
+        elif kind == "edge_removed":
+            task = self._task(run, event.target)
+            if task is not None and event.source in task.after:
+                task.after.remove(event.source)
         elif kind == "task_ready":
             task = self._task(run, event.task)
             if task is not None:
@@ -176,7 +204,7 @@ class Tracing:
             if task is not None and task.span is not None:
                 task.span.add_event(
                     "retry",
-                    {"plait.attempt": event.attempt, "error": event.error},
+                    {"plait.attempt": event.attempt, "error.type": _error_type(event.error)},
                 )
         elif kind in ("task_succeeded", "task_failed", "task_cancelled"):
             self._task_ended(run, event)
@@ -191,7 +219,7 @@ class Tracing:
         return self._tasks.get(run, {}).get(task)
 
     def _run_started(self, run: str, event: Any) -> None:
-        name = run.split("#", 1)[0]
+        name = self.name_of(run)
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "invoke_workflow",
             "gen_ai.workflow.name": name,
@@ -203,9 +231,7 @@ class Tracing:
             attributes["plait.priority_class"] = event.priority
         if event.deadline is not None:
             attributes["plait.deadline_in_s"] = max(0.0, event.deadline - event.at)
-        old = self._runs.pop(run, None)
-        if old is not None:
-            old.end()
+        self.forget(run, "started again")
         self._runs[run] = self.tracer.start_span(
             f"invoke_workflow {name}", attributes=attributes, start_time=_now_ns()
         )
@@ -255,19 +281,19 @@ class Tracing:
         if event.kind == "task_failed":
             from opentelemetry.trace import Status, StatusCode
 
+            # The type, not the message: a message can carry what the task was given.
             span.set_attribute("error.type", event.error_type)
             span.set_attribute("plait.attempts", event.attempts)
-            span.set_status(Status(StatusCode.ERROR, event.error))
+            span.set_status(Status(StatusCode.ERROR, event.error_type))
         elif event.kind == "task_cancelled":
-            span.set_attribute("plait.cancelled", event.reason)
+            span.set_attribute("plait.cancelled", True)
         span.end(end_time=_now_ns())
+        # Kept for the links of the tasks after it: its context, not the whole span.
+        task.span = self._trace.NonRecordingSpan(span.get_span_context())
 
     def _run_finished(self, run: str, event: Any) -> None:
         span = self._runs.pop(run, None)
-        tasks = self._tasks.pop(run, {})
-        for task in tasks.values():  # a task left open (the run was stopped): closed here
-            if task.span is not None and task.span.is_recording():
-                task.span.end()
+        self._end_tasks(self._tasks.pop(run, {}), "the run ended")
         if span is None:
             return
         span.set_attribute("plait.status", event.status)
@@ -277,21 +303,51 @@ class Tracing:
             from opentelemetry.trace import Status, StatusCode
 
             first = next(iter(event.failures.items()), None)
-            text = f"{first[0]}: {first[1]}" if first else event.status
+            text = f"{first[0]}: {_error_type(first[1])}" if first else event.status
             span.set_status(Status(StatusCode.ERROR, text))
         span.end(end_time=_now_ns())
 
+    def _end_tasks(self, tasks: Mapping[str, _Task], why: str) -> None:
+        for task in tasks.values():  # a task left open (the run was stopped): closed here
+            if task.span is not None and task.span.is_recording():
+                task.span.set_attribute("plait.abandoned", why)
+                task.span.end()
+
+    def adopt(self, run: str, tasks: Mapping[str, tuple[list[str], ActionSpec, str]]) -> None:
+        """A resumed run's tasks (rebuilt from its log, no `task_added` of them): by id,
+        what each waits for, its action and its resource."""
+        known = self._tasks.setdefault(run, {})
+        for task, (after, spec, resource) in tasks.items():
+            known.setdefault(task, _Task(list(after), spec.kind, _shown(spec), resource))
+
+    def forget(self, run: str, why: str) -> None:
+        """End what is open of `run` without a `workflow_finished` (it was refused at
+        submit, stopped by a store failure, or the engine closed): marked abandoned."""
+        self._end_tasks(self._tasks.pop(run, {}), why)
+        span = self._runs.pop(run, None)
+        if span is not None:
+            span.set_attribute("plait.abandoned", why)
+            span.end()
+
+    def close(self) -> None:
+        """The engine stops tracing: every span still open is ended, abandoned."""
+        for run in list(self._runs) + [r for r in self._tasks if r not in self._runs]:
+            self.forget(run, "the engine closed")
+
     # --- LLM calls, where they are sent ------------------------------------------------------
 
-    def call(self, run: str, task: str, backend: str, request: LLMRequest) -> CallSpan:
-        """A span for one LLM call of `task`, started now (end it with `CallSpan.ended`)."""
+    def call(
+        self, run: str, task: str, backend: str, request: LLMRequest, provider: str
+    ) -> CallSpan:
+        """A span for one LLM call of `task`, started now (end it with `CallSpan.ended`);
+        `provider`: the server's kind (`gen_ai.provider.name`: its dialect, say)."""
         owner = self._task(run, task)
         parent = owner.span if owner is not None and owner.span is not None else None
         parent = parent or self._runs.get(run)
         model = request.model
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
-            "gen_ai.provider.name": backend,
+            "gen_ai.provider.name": provider,
             "gen_ai.request.model": model,
             "plait.backend": backend,
             "plait.task.id": task,
@@ -346,11 +402,8 @@ class CallSpan:
         error: BaseException | None = None,
         *,
         replayed: bool = False,
-        queue_wait_s: float | None = None,
     ) -> None:
         span = self.span
-        if queue_wait_s is not None:
-            span.set_attribute("plait.queue_wait_s", queue_wait_s)
         if replayed:
             span.set_attribute("plait.replayed", True)
         if response is not None:
@@ -362,14 +415,25 @@ class CallSpan:
                     "gen_ai.usage.cache_read.input_tokens", usage.cached_prompt_tokens
                 )
             span.set_attribute("gen_ai.response.finish_reasons", [response.finish_reason])
-        if error is not None:
+        if isinstance(error, asyncio.CancelledError):
+            span.set_attribute("plait.cancelled", True)  # not the call's failure
+        elif error is not None:
             from opentelemetry.trace import Status, StatusCode
 
             span.set_attribute("error.type", type(error).__qualname__)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
         span.end()
 
 
-def trace_headers(hints: Hints) -> Mapping[str, str]:
-    """The W3C trace context headers a call's hints carry (none when it is not traced)."""
-    return {"traceparent": hints.traceparent} if hints.traceparent else {}
+def _shown(spec: ActionSpec) -> str:
+    """What a task's span is named by: its action's name; an MCP server's tool by the
+    tool's own name."""
+    listed = spec.args.get("listed") if spec.kind == "tool" else None
+    if isinstance(listed, dict):
+        return str(listed.get("name", spec.name))
+    return spec.name
+
+
+def _error_type(error: str) -> str:
+    """`Type: message` (as events say an error) -> `Type`."""
+    return error.split(":", 1)[0]
