@@ -1,5 +1,5 @@
-"""Agents: roles with tools and capabilities, their tool loops and structured answers, the
-blackboard they coordinate on, and peer messages between them."""
+"""Agents: roles with tools (their own, and MCP servers') and capabilities, their tool loops and
+structured answers, the blackboard they coordinate on, and peer messages between them."""
 
 from ._agent import Agent, Bid, StructuredAsk, llm_bid
 from ._board import Board, BoardStats
@@ -34,6 +34,7 @@ from ._mail import (
     PostOffice,
 )
 from ._mailstore import InProcessMailStore, MailStore
+from ._mcp import MCPServerError, MCPTools, mcp_tools
 from ._tools import TOOL_ERROR, Tool, ToolAction, ToolArgumentsError, ToolUse, tool
 
 __all__ = [
@@ -51,6 +52,10 @@ __all__ = [
     "ToolUse",
     "llm_bid",
     "tool",
+    # MCP servers as tools
+    "MCPServerError",
+    "MCPTools",
+    "mcp_tools",
     # the blackboard
     "Answer",
     "Answered",

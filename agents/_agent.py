@@ -39,6 +39,7 @@ from ._loop import (
     rebuild_step,
     structured,
 )
+from ._mcp import Listing, MCPTools
 from ._tools import Tool
 
 Bid = Callable[[Any], Any]
@@ -50,9 +51,11 @@ higher wins; None declines. Rule-based, or asked of a model (`llm_bid`)."""
 class Agent:
     """A role. Its system prompt opens every request it makes: a natural shared prefix.
 
-    `tools`: what it may call in `solve` loops. `capabilities`: tags the blackboard matches
-    posts against; `bid`: an optional function of a post returning its bid (higher wins,
-    None declines). `memory`: where its conversations are kept across tasks and runs.
+    `tools`: what it may call in `solve` loops: `Tool`s, and MCP servers (`mcp_tools(...)`),
+    whose tools each run lists once (they are kept apart in `toolsets`). `capabilities`:
+    tags the blackboard matches posts against; `bid`: an optional function of a post
+    returning its bid (higher wins, None declines). `memory`: where its conversations are
+    kept across tasks and runs.
     """
 
     name: str
@@ -61,7 +64,8 @@ class Agent:
     backend: str = DEFAULT_BACKEND
     sampling: Sampling = field(default_factory=Sampling)
     max_tokens: int | None = None
-    tools: tuple[Tool, ...] = ()
+    tools: tuple[Tool | MCPTools, ...] = ()
+    toolsets: tuple[MCPTools, ...] = ()
     capabilities: frozenset[str] = frozenset()
     bid: Bid | None = field(default=None, compare=False)
     memory: ConversationLog | None = field(default=None, compare=False)
@@ -69,13 +73,20 @@ class Agent:
     def __post_init__(self) -> None:
         if not self.name:
             raise UsageError("an Agent needs a name")
-        tools = tuple(self.tools)
+        given: tuple[Any, ...] = tuple(self.tools)
+        toolsets = (*self.toolsets, *(t for t in given if isinstance(t, MCPTools)))
+        tools = tuple(t for t in given if not isinstance(t, MCPTools))
         for t in tools:
             if not isinstance(t, Tool):
                 raise UsageError(
                     f"agent {self.name!r}: tools must be Tool objects (make one with "
-                    f"agents.tool(fn)), got {type(t).__name__}"
+                    f"agents.tool(fn)) or MCP servers (agents.mcp_tools(...)), got "
+                    f"{type(t).__name__}"
                 )
+        servers = [s.name for s in toolsets]
+        if len(set(servers)) != len(servers):
+            raise UsageError(f"agent {self.name!r}: two MCP servers share a name in {servers}")
+        object.__setattr__(self, "toolsets", toolsets)
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise UsageError(f"agent {self.name!r}: two tools share a name in {names}")
@@ -102,9 +113,10 @@ class Agent:
         response = await ctx.complete(self.request(prompt), backend=self.backend)
         return response.text
 
-    def parts(self) -> tuple[Tool, ...]:
-        """Registering the agent registers its tools (a resumed loop rebuilds their calls)."""
-        return self.tools
+    def parts(self) -> tuple[Tool | MCPTools, ...]:
+        """Registering the agent registers its tools and MCP servers (a resumed loop
+        rebuilds their calls)."""
+        return (*self.tools, *self.toolsets)
 
     def rebuild(self, spec: ActionSpec, registry: Registry) -> Any:
         """The task `ask` or `solve` made, from its recorded `ActionSpec`."""
@@ -163,6 +175,18 @@ class Agent:
         _check_output(self.name, output)
         after = list(after)
         loop = Loop(self, task_id, prompt, output, limits or LoopLimits())
+        for server in self.toolsets:  # listed once per run, for every loop that offers it
+            if server.listing_task not in workflow:
+                workflow.add(
+                    server.listing_task,
+                    Listing(server),
+                    retry=server.attempts,
+                    timeout=2 * server.connect_timeout_s,  # connecting, then listing
+                    resource=server.resource,
+                )
+            else:
+                _same_server(workflow, server)
+            after.append(server.listing_task)
         workflow.add(f"{task_id}.turn1", Turn(loop), after=after)
         workflow.add(task_id, Answer(loop), after=[f"{task_id}.turn1"])
         return task_id
@@ -228,6 +252,18 @@ class Agent:
             label=f"{self.name} asks {self.model}",
             expected_output_tokens=expected_output_tokens or max_tokens or self.max_tokens,
             description=ActionSpec("llm", self.name, args),
+        )
+
+
+def _same_server(workflow: WorkflowEditor, server: MCPTools) -> None:
+    """The workflow's listing task of `server.name` lists `server` itself, not another
+    server of the same name (whose tools the loop would be offered instead)."""
+    task = getattr(workflow, "task", None)
+    action = task(server.listing_task).action if callable(task) else None
+    if isinstance(action, Listing) and action.server is not server:
+        raise UsageError(
+            f"two MCP servers are named {server.name!r} in workflow {workflow.name!r} "
+            f"({action.server!r} and {server!r}); give them different names"
         )
 
 

@@ -39,7 +39,8 @@ from orchestrator import (
 )
 from orchestrator.ext import DEFAULT_FUNCTION_RESOURCE, ActionSpec, OutputSchema, registered_name
 
-from ._tools import TOOL_ERROR, Tool, ToolArgumentsError, ToolUse, problems
+from ._mcp import MCPTools
+from ._tools import TOOL_ERROR, Tool, ToolArgumentsError, problems
 
 Prompt = str | Callable[[TaskContext], str]
 
@@ -97,7 +98,9 @@ class LoopAgent(Protocol):
     @property
     def max_tokens(self) -> int | None: ...
     @property
-    def tools(self) -> tuple[Tool, ...]: ...
+    def tools(self) -> tuple[Tool | MCPTools, ...]: ...
+    @property
+    def toolsets(self) -> tuple[MCPTools, ...]: ...
     @property
     def memory(self) -> ConversationLog | None: ...
 
@@ -246,7 +249,7 @@ class Turn:
             ]
         history += added
         _check_budget(loop, self.tokens)
-        tools = agent.tools
+        tools = self._tools(ctx)
         # With tools offered the model must be free to call them (a JSON grammar would rule
         # out the tool-call syntax), so the schema is enforced on its final answer instead.
         output = _schema(loop.output) if loop.output is not None and not tools else None
@@ -258,8 +261,31 @@ class Turn:
         )
         tokens = self.tokens + response.usage.total_tokens
         if response.tool_calls:
-            return self._call_tools(ctx, added, response, tokens)
+            return self._call_tools(ctx, added, response, tokens, tools)
         return await _finish(ctx, loop, history, response, tokens)
+
+    def _tools(self, ctx: TaskContext) -> tuple[Tool, ...]:
+        """The agent's own tools, and its MCP servers' as listed for this run."""
+        tools = tuple(t for t in self.loop.agent.tools if isinstance(t, Tool))
+        upstream = ctx.upstream if self.loop.agent.toolsets else {}
+        for server in self.loop.agent.toolsets:
+            listing = upstream.get(server.listing_task)
+            if not isinstance(listing, list):
+                raise UsageError(
+                    f"turn {ctx.task_id!r} of agent {self.loop.agent.name!r} has no list of "
+                    f"MCP server {server.name!r}'s tools: task {server.listing_task!r} did not "
+                    "run before it (add the loop with Agent.solve)"
+                )
+            tools += server.tools(listing)
+        names = [t.name for t in tools]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise UsageError(
+                f"agent {self.loop.agent.name!r} offers tools named {twice} twice (its own and "
+                "an MCP server's, or two servers'); give the MCP servers a prefix "
+                "(mcp_tools(..., prefix='files_'))"
+            )
+        return tools
 
     def _earlier(self, ctx: TaskContext) -> list[Message]:
         """The conversation before this turn: what each earlier turn added, in order."""
@@ -278,7 +304,12 @@ class Turn:
         return history
 
     def _call_tools(
-        self, ctx: TaskContext, added: list[Message], response: LLMResponse, tokens: int
+        self,
+        ctx: TaskContext,
+        added: list[Message],
+        response: LLMResponse,
+        tokens: int,
+        tools: tuple[Tool, ...],
     ) -> dict[str, Any]:
         loop, agent = self.loop, self.loop.agent
         if self.number >= loop.limits.max_turns:
@@ -288,7 +319,7 @@ class Turn:
                 f"{loop.limits.max_turns}); raise max_turns or ask for fewer steps",
             )
         _check_budget(loop, tokens)
-        by_name = {t.name: t for t in agent.tools}
+        by_name = {t.name: t for t in tools}
         pending: list[Pending] = []
         steps: list[tuple[str, Tool, dict[str, Any]]] = []
         for i, call in enumerate(response.tool_calls):
@@ -311,7 +342,7 @@ class Turn:
         follow = Turn(loop, self.number + 1, tuple(pending), tokens)
         wf = ctx.workflow
         for task, tool, args in steps:
-            wf.add(task, ToolUse(tool, args), after=[ctx.task_id])
+            wf.add(task, tool.use(args), after=[ctx.task_id], **tool.task_options())
         after = [task for task, _, _ in steps] or [ctx.task_id]
         wf.add(
             f"{loop.answer}.turn{self.number + 1}",

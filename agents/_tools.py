@@ -121,6 +121,14 @@ class Tool:
         """A task action that calls this tool with `args` (or args built from the context)."""
         return ToolAction(self, args if args is not None else {})
 
+    def use(self, args: Mapping[str, Any]) -> Any:
+        """The task an agent loop adds for a call the model asked for, `args` checked."""
+        return ToolUse(self, args)
+
+    def task_options(self) -> dict[str, Any]:
+        """`Workflow.add` options of that task (none: the tools resource, no retry)."""
+        return {}
+
 
 @dataclass(frozen=True, slots=True)
 class ToolAction:

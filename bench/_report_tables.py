@@ -77,6 +77,30 @@ def overhead_graphs(results: Results) -> str:
 
 
 @renders
+def overhead_tracing(results: Results) -> str:
+    command = "python bench/overhead.py --quick --only plait --tracing"
+    record = results("overhead-onlyplait-quick-tracing", command)
+    f = record["figures"]
+    rows = [
+        [
+            GRAPH_NAMES[kind],
+            num(f["graphs"][kind]["plait"]["us_per_task"]),
+            num(f["traced_graphs"][kind]),
+        ]
+        for kind in f["traced_graphs"]
+    ]
+    rows.append(
+        [
+            "**mean**",
+            num(f["plait_us_per_task"]),
+            f"{num(f['plait_us_per_task_traced'])} ({x(f['tracing_ratio'])})",
+        ]
+    )
+    header = ["graph", "us per task, tracing off", "us per task, traced"]
+    return table(header, rows) + "\n\n" + provenance(record)
+
+
+@renders
 def overhead_headline(results: Results) -> str:
     record = results("overhead", OVERHEAD)
     f, slow = record["figures"], busy(record)

@@ -7,6 +7,7 @@ size, so its figures are, if anything, flattering).
 
     python bench/overhead.py --quick
     python bench/overhead.py --only asyncio,plait --seed 1
+    python bench/overhead.py --quick --only plait --tracing   # also traced (OpenTelemetry)
 
 A table goes to stdout, progress and errors to stderr, and the last line of stdout is one
 JSON object with the headline figures and a per-graph breakdown.
@@ -203,7 +204,9 @@ def warm_up(runner: Callable[[list[Graph]], Timing]) -> None:
         runner([random_dag(50, 0)])
 
 
-def run_benchmark(selected: list[str], quick: bool, seed: int, repeat: int) -> dict[str, Any]:
+def run_benchmark(
+    selected: list[str], quick: bool, seed: int, repeat: int, tracing: bool = False
+) -> dict[str, Any]:
     sizes = SIZES["quick" if quick else "full"]
     cache = GraphCache(seed)
     results: dict[str, dict[str, Measurement | None]] = {g: {} for g in GRAPHS}
@@ -239,7 +242,54 @@ def run_benchmark(selected: list[str], quick: bool, seed: int, repeat: int) -> d
             if name == "ray":
                 stack.close()  # free Ray's processes and memory before later runners
 
-    return report(results, extras, sizes, quick, seed)
+    summary = report(results, extras, sizes, quick, seed)
+    if tracing and "plait" in selected:
+        summary.update(traced(cache, sizes, repeat))
+        untraced, traced_us = summary["plait_us_per_task"], summary["plait_us_per_task_traced"]
+        summary["tracing_ratio"] = _round(_ratio(traced_us, untraced))
+        print(f"plait traced: {_fmt(traced_us, '.1f')} us/task against {_fmt(untraced, '.1f')}")
+    return summary
+
+
+def traced(cache: GraphCache, sizes: dict[str, dict[str, Size]], repeat: int) -> dict[str, Any]:
+    """plait again on the same graphs, traced: an OpenTelemetry SDK provider whose batch
+    processor hands every span to an exporter that drops it (what tracing costs the engine,
+    not a collector's network)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    from orchestrator.engine._tracing import use_tracer_provider
+
+    class Dropped(SpanExporter):
+        def __init__(self) -> None:
+            self.spans = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.spans += len(spans)
+            return SpanExportResult.SUCCESS
+
+    exporter = Dropped()
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 20))
+    use_tracer_provider(provider)
+    per_graph: dict[str, float | None] = {}
+    try:
+        for kind in GRAPHS:
+            m = measure("traced", run_plait, kind, cache.get(kind, sizes["plait"][kind]), repeat)
+            per_graph[kind] = None if m is None else round(m.us_per_task, 3)
+    finally:
+        use_tracer_provider(None)
+        provider.shutdown()
+    values = [v for v in per_graph.values() if v is not None]
+    return {
+        "plait_us_per_task_traced": round(statistics.fmean(values), 3) if values else None,
+        "traced_graphs": per_graph,
+        "spans_exported": exporter.spans,
+    }
 
 
 def plait_targets(cache: GraphCache, dag: Measurement | None) -> dict[str, float | None]:
@@ -370,6 +420,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="seed for the random DAGs")
     parser.add_argument("--repeat", type=int, default=1, help="best of N runs per graph")
+    parser.add_argument(
+        "--tracing",
+        action="store_true",
+        help="also plait with OpenTelemetry tracing on (plait_us_per_task_traced)",
+    )
     _results.add_arguments(parser)
     args = parser.parse_args(argv)
 
@@ -392,7 +447,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
 
     started = perf_counter()
-    summary = run_benchmark(selected, args.quick, args.seed, args.repeat)
+    summary = run_benchmark(selected, args.quick, args.seed, args.repeat, args.tracing)
     print(f"total wall time: {perf_counter() - started:.1f} s", file=sys.stderr)
     # Last stdout line: machine-readable, one line, nothing printed after it.
     print(json.dumps(summary, separators=(",", ":")), flush=True)

@@ -48,10 +48,18 @@ def _priority(hints: Hints) -> int:
 
 
 def encode(dialect: str, hints: Hints, *, slots: int | None = None) -> Encoded:
-    """The body fields and headers that carry `hints` to a server speaking `dialect`.
+    """The body fields and headers that carry `hints` to a server speaking `dialect`, and
+    the call's W3C trace context (`traceparent`) to any server when it is traced.
 
     `slots`: llama.cpp's number of server slots; a program keeps one slot (its KV stays).
     """
+    encoded = _encode(dialect, hints, slots=slots)
+    if hints.traceparent:
+        encoded.headers["traceparent"] = hints.traceparent
+    return encoded
+
+
+def _encode(dialect: str, hints: Hints, *, slots: int | None) -> Encoded:
     program = hints.program_id
     # The prefix-cache salt (vLLM's `cache_salt`, also read by SGLang and the simulator;
     # Dynamo's `nvext.cache_salt`). llama.cpp and the OpenAI API have none: not sent.

@@ -30,6 +30,7 @@ from .durability._store import (
 )
 from .engine._config import BackendKind, ConfigSection
 from .engine._context import WorkflowEditor
+from .engine._tracing import use_tracer_provider
 from .model._clock import running_clock
 from .model._errors import BackendOverloadedError, BackendRequestError, BackendUnavailableError
 from .model._events import ActionSpec, WorkflowStatus
@@ -81,6 +82,8 @@ __all__ = [
     "BackendKind", "ConfigSection",
     # a component's clock when none is given
     "running_clock",
+    # the OpenTelemetry tracer provider plait's engines trace with, if not the global one
+    "use_tracer_provider",
     # admission spelled out, for benchmarks and experts (`Engine(admission=AdmissionTuning(...))`):
     # its order (a scheduling policy), the knee's and the deadline gate's settings; a
     # backend's throughput knee learned from its calls (a router learns one per replica)

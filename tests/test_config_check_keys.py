@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from executors._config import BACKEND_KINDS, RouterSettings, SimSettings
 from orchestrator.cli._cli import main
-from orchestrator.engine._config import EngineSettings, LimitsSettings
+from orchestrator.engine._config import EngineSettings, LimitsSettings, TelemetrySettings
 from orchestrator.service._config import RetentionSettings, ServiceSettings, TenantSettings
 
 TOKEN = "0" * 64
@@ -22,6 +22,7 @@ TOKEN = "0" * 64
 VALUES: dict[type[BaseModel], dict[str, Any]] = {
     EngineSettings: {"admission": "throughput", "clock": "virtual", "deadline": 30.0},
     LimitsSettings: {"max_in_flight": 8, "max_waiting": 50, "batch_in_flight": 4},
+    TelemetrySettings: {"endpoint": "http://collector:4318/v1/traces", "service_name": "agents"},
     RouterSettings: {
         "urls": ["http://gpu7:8000/v1"],
         "endpoints": [{"url": "http://gpu8:8000/v1", "name": "eight"}],
@@ -117,6 +118,8 @@ def table(model: type[BaseModel], settings: dict[str, Any]) -> dict[str, Any]:
         return {"engine": settings}
     if model is LimitsSettings:
         return {"limits": {"tools": settings}}
+    if model is TelemetrySettings:
+        return {"telemetry": settings}
     if model in (ServiceSettings, RetentionSettings, TenantSettings):
         service = {"retention": settings} if model is RetentionSettings else {}
         service |= settings if model is ServiceSettings else {}

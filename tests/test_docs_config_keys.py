@@ -17,7 +17,7 @@ from pydantic_core import PydanticUndefined
 from executors._config import EndpointSettings, RouterMember, RouterSettings, SimSettings
 from orchestrator.cli._cli import main
 from orchestrator.durability._retention import Retention
-from orchestrator.engine._config import EngineSettings, LimitsSettings
+from orchestrator.engine._config import EngineSettings, LimitsSettings, TelemetrySettings
 from orchestrator.service._config import RetentionSettings, ServiceSettings, TenantSettings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -82,6 +82,7 @@ DOCUMENTED: dict[tuple[str, str, str], type[BaseModel]] = {
     ("config.md", "`[backends.NAME]`", '`kind = "router"`'): RouterSettings,
     ("config.md", "`[backends.NAME]`", '`kind = "sim"`'): SimSettings,
     ("config.md", "`limits`", ""): LimitsSettings,
+    ("config.md", "`[telemetry]`", ""): TelemetrySettings,
     ("rest.md", "`[service]`", ""): ServiceSettings,
     ("rest.md", "`[service.retention]`", ""): RetentionSettings,
     ("rest.md", "`[[tenants]]`", ""): TenantSettings,
@@ -91,6 +92,8 @@ DOCUMENTED: dict[tuple[str, str, str], type[BaseModel]] = {
 # a value a reader would write: it stands for what is derived or read elsewhere).
 IN_WORDS: dict[tuple[type[BaseModel], str], str] = {
     (EngineSettings, "clock"): "the module's `CLOCK`, else system",
+    (TelemetrySettings, "endpoint"): "`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, else "
+    "`OTEL_EXPORTER_OTLP_ENDPOINT` + `/v1/traces`, else `http://localhost:4318/v1/traces`",
     (EndpointSettings, "model"): "the request's",
     (EndpointSettings, "api_key"): '`"none"`',  # what is sent when the file gives none
     (LimitsSettings, "max_in_flight"): "32 (backends), 256 (`local`), 64 (`tools`); for a "

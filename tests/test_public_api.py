@@ -39,7 +39,7 @@ EXPECTED = {
         "UrgentIsolating", "WallClockBackend", "WrappedBackend",
         "ServiceClass", "URGENT_CLASSES",
         "BackendKind", "ConfigSection",
-        "running_clock",
+        "running_clock", "use_tracer_provider",
         "AdmissionTuning", "Policy", "ProgramView", "Headroom", "DeadlineGate", "KneeController",
         "Store", "StoreBatch", "CallRecord", "EventRecord", "WorkflowRow", "WorkflowStatus",
         "Claimed", "StoreSize", "BatchRefusedError", "LeaseLostError", "TextNotStorableError",
@@ -63,6 +63,8 @@ EXPECTED = {
     "agents": {
         "TOOL_ERROR", "Agent", "AgentStopped", "Bid", "ConversationLog", "LoopLimits", "Prompt",
         "StructuredAsk", "Tool", "ToolAction", "ToolArgumentsError", "ToolUse", "llm_bid", "tool",
+        # MCP servers as tools
+        "MCPServerError", "MCPTools", "mcp_tools",
         # the blackboard
         "Answer", "Answered", "Awarded", "Board", "BoardEvent", "BoardStats", "BoardStore",
         "Claim", "ClaimLostError", "Helper", "MemoryBoardStore", "Offer", "Post", "PostFailed",

@@ -33,6 +33,7 @@ from ..durability._resume import Decision, ResumePlan
 from ..engine._config import Config, read_config_file
 from ..engine._engine import Engine
 from ..engine._open import load_module, open_backends, open_store, user_code_error
+from ..engine._tracing import exporting
 from ..model._clock import Clock, SystemClock, VirtualClock
 from ..model._errors import PlaitError, UsageError, error_text
 from ..model._events import Event
@@ -308,6 +309,11 @@ async def _engine_for(
     progress.notes.extend(notes)
     limits = limits_of(backends, config, max_in_flight, max_waiting)
     async with contextlib.AsyncExitStack() as stack:
+        exported = await stack.enter_async_context(
+            exporting(None if config is None else config.telemetry)
+        )
+        if exported is not None:
+            progress.notes.append("traces exported over OTLP/HTTP (docs/tracing.md)")
         await stack.enter_async_context(lifespan_of(module))
         await open_backends(stack, backends)
         opened = None if store is None else await stack.enter_async_context(open_store(store))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from ..admission._mode import SAYS
 from ..admission._queue import Limits
-from ..engine._config import Config, load_config, read_config_file
+from ..engine._config import Config, TelemetrySettings, load_config, read_config_file
+from ..engine._tracing import export_wanted
 from ..model._clock import Clock
 from ..model._errors import UsageError
 from ..model._llm import LLMBackend
@@ -144,6 +146,7 @@ def check_config(path: str, out: TextIO, *, strict: bool = False) -> int:
             out.write(f"  limits: {_limits_text(backend.limits)}\n")
     if not config.backends:
         out.write("no backends defined\n")
+    out.write(f"telemetry: {telemetry_text(config.telemetry)}\n")
     for name, limits in config.limits.items():
         if name not in config.backends:
             out.write(f"resource {name!r}: {_limits_text(limits)}\n")
@@ -217,3 +220,21 @@ def seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above zero")
     return value
+
+
+def telemetry_text(settings: TelemetrySettings | None) -> str:
+    """Whether traces are exported, where to and as what service, as the file and this
+    environment say it."""
+    env = os.environ
+    if not export_wanted(settings):
+        off = "OTEL_SDK_DISABLED or OTEL_TRACES_EXPORTER=none" if settings is not None else ""
+        return f"no traces exported ({off} in the environment)" if off else "no traces exported"
+    where = (
+        (settings.endpoint if settings is not None else None)
+        or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or (env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").rstrip("/") + "/v1/traces")
+    )
+    if where == "/v1/traces":
+        where = "http://localhost:4318/v1/traces"
+    service = env.get("OTEL_SERVICE_NAME") or (settings.service_name if settings else "plait")
+    return f"traces of every run exported over OTLP/HTTP to {where}, service {service!r}"

@@ -15,11 +15,13 @@ from ..model._events import Event
 class EventBus:
     """Owned by the engine; runs and the call path emit into it."""
 
-    __slots__ = ("_listeners", "_pending", "_subscribers", "recorder")
+    __slots__ = ("_listeners", "_pending", "_subscribers", "recorder", "tracer")
 
     def __init__(self) -> None:
         self.recorder: Callable[[str, Event], None] | None = None
         """Hears every event as it is emitted, watched or not (the engine's journal)."""
+        self.tracer: Callable[[str, Event], None] | None = None
+        """Hears every event as it is emitted, when the engine traces (`Tracing.hear`)."""
         self._pending: list[tuple[str, Event]] = []
         self._listeners: list[asyncio.Queue[Event]] = []
         self._subscribers: dict[str, Sequence[asyncio.Queue[Event]]] = {}
@@ -31,7 +33,12 @@ class EventBus:
     def observed(self, run: str) -> bool:
         """Whether anyone reads `run`'s events. Hot paths build events only if so: on a
         100,000-task graph that nobody watches, building them would be a third of the cost."""
-        return self.recorder is not None or bool(self._listeners) or run in self._subscribers
+        return (
+            self.recorder is not None
+            or self.tracer is not None
+            or bool(self._listeners)
+            or run in self._subscribers
+        )
 
     def subscribe(self, run: str, queue: asyncio.Queue[Event]) -> None:
         self._subscribers[run] = (*self._subscribers.get(run, ()), queue)
@@ -53,6 +60,8 @@ class EventBus:
     def emit(self, run: str, event: Event) -> None:
         if self.recorder is not None:
             self.recorder(run, event)
+        if self.tracer is not None:
+            self.tracer(run, event)
         if self._listeners or run in self._subscribers:
             self._pending.append((run, event))
 

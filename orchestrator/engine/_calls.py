@@ -47,6 +47,7 @@ from ._resilience import (
     call_with_retries,
     through_circuit,
 )
+from ._tracing import CallSpan, Tracing
 
 
 class Program(Protocol):
@@ -186,6 +187,8 @@ class LLMCalls:
         salt holds for the engine's life and is unknown outside it."""
         self.memo: CallMemo | None = None
         """Set by a durable engine: call results are recorded and reused from there."""
+        self.tracing: Tracing | None = None
+        """Spans of the calls, while the engine traces (`Tracing`)."""
         self._replayed: set[tuple[str, str]] = set()
         """(program, task) whose results came (in part) from a record, not from running:
         what such a task took says nothing of what its kind takes (`take_replayed`)."""
@@ -332,6 +335,12 @@ class LLMCalls:
         Failed sends are retried as `call_retry` says, each retry an event, and every send
         passes the backend's circuit breaker. With a `memo`, a call whose result is recorded
         is answered from the record, and every answer is recorded."""
+        tracing = self.tracing
+        call = None
+        if tracing is not None:
+            llm = self.backends.get(backend)
+            provider = getattr(llm, "dialect", None) or type(llm).__name__.lower()
+            call = tracing.call(program.id, site.task_id, backend, request, str(provider))
         send = functools.partial(
             self._send,
             program,
@@ -342,18 +351,39 @@ class LLMCalls:
             keep_alive_s=keep_alive_s,
             last_call=last_call,
             prefix_key=prefix_key,
+            traced=call,
         )
+        if call is None:
+            response, _ = await self._remembered(program, site, request, send)
+            return response
+        try:
+            response, replayed = await self._remembered(program, site, request, send)
+        except BaseException as exc:
+            call.ended(None, exc)
+            raise
+        call.ended(response, replayed=replayed)
+        return response
+
+    async def _remembered(
+        self,
+        program: Program,
+        site: CallSite,
+        request: LLMRequest,
+        send: Callable[[], Awaitable[LLMResponse]],
+    ) -> tuple[LLMResponse, bool]:
+        """`send()`'s answer, and whether it came from the record instead: with a `memo`,
+        the recorded answer if there is one, and every answer recorded."""
         memo = self.memo
         if memo is None:
-            return await send()
+            return await send(), False
         key = call_key(site, request)
         recorded = await memo.recall(program.id, key)
         if recorded is not None:
             self._replayed.add((program.id, site.task_id))
-            return RESPONSE_ADAPTER.validate_json(recorded)
+            return RESPONSE_ADAPTER.validate_json(recorded), True
         response = await send()
         memo.remember(program.id, key, RESPONSE_ADAPTER.dump_json(response))
-        return response
+        return response, False
 
     async def _send(
         self,
@@ -366,6 +396,7 @@ class LLMCalls:
         keep_alive_s: float | None,
         last_call: bool,
         prefix_key: str | None,
+        traced: CallSpan | None = None,
     ) -> LLMResponse:
         clock = self._clock
         if clock is None:
@@ -423,7 +454,10 @@ class LLMCalls:
                 keep_alive_s=keep_alive_s,
                 last_call=last_call,
                 prefix_key=prefix_key,
+                traceparent=None if traced is None else traced.traceparent,
             )
+            if traced is not None:
+                traced.hinted(hints)
             return await llm.complete(request, hints)
 
         if site.holds_slot:

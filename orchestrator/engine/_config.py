@@ -177,10 +177,28 @@ class LimitsSettings(ConfigSection):
         )
 
 
+class TelemetrySettings(ConfigSection):
+    """The `[telemetry]` table: export traces of every run over OTLP/HTTP (docs/tracing.md)."""
+
+    endpoint: str | None = None
+    """The OTLP/HTTP traces URL (`http://collector:4318/v1/traces`); unset: the standard
+    `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or `OTEL_EXPORTER_OTLP_ENDPOINT` (+ `/v1/traces`),
+    else `http://localhost:4318/v1/traces`."""
+    service_name: str = "plait"
+    """The `service.name` of the spans (`OTEL_SERVICE_NAME` wins when set)."""
+
+    @model_validator(mode="after")
+    def _http_endpoint(self) -> TelemetrySettings:
+        if self.endpoint is not None and not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"endpoint must be an http:// or https:// URL, got {self.endpoint!r}")
+        return self
+
+
 class _File(ConfigSection):
     engine: EngineSettings = EngineSettings()
     backends: dict[str, dict[str, Any]] = {}
     limits: dict[str, LimitsSettings] = {}
+    telemetry: TelemetrySettings | None = None
 
 
 S = TypeVar("S", bound=ConfigSection)
@@ -243,6 +261,8 @@ class Config:
     backends: Mapping[str, BackendConfig]
     limits: Mapping[str, Limits]
     """The limits set in the file, by resource: each backend's and the `[limits]` table's."""
+    telemetry: TelemetrySettings | None = None
+    """The `[telemetry]` table, if the file has one."""
 
     def build_backends(self, clock: Clock | None = None) -> dict[str, LLMBackend]:
         """The configured backends by name, not opened (open each with `async with`)."""
@@ -323,7 +343,9 @@ def load_config(
                 limits[backend] = backend_limits
     if problems:
         raise UsageError(problems_report(name, problems))
-    return Config(source=name, engine=top.engine, backends=backends, limits=limits)
+    return Config(
+        source=name, engine=top.engine, backends=backends, limits=limits, telemetry=top.telemetry
+    )
 
 
 def _sections_that_validate(data: Mapping[str, Any]) -> _File:
@@ -345,6 +367,9 @@ def _sections_that_validate(data: Mapping[str, Any]) -> _File:
         valid["backends"] = {
             key: table for key, table in backends.items() if isinstance(table, Mapping)
         }
+    if "telemetry" in data:
+        with contextlib.suppress(ValidationError):
+            valid["telemetry"] = TelemetrySettings.model_validate(data["telemetry"])
     return _File.model_validate(valid)
 
 

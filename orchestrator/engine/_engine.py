@@ -56,6 +56,7 @@ from ..model._errors import (
     WorkflowStateError,
 )
 from ..model._events import (
+    ActionSpec,
     DeadlineHopeless,
     DeadlineMissed,
     Event,
@@ -64,7 +65,13 @@ from ..model._events import (
     WorkflowStarted,
 )
 from ..model._llm import LLMBackend, ServerCapacity, Usage, capabilities
-from ..model._task import TaskRun, check_seconds, check_serializable, recording_problem
+from ..model._task import (
+    TaskRun,
+    check_seconds,
+    check_serializable,
+    describe,
+    recording_problem,
+)
 from ..model._text import first_unstorable, key_text, storable, text_problem
 from ..model._workflow import Workflow
 from ._bus import EventBus
@@ -77,6 +84,7 @@ from ._keepalive import DEFAULT_KEEP_ALIVE, KeepAlive
 from ._open import open_backends, open_store
 from ._resilience import DEFAULT_BREAKER, DEFAULT_CALL_RETRY, Breaker, CallRetry, CircuitBreaker
 from ._run import Late, Run, RunResult, RunServices, task_kind
+from ._tracing import Tracing, find_tracer
 
 
 class _Outcome:
@@ -347,6 +355,8 @@ class Engine:
         self._lease_task: asyncio.Task[None] | None = None
         self.durable: Durability | None = None
         """The store's side of the engine while it runs with one (journal, memo, sweeper)."""
+        self._tracing: Tracing | None = None
+        """Spans of runs, tasks and calls while an OpenTelemetry SDK is set (`Tracing`)."""
         self._stack: contextlib.AsyncExitStack | None = None
         """The services started on entry, closed on exit in reverse (`__aenter__`)."""
 
@@ -406,6 +416,8 @@ class Engine:
             tg = asyncio.TaskGroup()
             self.calls.start(clock, tg, virtual=isinstance(clock, VirtualClock))
             stack.callback(self._stop_calls)
+            self._start_tracing()
+            stack.callback(self._stop_tracing)
             self._services = RunServices(
                 clock=clock,
                 policy=self.policy,
@@ -554,6 +566,24 @@ class Engine:
     async def _leave_shares(self) -> None:
         if self.shared is not None:
             await self.shared.leave()  # and its slots
+
+    def _start_tracing(self) -> None:
+        """Trace runs, tasks and calls when an OpenTelemetry SDK tracer is set (`Tracing`)."""
+        tracer = find_tracer()
+        if tracer is None:
+            return
+        runs = self._runs
+        tracing = Tracing(tracer, lambda run: runs[run].workflow.name if run in runs else run)
+        self._tracing = tracing
+        self.bus.tracer = tracing.hear
+        self.calls.tracing = tracing
+
+    def _stop_tracing(self) -> None:
+        if self._tracing is not None:
+            self._tracing.close()
+        self._tracing = None
+        self.bus.tracer = None
+        self.calls.tracing = None
 
     def _stop_calls(self) -> None:
         self.calls.stop()
@@ -997,6 +1027,8 @@ class Engine:
                     ),
                 )
             run.start(None if image is None else image.tasks)
+            if image is not None and self._tracing is not None:
+                self._tracing.adopt(run.id, _task_shapes(run))  # no task_added on resume
             if deadline is not None:  # _finish cancels it
                 run.deadline_timer = asyncio.get_running_loop().call_later(
                     max(deadline, 0.0), self._deadline_passed, run
@@ -1007,6 +1039,8 @@ class Engine:
             self._drop_run(run)
             self._settled = [r for r in self._settled if r is not run]
             self.bus.drop(run.id)
+            if self._tracing is not None:
+                self._tracing.forget(run.id, "refused at submit")
             workflow._reset()
             if self.durable is not None:
                 self.durable.forget(run)
@@ -1297,6 +1331,8 @@ class Engine:
         committed stays, so the runs can be resumed once the store is writable again."""
         for run in list(self._runs.values()):
             run.cancel(f"the store failed: {error}")
+            if self._tracing is not None:
+                self._tracing.forget(run.id, "the store failed")
             run.workflow._detach()
             self._drop_run(run)
             if not run.done.done():
@@ -1375,3 +1411,13 @@ def _checked_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
     if found is not None:
         raise UsageError(f"{found[0]}: {found[1]}")
     return dict(labels)
+
+
+def _task_shapes(run: Run) -> dict[str, tuple[list[str], ActionSpec, str]]:
+    """What tracing needs of a run's tasks: by id, what each waits for, its action's spec
+    and its resource (a resumed run's, which no `task_added` told)."""
+    graph = run.workflow.graph
+    return {
+        task_id: (list(graph.predecessors(task_id)), describe(record.task.action), record.resource)
+        for task_id, record in run.records.items()
+    }

@@ -164,6 +164,9 @@ class Hints:
     prefix_key: str | None = None
     slack_s: float | None = None
     cache_salt: str | None = None
+    traceparent: str | None = None
+    """The call's W3C trace context (`traceparent` header) when the engine traces it: sent
+    to the server, whose own spans then join the trace."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from ..cluster._cluster import Cluster
 from ..cluster._notify import Notifier
 from ..engine._engine import Engine
 from ..engine._open import open_backends, open_store
+from ..engine._tracing import exporting
 from ..model._clock import SystemClock
 from ..model._errors import UsageError
 from ..model._events import Event
@@ -45,6 +46,8 @@ async def serve(
     clock = SystemClock()
     stop = stop or _on_signals()
     async with contextlib.AsyncExitStack() as stack:
+        if await stack.enter_async_context(exporting(config.engine.telemetry)) is not None:
+            print("plait serve: traces exported over OTLP/HTTP", file=out)
         settings = config.service
         backends = config.engine.build_backends(clock)
         notifier = None
