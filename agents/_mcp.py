@@ -215,37 +215,9 @@ class MCPTools:
         return tuple(self.tool(Listed.from_data(item)) for item in listing)
 
 
-def mcp_tools(
-    name: str,
-    *,
-    command: Sequence[str] | None = None,
-    url: str | None = None,
-    env: Mapping[str, str] | None = None,
-    cwd: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    prefix: str = "",
-    timeout_s: float = 60.0,
-    retry: int = 1,
-    connect_timeout_s: float = 30.0,
-    resource: str = DEFAULT_TOOL_RESOURCE,
-    max_result_chars: int = 100_000,
-) -> MCPTools:
-    """An MCP server's tools for an agent: `Agent(tools=(mcp_tools("files", command=[...]),
-    ...))` (see `MCPTools`)."""
-    return MCPTools(
-        name,
-        command=command,
-        url=url,
-        env=env,
-        cwd=cwd,
-        headers=headers,
-        prefix=prefix,
-        timeout_s=timeout_s,
-        retry=retry,
-        connect_timeout_s=connect_timeout_s,
-        resource=resource,
-        max_result_chars=max_result_chars,
-    )
+mcp_tools = MCPTools
+"""An MCP server's tools for an agent: `Agent(tools=(mcp_tools("files", command=[...]),
+...))` (the `MCPTools` constructor under the name the examples use)."""
 
 
 def _digest(schema: Mapping[str, Any]) -> str:
