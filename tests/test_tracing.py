@@ -37,6 +37,7 @@ from orchestrator import (
 )
 from orchestrator.cli._cli import main as plait_cli
 from orchestrator.engine._tracing import SCHEMA_URL, find_tracer, use_tracer_provider
+from orchestrator.ext import BackendUnavailableError
 
 
 @pytest.fixture
@@ -390,3 +391,27 @@ def test_an_sdk_provider_disabled_by_the_environment_traces_nothing(
         assert find_tracer() is None
     finally:
         use_tracer_provider(None)
+
+
+def test_a_call_sent_again_is_an_event_on_its_task_s_span(spans: InMemorySpanExporter) -> None:
+    failed: list[int] = []
+
+    def flaky(request: LLMRequest, hints: Hints) -> str:
+        if not failed:
+            failed.append(1)
+            raise BackendUnavailableError("connection refused")
+        return "ok"
+
+    async def main() -> None:
+        wf = Workflow("flaky")
+        wf.add("ask", helper.ask("hi"))
+        async with Engine(backends={"default": FunctionLLM(flaky)}) as engine:
+            assert (await engine.run(wf)).ok
+
+    asyncio.run(main())
+    found = spans.get_finished_spans()
+    task = next(s for s in found if s.name == "invoke_agent helper")
+    [event] = [e for e in task.events if e.name == "call_retry"]
+    assert event.attributes is not None
+    assert event.attributes["error.type"] == "BackendUnavailableError"
+    assert event.attributes["plait.backend"] == "default"

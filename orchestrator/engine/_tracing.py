@@ -206,6 +206,15 @@ class Tracing:
                     "retry",
                     {"plait.attempt": event.attempt, "error.type": _error_type(event.error)},
                 )
+        elif kind == "call_retrying":
+            task = self._task(run, event.task)
+            if task is not None and task.span is not None:
+                retry = {
+                    "plait.backend": event.backend,
+                    "plait.attempt": event.attempt,
+                    "error.type": _error_type(event.error),
+                }
+                task.span.add_event("call_retry", retry)
         elif kind in ("task_succeeded", "task_failed", "task_cancelled"):
             self._task_ended(run, event)
         elif kind in ("deadline_missed", "deadline_hopeless"):
