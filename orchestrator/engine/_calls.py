@@ -339,8 +339,7 @@ class LLMCalls:
         call = None
         if tracing is not None:
             llm = self.backends.get(backend)
-            provider = getattr(llm, "dialect", None) or type(llm).__name__.lower()
-            call = tracing.call(program.id, site.task_id, backend, request, str(provider))
+            call = tracing.call(program.id, site.task_id, backend, llm, request)
         send = functools.partial(
             self._send,
             program,

@@ -288,12 +288,10 @@ class Tracing:
             return
         span = task.span
         if event.kind == "task_failed":
-            from opentelemetry.trace import Status, StatusCode
-
             # The type, not the message: a message can carry what the task was given.
             span.set_attribute("error.type", event.error_type)
             span.set_attribute("plait.attempts", event.attempts)
-            span.set_status(Status(StatusCode.ERROR, event.error_type))
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, event.error_type))
         elif event.kind == "task_cancelled":
             span.set_attribute("plait.cancelled", True)
         span.end(end_time=_now_ns())
@@ -309,11 +307,9 @@ class Tracing:
         if event.deadline_met is not None:
             span.set_attribute("plait.deadline_met", event.deadline_met)
         if event.status != "succeeded":
-            from opentelemetry.trace import Status, StatusCode
-
             first = next(iter(event.failures.items()), None)
             text = f"{first[0]}: {_error_type(first[1])}" if first else event.status
-            span.set_status(Status(StatusCode.ERROR, text))
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, text))
         span.end(end_time=_now_ns())
 
     def _end_tasks(self, tasks: Mapping[str, _Task], why: str) -> None:
@@ -345,11 +341,11 @@ class Tracing:
 
     # --- LLM calls, where they are sent ------------------------------------------------------
 
-    def call(
-        self, run: str, task: str, backend: str, request: LLMRequest, provider: str
-    ) -> CallSpan:
-        """A span for one LLM call of `task`, started now (end it with `CallSpan.ended`);
-        `provider`: the server's kind (`gen_ai.provider.name`: its dialect, say)."""
+    def call(self, run: str, task: str, backend: str, llm: object, request: LLMRequest) -> CallSpan:
+        """A span for one LLM call of `task` to `llm` (the backend named `backend`), started
+        now (end it with `CallSpan.ended`)."""
+        # gen_ai.provider.name: the server's kind (its dialect, say), not its name here.
+        provider = str(getattr(llm, "dialect", None) or type(llm).__name__.lower())
         owner = self._task(run, task)
         parent = owner.span if owner is not None and owner.span is not None else None
         parent = parent or self._runs.get(run)
@@ -427,10 +423,10 @@ class CallSpan:
         if isinstance(error, asyncio.CancelledError):
             span.set_attribute("plait.cancelled", True)  # not the call's failure
         elif error is not None:
-            from opentelemetry.trace import Status, StatusCode
-
             span.set_attribute("error.type", type(error).__qualname__)
-            span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
+            span.set_status(
+                self._trace.Status(self._trace.StatusCode.ERROR, type(error).__qualname__)
+            )
         span.end()
 
 
